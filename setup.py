@@ -1,0 +1,40 @@
+"""bpo_jax: Branching Policy Optimization for LLM agents in snapshot-able sandboxes."""
+
+from setuptools import find_packages, setup
+
+# The pure core (tree, estimators, branching, losses, packing) needs only these three.
+CORE = ["jax>=0.7", "numpy>=1.26", "chex>=0.1.89"]
+# The policy, the training loop and the experiments.
+FULL = [
+    "flax>=0.12",
+    "optax>=0.2.4",
+    "orbax-checkpoint>=0.11",
+    "transformers>=4.50",
+    "safetensors>=0.4",
+    "jinja2>=3.1",
+    "gymnasium>=1.0",
+    "absl-py>=2.1",
+    "ml-collections>=1.0",
+    "tensorboard>=2.15",
+]
+TEST = [
+    "pytest>=8",
+    "hypothesis>=6.100",
+    # The PyTorch reference for parity tests; 2.13.0 is the CPU build the test machines keep on disk.
+    "torch==2.13.0",
+]
+
+setup(
+    name="bpo_jax",
+    version="0.1.0",
+    description="Branching Policy Optimization (BPO) for LLM agents in JAX/Flax.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["bpo_jax", "bpo_jax.*"]),
+    install_requires=CORE + FULL,
+    extras_require={
+        "test": TEST,
+    },
+    license="Apache-2.0",
+)
