@@ -24,6 +24,11 @@ TEST = [
     "torch==2.13.0",
 ]
 
+# One extra per environment package. Each line is added by the environment's module; the test
+# extra installs all of them so CI exercises every environment and its install step.
+ENVIRONMENT_EXTRAS = {
+}
+
 setup(
     name="bpo_jax",
     version="0.1.0",
@@ -34,7 +39,8 @@ setup(
     packages=find_packages(include=["bpo_jax", "bpo_jax.*"]),
     install_requires=CORE + FULL,
     extras_require={
-        "test": TEST,
+        "test": TEST + sorted({req for reqs in ENVIRONMENT_EXTRAS.values() for req in reqs}),
+        **ENVIRONMENT_EXTRAS,
     },
     license="Apache-2.0",
 )
