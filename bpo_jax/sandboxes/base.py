@@ -11,12 +11,23 @@ at any state:
 
 Bad actions (empty, unparseable, huge, not UTF-8) never raise: they produce an observation that
 says what was wrong, with `info["invalid_action"]` set to the reason.
+
+`done` means the episode is over for any reason; `truncated` says it was cut by a step limit
+rather than ended by the environment. The final Step of an episode carries `info["success"]`.
+Sandboxes may also expose `admissible_actions() -> list[str]`.
+
+Also here:
+
+* `replay` / `check_replay`: restore a snapshot, replay actions (twice, or in two sandboxes, e.g.
+  two worker processes) and report the first divergence of observation, reward or flags;
+* `SandboxGymEnv`: a `gymnasium.Env` with text spaces that drives any sandbox, so gymnasium code
+  can use every environment (gymnasium is imported only when the adapter is built).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 # Longest action text a sandbox accepts; longer actions are rejected with an observation.
 MAX_ACTION_CHARS = 4096
@@ -116,3 +127,141 @@ def invalid_action_step(reason: str, observation_suffix: str = "") -> Step:
   if observation_suffix:
     text = f"{text} {observation_suffix}"
   return Step(observation=text, reward=0.0, done=False, info={"invalid_action": reason})
+
+
+# ----------------------------------------------------------------------------- replay checking
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+  """Where two replays of the same actions from the same snapshot first differ."""
+
+  step: int      # index into the replayed actions
+  field: str     # "observation", "reward", "done", "truncated" or "length"
+  first: Any
+  second: Any
+
+  def __str__(self):
+    return f"step {self.step}: {self.field} differs: {self.first!r} != {self.second!r}"
+
+
+def replay(sandbox: Sandbox, snapshot: Snapshot, actions: Sequence[str]) -> list[Step]:
+  """Restores `snapshot` into `sandbox` and takes `actions`; stops after a done Step."""
+  sandbox.restore(snapshot)
+  steps = []
+  for action in actions:
+    steps.append(sandbox.step(action))
+    if steps[-1].done:
+      break
+  return steps
+
+
+def first_divergence(first: Sequence[Step], second: Sequence[Step]) -> Divergence | None:
+  """The first step where two step sequences differ (exact comparison), or None.
+
+  Observations are compared as UTF-8 bytes and rewards by their exact float value, so the
+  check is byte-identical, not approximate.
+  """
+  for i, (a, b) in enumerate(zip(first, second)):
+    if a.observation.encode("utf-8") != b.observation.encode("utf-8"):
+      return Divergence(i, "observation", a.observation, b.observation)
+    if float(a.reward).hex() != float(b.reward).hex():
+      return Divergence(i, "reward", a.reward, b.reward)
+    if bool(a.done) != bool(b.done):
+      return Divergence(i, "done", a.done, b.done)
+    if bool(a.truncated) != bool(b.truncated):
+      return Divergence(i, "truncated", a.truncated, b.truncated)
+  if len(first) != len(second):
+    return Divergence(min(len(first), len(second)), "length", len(first), len(second))
+  return None
+
+
+def check_replay(sandbox: Sandbox, snapshot: Snapshot, actions: Sequence[str],
+                 other: Sandbox | None = None) -> Divergence | None:
+  """Replays `actions` from `snapshot` twice and returns the first divergence, or None.
+
+  The second replay runs in `other` when given (a fresh sandbox, or one in another process),
+  else in `sandbox` again after a second restore.
+
+  Example:
+    snap = sb.snapshot()
+    assert check_replay(sb, snap, ["go north", "take apple"]) is None
+  """
+  first = replay(sandbox, snapshot, actions)
+  second = replay(sandbox if other is None else other, snapshot, actions)
+  return first_divergence(first, second)
+
+
+# ----------------------------------------------------------------------------- gymnasium adapter
+
+
+def make_gym_env(sandbox: Sandbox, tasks: Sequence[Any], max_text_length: int = 4096):
+  """A `gymnasium.Env` that plays `tasks` in `sandbox` (see `SandboxGymEnv`)."""
+  return _gym_env_class()(sandbox, tasks, max_text_length)
+
+
+_GYM_ENV_CLASS = None
+
+
+def _gym_env_class():
+  """Builds the adapter class on first use, so importing this module never imports gymnasium."""
+  global _GYM_ENV_CLASS
+  if _GYM_ENV_CLASS is not None:
+    return _GYM_ENV_CLASS
+  import gymnasium  # pylint: disable=g-import-not-at-top
+
+  class SandboxGymEnv(gymnasium.Env):
+    """Any sandbox as a gymnasium environment with text observation and action spaces.
+
+    `reset(seed=..., options={"task": task})` plays `task`; without one, a task is drawn from
+    `tasks` with the environment's seeded generator. `step(action)` returns
+    `(observation, reward, terminated, truncated, info)` with `terminated = done and not
+    truncated`. `info` carries the Step's info, plus `"admissible_actions"` when the sandbox
+    offers them.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, sandbox, tasks, max_text_length=4096):
+      super().__init__()
+      if not tasks:
+        raise ValueError("SandboxGymEnv needs at least one task")
+      self.sandbox = sandbox
+      self.tasks = list(tasks)
+      self.observation_space = gymnasium.spaces.Text(max_length=max_text_length)
+      self.action_space = gymnasium.spaces.Text(max_length=max_text_length)
+      self._last_observation = ""
+
+    def _info(self, info):
+      info = dict(info)
+      if hasattr(self.sandbox, "admissible_actions"):
+        info["admissible_actions"] = self.sandbox.admissible_actions()
+      return info
+
+    def reset(self, *, seed=None, options=None):
+      super().reset(seed=seed)
+      options = options or {}
+      if "task" in options:
+        task = options["task"]
+      else:
+        task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+      observation = self.sandbox.reset(task)
+      return observation, self._info({"task_id": getattr(task, "task_id", None)})
+
+    def step(self, action):
+      step = self.sandbox.step(action)
+      truncated = bool(step.truncated)
+      terminated = bool(step.done) and not truncated
+      return step.observation, float(step.reward), terminated, truncated, self._info(step.info)
+
+    def close(self):
+      self.sandbox.close()
+
+  _GYM_ENV_CLASS = SandboxGymEnv
+  return SandboxGymEnv
+
+
+def __getattr__(name: str) -> Callable:
+  if name == "SandboxGymEnv":
+    return _gym_env_class()
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
