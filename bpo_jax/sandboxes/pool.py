@@ -1,0 +1,489 @@
+"""A crash-proof pool of worker processes that hold sandboxes, addressed by branch id.
+
+A *branch* is one live sandbox inside one worker process. The pool runs reset / step / snapshot
+/ restore / close on many branches at once: calls to different workers run in parallel, calls
+to the same worker run in order. Every call has a timeout.
+
+    pool = SandboxPool.for_environment("rooms", num_workers=2, timeout_s=10.0)
+    pool.reset("a", task)                           # -> first observation (str)
+    pool.step_many({"a": "go north"})               # -> {"a": Step}
+    snap = pool.snapshot("a")                       # -> Snapshot (bytes)
+    pool.restore_many({"b": snap, "c": snap})       # forks: new branches, spread over workers
+    pool.step_many({"b": "take key", "c": "go west"})
+    pool.close("a"); pool.shutdown()
+
+Each result is either the value or a `BranchFailure(branch, op, reason)`. A sandbox that raises
+fails its branch and the worker carries on; one that hangs past `timeout_s` or kills its process
+(`os._exit`, a segfault) fails its branch, and the worker is replaced by a fresh process, so the
+pool keeps its size. Other branches that lived in the replaced worker are not lost: with
+`keep_backups=True` (the default) the pool keeps each branch's latest snapshot bytes (taken in the
+worker after every reset, step and restore) and restores them into the new worker. A failed
+branch stays failed (later calls on it return its failure record) until it is reset or restored.
+
+A snapshot taken in one worker restores in any other (snapshots are bytes), so forked siblings
+run in parallel on different workers; new branches go to the least-loaded worker.
+
+Workers start with the 'forkserver' method where available, else 'spawn': the parent process
+usually runs JAX, where fork() is unsafe. The sandbox factory is pickled to the workers, so it
+must be a module-level callable (or a functools.partial of one); `for_environment` builds one
+from the environment registry.
+
+`num_workers=0` runs the same API in-process (no isolation and no timeouts: a hang hangs the
+caller), for the quickstart and fast tests.
+
+`stats()` counts resets, steps, snapshots, restores, closes, failures, replaced workers and
+recovered branches.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import multiprocessing
+import multiprocessing.connection
+import signal
+import time
+from typing import Any, Callable, Hashable, Iterable, Mapping
+
+from bpo_jax.sandboxes import base
+from bpo_jax.sandboxes import registry
+
+_OPS = ("reset", "step", "snapshot", "restore", "close")
+
+
+@dataclasses.dataclass(frozen=True)
+class BranchFailure:
+  """A call that failed its branch: `op` is the call, `reason` says why."""
+
+  branch: Hashable
+  op: str
+  reason: str
+
+
+def _make_from_registry(name: str, config: Mapping[str, Any]) -> base.Sandbox:
+  return registry.get_environment(name).make_sandbox(**config)
+
+
+def _worker_main(conn, factory: Callable[[], base.Sandbox]) -> None:
+  """A worker: executes (op, branch, argument, want_backup) messages until told to exit."""
+  sandboxes: dict[Hashable, base.Sandbox] = {}
+  while True:
+    try:
+      message = conn.recv()
+    except (EOFError, OSError, KeyboardInterrupt):
+      break
+    op, branch, argument, want_backup = message
+    if op == "exit":
+      break
+    try:
+      result = None
+      if op in ("reset", "restore"):
+        sandbox = sandboxes.get(branch)
+        if sandbox is None:
+          sandbox = factory()
+          sandboxes[branch] = sandbox
+        if op == "reset":
+          result = sandbox.reset(argument)
+        else:
+          sandbox.restore(argument)
+      elif op == "step":
+        result = sandboxes[branch].step(argument)
+      elif op == "snapshot":
+        result = base.Snapshot(sandboxes[branch].snapshot().data)
+      elif op == "close":
+        sandbox = sandboxes.pop(branch, None)
+        if sandbox is not None:
+          sandbox.close()
+      else:
+        raise ValueError(f"unknown pool operation {op!r}")
+      backup = None
+      if want_backup and op in ("reset", "step", "restore"):
+        backup = sandboxes[branch].snapshot().data
+      conn.send(("ok", result, backup))
+    except BaseException as error:  # pylint: disable=broad-except
+      # The sandbox may be in any state now: drop it so the branch cannot be used half-broken.
+      sandbox = sandboxes.pop(branch, None)
+      try:
+        if sandbox is not None:
+          sandbox.close()
+      except BaseException:  # pylint: disable=broad-except
+        pass
+      try:
+        conn.send(("error", f"{op} raised {type(error).__name__}: {error}", None))
+      except BaseException:  # pylint: disable=broad-except
+        break
+
+
+def _exit_reason(process) -> str:
+  process.join(timeout=1.0)
+  code = process.exitcode
+  if code is None:
+    return "worker process stopped answering"
+  if code < 0:
+    try:
+      name = signal.Signals(-code).name
+    except ValueError:
+      name = f"signal {-code}"
+    return f"worker process was killed by {name}"
+  return f"worker process exited with code {code}"
+
+
+class _Worker:
+
+  def __init__(self, context, factory, index: int):
+    self.index = index
+    self.conn, child_conn = context.Pipe(duplex=True)
+    self.process = context.Process(target=_worker_main, args=(child_conn, factory), daemon=True,
+                                   name=f"sandbox-worker-{index}")
+    self.process.start()
+    child_conn.close()
+
+  def stop(self, graceful: bool) -> None:
+    if graceful and self.process.is_alive():
+      try:
+        self.conn.send(("exit", None, None, False))
+        self.process.join(timeout=2.0)
+      except (OSError, ValueError):
+        pass
+    if self.process.is_alive():
+      self.process.kill()
+      self.process.join(timeout=5.0)
+    self.conn.close()
+
+
+@dataclasses.dataclass
+class _Call:
+  branch: Hashable
+  op: str
+  argument: Any
+  internal: bool = False  # a recovery restore, not answered to the caller
+
+
+class SandboxPool:
+  """Branches of sandboxes in worker processes; see the module docstring."""
+
+  def __init__(self, factory: Callable[[], base.Sandbox], num_workers: int = 2,
+               timeout_s: float = 30.0, start_method: str | None = None,
+               keep_backups: bool = True):
+    if num_workers < 0:
+      raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    if not timeout_s > 0:
+      raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    if not callable(factory):
+      raise TypeError(f"factory must be callable, got {type(factory).__name__}")
+    self._factory = factory
+    self.num_workers = num_workers
+    self.timeout_s = float(timeout_s)
+    self.keep_backups = keep_backups
+    self._counts = collections.Counter()
+    self._location: dict[Hashable, int] = {}     # branch -> worker index
+    self._backups: dict[Hashable, bytes] = {}
+    self.failures: dict[Hashable, BranchFailure] = {}
+    self._local: dict[Hashable, base.Sandbox] = {}
+    self._workers: list[_Worker] = []
+    if num_workers:
+      if start_method is None:
+        methods = multiprocessing.get_all_start_methods()
+        start_method = "forkserver" if "forkserver" in methods else "spawn"
+      if start_method == "fork":
+        raise ValueError("start_method 'fork' is unsafe in a process running JAX; "
+                         "use 'forkserver' or 'spawn'")
+      self._context = multiprocessing.get_context(start_method)
+      self._workers = [_Worker(self._context, factory, i) for i in range(num_workers)]
+
+  @classmethod
+  def for_environment(cls, name: str, num_workers: int = 2, timeout_s: float = 30.0,
+                      start_method: str | None = None, keep_backups: bool = True,
+                      **config) -> "SandboxPool":
+    """A pool whose workers build sandboxes with `registry.get_environment(name)`."""
+    registry.get_environment(name)  # fail early, in the caller, on an unknown name
+    factory = functools.partial(_make_from_registry, name, dict(config))
+    return cls(factory, num_workers=num_workers, timeout_s=timeout_s,
+               start_method=start_method, keep_backups=keep_backups)
+
+  # --------------------------------------------------------------------------- introspection
+
+  def stats(self) -> dict[str, int]:
+    """Counters: resets, steps, snapshots, restores, closes, failures, replaced_workers,
+    recovered_branches."""
+    keys = ("resets", "steps", "snapshots", "restores", "closes", "failures",
+            "replaced_workers", "recovered_branches")
+    return {k: self._counts[k] for k in keys}
+
+  def branches(self) -> list[Hashable]:
+    """Live branches."""
+    return list(self._local) if not self._workers else list(self._location)
+
+  def worker_of(self, branch: Hashable) -> int | None:
+    """The index of the worker holding `branch` (None in-process or if not live)."""
+    return self._location.get(branch)
+
+  def worker_pids(self) -> list[int]:
+    return [w.process.pid for w in self._workers]
+
+  # --------------------------------------------------------------------------- public calls
+
+  def reset(self, branch: Hashable, task: Any) -> str | BranchFailure:
+    return self.reset_many({branch: task})[branch]
+
+  def step(self, branch: Hashable, action: Any) -> base.Step | BranchFailure:
+    return self.step_many({branch: action})[branch]
+
+  def snapshot(self, branch: Hashable) -> base.Snapshot | BranchFailure:
+    return self.snapshot_many([branch])[branch]
+
+  def restore(self, branch: Hashable, snapshot: base.Snapshot) -> None | BranchFailure:
+    return self.restore_many({branch: snapshot})[branch]
+
+  def close(self, branch: Hashable) -> None | BranchFailure:
+    return self.close_many([branch])[branch]
+
+  def reset_many(self, tasks: Mapping[Hashable, Any]) -> dict[Hashable, str | BranchFailure]:
+    """Resets (creating where new) each branch to its task; returns first observations."""
+    return self._dispatch([_Call(b, "reset", t) for b, t in tasks.items()], create=True)
+
+  def step_many(self, actions: Mapping[Hashable, Any]
+                ) -> dict[Hashable, base.Step | BranchFailure]:
+    """Takes one action in each branch; branches in different workers step in parallel."""
+    return self._dispatch([_Call(b, "step", a) for b, a in actions.items()])
+
+  def snapshot_many(self, branches: Iterable[Hashable]
+                    ) -> dict[Hashable, base.Snapshot | BranchFailure]:
+    return self._dispatch([_Call(b, "snapshot", None) for b in branches])
+
+  def restore_many(self, snapshots: Mapping[Hashable, base.Snapshot]
+                   ) -> dict[Hashable, None | BranchFailure]:
+    """Restores each snapshot into its branch, creating new branches on the least-loaded
+    workers (so forks of one snapshot spread over the workers)."""
+    for branch, snapshot in snapshots.items():
+      if not isinstance(snapshot, base.Snapshot):
+        raise TypeError(f"restore of branch {branch!r} needs a Snapshot, "
+                        f"got {type(snapshot).__name__}")
+    calls = [_Call(b, "restore", base.Snapshot(s.data)) for b, s in snapshots.items()]
+    return self._dispatch(calls, create=True)
+
+  def fork(self, source: Hashable, new_branches: Iterable[Hashable]
+           ) -> dict[Hashable, None | BranchFailure]:
+    """Snapshots `source` and restores it into each new branch."""
+    snapshot = self.snapshot(source)
+    new_branches = list(new_branches)
+    if isinstance(snapshot, BranchFailure):
+      return {b: snapshot for b in new_branches}
+    return self.restore_many({b: snapshot for b in new_branches})
+
+  def close_many(self, branches: Iterable[Hashable]) -> dict[Hashable, None | BranchFailure]:
+    branches = list(branches)
+    results = self._dispatch([_Call(b, "close", None) for b in branches])
+    for b in branches:
+      self._location.pop(b, None)
+      self._backups.pop(b, None)
+      self._local.pop(b, None)
+      self.failures.pop(b, None)
+    return results
+
+  def shutdown(self) -> None:
+    """Stops every worker and forgets every branch."""
+    for sandbox in self._local.values():
+      try:
+        sandbox.close()
+      except Exception:  # pylint: disable=broad-except
+        pass
+    self._local.clear()
+    for worker in self._workers:
+      worker.stop(graceful=True)
+    self._workers = []
+    self._location.clear()
+    self._backups.clear()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.shutdown()
+
+  def __del__(self):
+    try:
+      self.shutdown()
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+  # --------------------------------------------------------------------------- machinery
+
+  def _check_calls(self, calls: list[_Call], create: bool):
+    seen = set()
+    for call in calls:
+      if call.branch in seen:
+        raise ValueError(f"branch {call.branch!r} appears twice in one call")
+      seen.add(call.branch)
+      live = call.branch in (self._location if self._workers else self._local)
+      if not create and not live and call.branch not in self.failures and call.op != "close":
+        raise KeyError(f"unknown branch {call.branch!r}: reset or restore it first")
+
+  def _fail(self, call: _Call, reason: str) -> BranchFailure:
+    failure = BranchFailure(call.branch, call.op, reason)
+    self.failures[call.branch] = failure
+    self._location.pop(call.branch, None)
+    self._backups.pop(call.branch, None)
+    self._local.pop(call.branch, None)
+    self._counts["failures"] += 1
+    return failure
+
+  def _count(self, op: str):
+    self._counts[{"reset": "resets", "step": "steps", "snapshot": "snapshots",
+                  "restore": "restores", "close": "closes"}[op]] += 1
+
+  def _dispatch(self, calls: list[_Call], create: bool = False) -> dict[Hashable, Any]:
+    self._check_calls(calls, create)
+    results: dict[Hashable, Any] = {}
+    runnable = []
+    for call in calls:
+      if create:
+        self.failures.pop(call.branch, None)
+      elif call.branch in self.failures and call.op != "close":
+        results[call.branch] = self.failures[call.branch]
+        continue
+      runnable.append(call)
+    if not self._workers:
+      if self.num_workers:
+        raise RuntimeError("the pool has been shut down")
+      results.update(self._run_local(runnable))
+    else:
+      results.update(self._run_workers(runnable))
+    return {call.branch: results[call.branch] for call in calls}
+
+  def _run_local(self, calls: list[_Call]) -> dict[Hashable, Any]:
+    results = {}
+    for call in calls:
+      try:
+        if call.op in ("reset", "restore"):
+          sandbox = self._local.get(call.branch)
+          if sandbox is None:
+            sandbox = self._factory()
+            self._local[call.branch] = sandbox
+          if call.op == "reset":
+            result = sandbox.reset(call.argument)
+          else:
+            result = sandbox.restore(call.argument)
+        elif call.op == "step":
+          result = self._local[call.branch].step(call.argument)
+        elif call.op == "snapshot":
+          result = base.Snapshot(self._local[call.branch].snapshot().data)
+        else:  # close
+          sandbox = self._local.pop(call.branch, None)
+          result = sandbox.close() if sandbox is not None else None
+        self._count(call.op)
+        results[call.branch] = result
+      except Exception as error:  # pylint: disable=broad-except
+        sandbox = self._local.pop(call.branch, None)
+        try:
+          if sandbox is not None:
+            sandbox.close()
+        except Exception:  # pylint: disable=broad-except
+          pass
+        results[call.branch] = self._fail(
+            call, f"{call.op} raised {type(error).__name__}: {error}")
+    return results
+
+  def _least_loaded_worker(self) -> int:
+    load = collections.Counter(self._location.values())
+    return min(range(len(self._workers)), key=lambda w: (load[w], w))
+
+  def _run_workers(self, calls: list[_Call]) -> dict[Hashable, Any]:
+    queues: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+    for call in calls:
+      worker = self._location.get(call.branch)
+      if worker is None:
+        if call.op == "close":
+          continue
+        worker = self._least_loaded_worker()
+        self._location[call.branch] = worker  # placement counts for the next call's load
+      queues[worker].append(call)
+    results: dict[Hashable, Any] = {c.branch: None for c in calls if c.op == "close"}
+    in_flight: dict[int, tuple[_Call, float]] = {}
+
+    def send_next(w: int):
+      while queues[w]:
+        call = queues[w].popleft()
+        if not call.internal and call.branch in self.failures:
+          results[call.branch] = self.failures[call.branch]
+          continue
+        want_backup = self.keep_backups and call.op in ("reset", "step", "restore")
+        try:
+          self._workers[w].conn.send((call.op, call.branch, call.argument, want_backup))
+        except (OSError, ValueError) as error:
+          in_flight[w] = (call, 0.0)
+          on_worker_lost(w, f"could not send to worker: {error}")
+          return
+        in_flight[w] = (call, time.monotonic() + self.timeout_s)
+        return
+
+    def on_worker_lost(w: int, reason: str):
+      call, _ = in_flight.pop(w)
+      failure = self._fail(call, reason)
+      if not call.internal:
+        results[call.branch] = failure
+      self._replace_worker(w, queues[w], results)
+      send_next(w)
+
+    def on_reply(w: int, message):
+      call, _ = in_flight.pop(w)
+      status, value, backup = message
+      if status == "ok":
+        if not call.internal:
+          self._count(call.op)
+        if backup is not None:
+          self._backups[call.branch] = backup
+        if call.internal:
+          self._counts["recovered_branches"] += 1
+        else:
+          results[call.branch] = value
+      else:
+        failure = self._fail(call, value)
+        if not call.internal:
+          results[call.branch] = failure
+      send_next(w)
+
+    for w in list(queues):
+      send_next(w)
+    while in_flight:
+      now = time.monotonic()
+      wait_s = max(0.0, min(deadline for _, deadline in in_flight.values()) - now)
+      conns = {self._workers[w].conn: w for w in in_flight}
+      ready = multiprocessing.connection.wait(list(conns), timeout=wait_s)
+      for conn in ready:
+        w = conns[conn]
+        try:
+          message = conn.recv()
+        except (EOFError, OSError):
+          on_worker_lost(w, _exit_reason(self._workers[w].process))
+          continue
+        on_reply(w, message)
+      now = time.monotonic()
+      for w in [w for w, (_, deadline) in in_flight.items() if deadline <= now]:
+        if w in in_flight and in_flight[w][1] <= now:
+          call = in_flight[w][0]
+          on_worker_lost(w, f"{call.op} timed out after {self.timeout_s:g} s")
+    return results
+
+  def _replace_worker(self, w: int, queue: collections.deque, results: dict) -> None:
+    """Swaps worker `w` for a fresh process and queues the recovery of its other branches."""
+    self._workers[w].stop(graceful=False)
+    self._workers[w] = _Worker(self._context, self._factory, w)
+    self._counts["replaced_workers"] += 1
+    recoveries = []
+    for branch, location in list(self._location.items()):
+      if location != w or branch in self.failures:
+        continue
+      backup = self._backups.get(branch)
+      if backup is None:
+        # Either never created yet (its call is still queued) or lost with the process.
+        if any(c.branch == branch and c.op in ("reset", "restore") for c in queue):
+          continue
+        failure = self._fail(_Call(branch, "recover", None),
+                             "lost with its worker process (no backup snapshot)")
+        if branch in results or any(c.branch == branch for c in queue):
+          results[branch] = failure
+        continue
+      recoveries.append(_Call(branch, "restore", base.Snapshot(backup), internal=True))
+    queue.extendleft(reversed(recoveries))
