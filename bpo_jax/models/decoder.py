@@ -1,0 +1,349 @@
+"""Flax NNX decoder for the Llama 3.x / Qwen2.5 family, with a functional KV cache.
+
+Block: `x + Attn(RMSNorm(x))`, then `x + SwiGLU(RMSNorm(x))`; grouped-query attention with RoPE
+(the "rotate half" layout of HF checkpoints), optional q/k/v biases (Qwen2), Llama 3 RoPE
+frequency scaling, tied or untied output projection.
+
+Calling convention:
+
+  logits, cache = model(tokens, positions=None, attention_mask=None, cache=None,
+                        input_lengths=None)
+
+* Without a cache: `tokens` [B, T] is a whole sequence (or a packed tree). `positions` [B, T]
+  feeds RoPE (default `0..T-1`); `attention_mask` [B, T, T] (True = may attend) replaces the
+  default causal mask, e.g. for ancestor attention on a packed tree. Right padding needs no mask:
+  causal attention keeps real tokens from seeing the padding after them.
+* With a cache: `tokens` [B, T] are appended to each row's cached tokens, right padded, with
+  `input_lengths` [B] real tokens per row (default T). Row b's new tokens go to cache slots
+  `cache.lengths[b] + t` and take those slot indices as positions unless `positions` is given;
+  each new token attends to the row's earlier slots and to itself. Only `input_lengths[b]` of the
+  written slots count: the rest are overwritten by later appends and never attended before.
+
+The cache is a pytree passed in and out (`KVCache`), with a fixed number of slots so shapes stay
+static; forking rows is a gather on the batch axis (`KVCache.take_rows`).
+"""
+
+import math
+from typing import Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bpo_jax.models.config import Llama3RopeScaling, ModelConfig
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Per-layer keys and values for B rows of at most `max_length` tokens each.
+
+  Attributes:
+    keys: one [B, S, num_kv_heads, head_dim] array per layer (keys after RoPE).
+    values: one [B, S, num_kv_heads, head_dim] array per layer.
+    lengths: [B] int32, number of valid slots of each row (slots `0..lengths[b]-1`).
+  """
+  keys: tuple
+  values: tuple
+  lengths: jax.Array
+
+  @classmethod
+  def init(cls, config: ModelConfig, batch_size: int, max_length: int,
+           dtype=None) -> "KVCache":
+    """An empty cache of `batch_size` rows and `max_length` slots per row."""
+    if batch_size <= 0 or max_length <= 0:
+      raise ValueError(f"batch_size and max_length must be positive, got {batch_size}, "
+                       f"{max_length}")
+    dtype = dtype or config.compute_dtype
+    shape = (batch_size, max_length, config.num_kv_heads, config.head_dim)
+    zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    return cls(keys=zeros(), values=zeros(), lengths=jnp.zeros((batch_size,), jnp.int32))
+
+  @property
+  def batch_size(self) -> int:
+    return self.lengths.shape[0]
+
+  @property
+  def max_length(self) -> int:
+    return self.keys[0].shape[1]
+
+  def take_rows(self, rows) -> "KVCache":
+    """The cache of rows `rows` (a gather on the batch axis; rows may repeat)."""
+    rows = jnp.asarray(rows, jnp.int32)
+    return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), self)
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float,
+                             scaling: Optional[Llama3RopeScaling] = None) -> np.ndarray:
+  """RoPE inverse frequencies `f_i = θ^(-2i/d)`, with Llama 3 rescaling when given.
+
+  Computed in float32 as the HF reference does. Example: `head_dim=4, theta=100` gives
+  `[1.0, 0.1]`.
+  """
+  exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+  inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponents)).astype(np.float32)
+  if scaling is None:
+    return inv_freq
+  old_context = np.float32(scaling.original_max_position_embeddings)
+  low_freq_wavelength = old_context / np.float32(scaling.low_freq_factor)
+  high_freq_wavelength = old_context / np.float32(scaling.high_freq_factor)
+  wavelength = np.float32(2 * math.pi) / inv_freq
+  # Long wavelengths (low frequencies) are stretched by `factor`; short ones are kept.
+  scaled = np.where(wavelength > low_freq_wavelength, inv_freq / np.float32(scaling.factor),
+                    inv_freq).astype(np.float32)
+  smooth = ((old_context / wavelength - np.float32(scaling.low_freq_factor)) /
+            np.float32(scaling.high_freq_factor - scaling.low_freq_factor)).astype(np.float32)
+  blended = ((1 - smooth) * scaled / np.float32(scaling.factor) + smooth * scaled).astype(np.float32)
+  is_medium = (wavelength >= high_freq_wavelength) & (wavelength <= low_freq_wavelength)
+  return np.where(is_medium, blended, scaled).astype(np.float32)
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+  """cos and sin [B, T, head_dim] of angles `position · f_i`, each frequency used twice."""
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+  angles = jnp.concatenate([angles, angles], axis=-1)
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotates x [B, T, H, D] by the angles: `x·cos + rotate_half(x)·sin` (HF layout)."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos = cos[:, :, None, :].astype(x.dtype)
+  sin = sin[:, :, None, :].astype(x.dtype)
+  return x * cos + rotated * sin
+
+
+def _normal(rngs: nnx.Rngs, shape, dtype, stddev=0.02):
+  return nnx.Param(stddev * jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype))
+
+
+class RMSNorm(nnx.Module):
+  """`y = w ⊙ x / sqrt(mean(x²) + eps)`, the statistic taken in float32."""
+
+  def __init__(self, dim: int, eps: float, *, dtype, param_dtype):
+    self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+    self.eps = eps
+    self.dtype = dtype
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.weight[...].astype(self.dtype) * normed.astype(self.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention; kernels laid out per head so heads can be sharded."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    h, d = config.hidden_size, config.head_dim
+    pd = config.params_dtype
+    self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
+    self.dtype = config.compute_dtype
+    self.q_kernel = _normal(rngs, (h, config.num_heads, d), pd)
+    self.k_kernel = _normal(rngs, (h, config.num_kv_heads, d), pd)
+    self.v_kernel = _normal(rngs, (h, config.num_kv_heads, d), pd)
+    self.o_kernel = _normal(rngs, (config.num_heads, d, h), pd)
+    self.qkv_bias = config.qkv_bias
+    if config.qkv_bias:
+      self.q_bias = _normal(rngs, (config.num_heads, d), pd)
+      self.k_bias = _normal(rngs, (config.num_kv_heads, d), pd)
+      self.v_bias = _normal(rngs, (config.num_kv_heads, d), pd)
+
+  def __call__(self, x, cos, sin, mask, layer_cache=None, write_slots=None):
+    """x [B,T,h]; mask [B,T,S] (True = may attend); layer_cache (keys, values) [B,S,Hkv,D].
+
+    Returns the output [B,T,h] and the updated (keys, values), or None without a cache.
+    """
+    dt = self.dtype
+    x = x.astype(dt)
+    q = jnp.einsum("btm,mhd->bthd", x, self.q_kernel[...].astype(dt))
+    k = jnp.einsum("btm,mhd->bthd", x, self.k_kernel[...].astype(dt))
+    v = jnp.einsum("btm,mhd->bthd", x, self.v_kernel[...].astype(dt))
+    if self.qkv_bias:
+      q = q + self.q_bias[...].astype(dt)
+      k = k + self.k_bias[...].astype(dt)
+      v = v + self.v_bias[...].astype(dt)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    new_cache = None
+    if layer_cache is not None:
+      cached_k, cached_v = layer_cache
+      rows = jnp.arange(x.shape[0])[:, None]
+      # mode="drop": slots past the end are discarded instead of clamped onto valid slots.
+      k = cached_k.at[rows, write_slots].set(k.astype(cached_k.dtype), mode="drop")
+      v = cached_v.at[rows, write_slots].set(v.astype(cached_v.dtype), mode="drop")
+      new_cache = (k, v)
+      k, v = k.astype(dt), v.astype(dt)
+    b, t = q.shape[:2]
+    groups = self.num_heads // self.num_kv_heads
+    q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
+    scores = scores / np.float32(math.sqrt(self.head_dim))
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, self.num_heads, self.head_dim)
+    return jnp.einsum("bthd,hdm->btm", out, self.o_kernel[...].astype(dt)), new_cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: `down(silu(gate(x)) ⊙ up(x))`."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    h, i, pd = config.hidden_size, config.intermediate_size, config.params_dtype
+    self.dtype = config.compute_dtype
+    self.gate_kernel = _normal(rngs, (h, i), pd)
+    self.up_kernel = _normal(rngs, (h, i), pd)
+    self.down_kernel = _normal(rngs, (i, h), pd)
+
+  def __call__(self, x):
+    dt = self.dtype
+    gate = x @ self.gate_kernel[...].astype(dt)
+    up = x @ self.up_kernel[...].astype(dt)
+    return (jax.nn.silu(gate) * up) @ self.down_kernel[...].astype(dt)
+
+
+class DecoderLayer(nnx.Module):
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    kw = dict(dtype=config.compute_dtype, param_dtype=config.params_dtype)
+    self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+    self.attn = Attention(config, rngs=rngs)
+    self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+    self.mlp = MLP(config, rngs=rngs)
+
+  def __call__(self, x, cos, sin, mask, layer_cache=None, write_slots=None):
+    attn_out, new_cache = self.attn(self.input_norm(x), cos, sin, mask, layer_cache, write_slots)
+    x = x + attn_out
+    x = x + self.mlp(self.post_attn_norm(x))
+    return x, new_cache
+
+
+class Decoder(nnx.Module):
+  """Decoder-only transformer; `model(tokens, ...) -> (logits float32 [B,T,V], cache)`."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    pd = config.params_dtype
+    self.embed = _normal(rngs, (config.vocab_size, config.hidden_size), pd)
+    self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_layers)])
+    self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps,
+                              dtype=config.compute_dtype, param_dtype=pd)
+    if not config.tie_word_embeddings:
+      self.lm_head = _normal(rngs, (config.hidden_size, config.vocab_size), pd)
+
+  def __call__(self, tokens: jax.Array, positions: Optional[jax.Array] = None,
+               attention_mask: Optional[jax.Array] = None, cache: Optional[KVCache] = None,
+               input_lengths: Optional[jax.Array] = None):
+    if tokens.ndim != 2:
+      raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
+    b, t = tokens.shape
+    if cache is None:
+      if input_lengths is not None:
+        raise ValueError("input_lengths is only meaningful with a cache")
+      if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+      if attention_mask is None:
+        mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+      else:
+        if attention_mask.shape != (b, t, t):
+          raise ValueError(f"attention_mask must be [batch, time, time] = {(b, t, t)}, got "
+                           f"{attention_mask.shape}")
+        mask = attention_mask.astype(bool)
+      write_slots = None
+    else:
+      if attention_mask is not None:
+        raise ValueError("attention_mask is not supported together with a cache: cached "
+                         "attention is causal over each row's slots")
+      if cache.batch_size != b:
+        raise ValueError(f"cache has {cache.batch_size} rows but tokens have {b}")
+      write_slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+      if positions is None:
+        positions = write_slots
+      key_slots = jnp.arange(cache.max_length, dtype=jnp.int32)
+      mask = key_slots[None, None, :] <= write_slots[:, :, None]
+    if positions.shape != (b, t):
+      raise ValueError(f"positions must be [batch, time] = {(b, t)}, got {positions.shape}")
+
+    # Recomputed at trace time (numpy constants) rather than stored as a non-Variable attribute.
+    inv_freq = rope_inverse_frequencies(self.config.head_dim, self.config.rope_theta,
+                                        self.config.rope_scaling)
+    cos, sin = rope_cos_sin(positions, inv_freq)
+    x = jnp.take(self.embed[...], tokens, axis=0).astype(self.config.compute_dtype)
+    new_keys, new_values = [], []
+    for i, layer in enumerate(self.layers):
+      layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
+      x, updated = layer(x, cos, sin, mask, layer_cache, write_slots)
+      if updated is not None:
+        new_keys.append(updated[0])
+        new_values.append(updated[1])
+    x = self.final_norm(x)
+    if self.config.tie_word_embeddings:
+      logits = jnp.einsum("btm,vm->btv", x, self.embed[...].astype(x.dtype))
+    else:
+      logits = x @ self.lm_head[...].astype(x.dtype)
+    logits = logits.astype(jnp.float32)
+
+    if cache is None:
+      return logits, None
+    if input_lengths is None:
+      input_lengths = jnp.full((b,), t, jnp.int32)
+    new_cache = KVCache(keys=tuple(new_keys), values=tuple(new_values),
+                        lengths=cache.lengths + input_lengths.astype(jnp.int32))
+    return logits, new_cache
+
+
+def forward(graphdef, state, tokens, positions=None, attention_mask=None, cache=None,
+            input_lengths=None):
+  """Pure form of `Decoder.__call__` over `nnx.split(model)`, for `jax.jit` in hot loops."""
+  model = nnx.merge(graphdef, state)
+  return model(tokens, positions=positions, attention_mask=attention_mask, cache=cache,
+               input_lengths=input_lengths)
+
+
+def logprobs_and_entropy_from_logits(logits: jax.Array, targets: jax.Array,
+                                     temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+  """Log-probability of `targets` and entropy under `softmax(logits / temperature)`.
+
+  This is the distribution the sampler draws from before any top-k / top-p truncation, and the
+  one whose numbers it reports; temperature 0 (greedy) reports the untempered `softmax(logits)`.
+
+  Args:
+    logits: [..., V] float logits.
+    targets: [...] int token ids.
+    temperature: a Python float ≥ 0.
+
+  Returns:
+    (logprobs [...], entropies [...]) in float32. Example: logits `[0, 0]`, target 1 gives
+    `log(1/2)` and entropy `log 2`.
+  """
+  if temperature < 0:
+    raise ValueError(f"temperature must be >= 0, got {temperature}")
+  scaled = logits.astype(jnp.float32)
+  if temperature not in (0.0, 1.0):
+    scaled = scaled / np.float32(temperature)
+  log_probs = jax.nn.log_softmax(scaled, axis=-1)
+  entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+  target_logprobs = jnp.take_along_axis(log_probs, targets[..., None].astype(jnp.int32),
+                                        axis=-1)[..., 0]
+  return target_logprobs, entropy
+
+
+def token_logprobs_and_entropy(graphdef, state, tokens: jax.Array, targets: jax.Array,
+                               positions: Optional[jax.Array] = None,
+                               attention_mask: Optional[jax.Array] = None,
+                               temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+  """Training-side per-token logprobs and entropies: a full forward, no cache.
+
+  `targets[b, t]` is the token predicted from position t: for a plain sequence
+  `targets = tokens[:, 1:]` padded by one column (the last column is then meaningless); for a
+  packed tree, the next token along the path of token t. The numbers equal what the sampler
+  returns for the same tokens and temperature, so the PPO importance ratio starts at 1.
+
+  Returns:
+    (logprobs [B, T], entropies [B, T]) float32.
+  """
+  logits, _ = forward(graphdef, state, tokens, positions=positions,
+                      attention_mask=attention_mask)
+  return logprobs_and_entropy_from_logits(logits, targets, temperature)
