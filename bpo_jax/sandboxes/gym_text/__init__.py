@@ -1,0 +1,177 @@
+"""Gymnasium toy-text environments as text sandboxes whose snapshots include the RNG state.
+
+FrozenLake (slippery), Taxi (rainy, fickle passenger), CliffWalking (slippery) and Blackjack are
+all stochastic: restoring only the position and replaying would diverge, because the next
+random draw depends on the generator's state. A snapshot here is the pickled tuple
+`(task, steps, episode over, the environment's state attributes, the numpy bit generator's
+state)`, which any process can restore.
+
+Each environment has its own module (`frozenlake`, `taxi`, `cliffwalking`, `blackjack`) with the
+registry interface:
+
+    make_sandbox(**config) -> GymTextSandbox
+    make_tasks(split, num, seed, **config) -> list[GymTask]
+
+A task is a reset seed (plus, for FrozenLake, a generated map); "train" uses even reset seeds
+and "test" odd ones. Actions are words ("left", "pickup", "hit"); anything else gets an
+observation listing the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import random
+from typing import Any, Callable
+
+import numpy as np
+
+from bpo_jax.sandboxes import base
+
+
+@dataclasses.dataclass(frozen=True)
+class GymTask:
+  """One episode: `env_kwargs` build the environment, `reset_seed` seeds its generator."""
+
+  task_id: str
+  env_name: str
+  reset_seed: int
+  env_kwargs: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class GymTextSpec:
+  """How one toy-text environment is built, described and judged."""
+
+  name: str
+  make_env: Callable[..., Any]         # env_kwargs -> the unwrapped gymnasium env
+  actions: tuple[str, ...]             # action words, in the env's action index order
+  state_attributes: tuple[str, ...]    # what besides the RNG makes the env's state
+  goal: str                            # the goal sentence of the first observation
+  describe: Callable[[Any], str]       # env -> the current state in words
+  is_success: Callable[[float, bool], bool]  # (reward, terminated) -> success
+  max_steps: int
+
+
+class GymTextSandbox:
+  """A gymnasium toy-text env behind the `Sandbox` protocol (see the package docstring)."""
+
+  _SNAPSHOT_VERSION = 1
+
+  def __init__(self, spec: GymTextSpec, max_steps: int | None = None):
+    self.spec = spec
+    self.max_steps = spec.max_steps if max_steps is None else int(max_steps)
+    if self.max_steps < 1:
+      raise ValueError(f"max_steps must be positive, got {max_steps}")
+    self._env = None
+    self._env_kwargs = None
+    self._task: GymTask | None = None
+    self._steps = 0
+    self._over = False
+
+  def _build(self, task: GymTask):
+    if task.env_name != self.spec.name:
+      raise ValueError(f"a {self.spec.name} sandbox cannot play a {task.env_name} task")
+    if self._env is None or self._env_kwargs != task.env_kwargs:
+      if self._env is not None:
+        self._env.close()
+      self._env = self.spec.make_env(**dict(task.env_kwargs))
+      self._env_kwargs = task.env_kwargs
+    self._task = task
+
+  def _action_list(self) -> str:
+    return ", ".join(self.spec.actions)
+
+  def reset(self, task: GymTask) -> str:
+    if not isinstance(task, GymTask):
+      raise TypeError(f"reset expects a GymTask, got {type(task).__name__}")
+    self._build(task)
+    self._env.reset(seed=task.reset_seed)
+    self._steps = 0
+    self._over = False
+    return (f"{self.spec.goal} {self.spec.describe(self._env)} "
+            f"Actions: {self._action_list()}.")
+
+  def step(self, action: Any) -> base.Step:
+    if self._task is None:
+      raise RuntimeError("call reset(task) or restore(snapshot) first")
+    if self._over:
+      return base.Step("The episode is over.", 0.0, True, False, {"success": False})
+    text, reason = base.check_action(action, max_chars=200)
+    if reason is None and text.lower() not in self.spec.actions:
+      reason = "unknown action"
+    if reason is not None:
+      self._steps += 1
+      truncated = self._steps >= self.max_steps
+      self._over = truncated
+      info = {"invalid_action": reason}
+      if truncated:
+        info["success"] = False
+      return base.Step(f"Invalid action: {reason}. Use one of: {self._action_list()}. "
+                       f"{self.spec.describe(self._env)}", 0.0, truncated, truncated, info)
+    _, reward, terminated, _, _ = self._env.step(self.spec.actions.index(text.lower()))
+    self._steps += 1
+    reward = float(reward)
+    truncated = not terminated and self._steps >= self.max_steps
+    self._over = bool(terminated) or truncated
+    info = {}
+    if self._over:
+      info["success"] = bool(terminated) and self.spec.is_success(reward, bool(terminated))
+    return base.Step(self.spec.describe(self._env), reward, self._over, truncated, info)
+
+  def admissible_actions(self) -> list[str]:
+    return [] if self._over else list(self.spec.actions)
+
+  def snapshot(self) -> base.Snapshot:
+    if self._task is None:
+      raise RuntimeError("call reset(task) or restore(snapshot) first")
+    env = self._env
+    state = {name: getattr(env, name) for name in self.spec.state_attributes}
+    payload = (self._SNAPSHOT_VERSION, dataclasses.astuple(self._task), self._steps, self._over,
+               state, env.np_random.bit_generator.state)
+    return base.Snapshot(pickle.dumps(payload, protocol=4))
+
+  def restore(self, snapshot: base.Snapshot) -> None:
+    if not isinstance(snapshot, base.Snapshot):
+      raise TypeError(f"restore expects a Snapshot, got {type(snapshot).__name__}")
+    version, task_fields, steps, over, state, rng_state = pickle.loads(snapshot.data)
+    if version != self._SNAPSHOT_VERSION:
+      raise ValueError(f"snapshot version {version} is not {self._SNAPSHOT_VERSION}")
+    task = GymTask(*task_fields)
+    self._build(task)
+    if self._env._np_random is None:  # pylint: disable=protected-access
+      self._env.reset(seed=task.reset_seed)
+    for name, value in state.items():
+      setattr(self._env, name, value)
+    generator = np.random.Generator(getattr(np.random, rng_state["bit_generator"])())
+    generator.bit_generator.state = rng_state
+    self._env.np_random = generator
+    self._steps = steps
+    self._over = over
+
+  def close(self) -> None:
+    if self._env is not None:
+      self._env.close()
+    self._env = None
+    self._task = None
+
+
+def make_split_tasks(env_name: str, split: str, num: int, seed: int,
+                     env_kwargs_for: Callable[[random.Random], tuple] = lambda rng: ()
+                     ) -> list[GymTask]:
+  """`num` distinct tasks; reset seeds are even for "train" and odd for "test"."""
+  if split not in ("train", "test"):
+    raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+  if num < 0:
+    raise ValueError(f"num must be non-negative, got {num}")
+  rng = random.Random(f"{env_name}/{seed}")
+  parity = 0 if split == "train" else 1
+  tasks, seen = [], set()
+  while len(tasks) < num:
+    reset_seed = 2 * rng.randrange(1 << 30) + parity
+    if reset_seed in seen:
+      continue
+    seen.add(reset_seed)
+    tasks.append(GymTask(task_id=f"{env_name}-{reset_seed}", env_name=env_name,
+                         reset_seed=reset_seed, env_kwargs=env_kwargs_for(rng)))
+  return tasks
