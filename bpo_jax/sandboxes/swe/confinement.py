@@ -1,0 +1,256 @@
+"""Runs shell commands confined to one writable directory.
+
+Every command gets, in all modes: its own session and process group (killed as a whole at the
+wall-clock timeout), CPU-time / address-space / file-size / open-file rlimits, an environment
+rebuilt from a short whitelist (nothing of the host's is inherited), stdin from /dev/null, and
+its output truncated (the process group is killed once it has printed `kill_output_bytes`).
+
+Where the host allows it (running as root with namespaces available, which `protections()`
+probes once per process) the command also runs in fresh mount, network, PID, IPC and UTS
+namespaces as an unprivileged uid with no capabilities and a process-count limit: every mount is
+read-only except the writable directory and a private, size-capped /tmp; the network namespace
+has no usable interface; /proc shows only the command's own processes, so the host's
+environment variables cannot be read through it; when the command ends the kernel kills what it
+left behind. Without root the namespace protections are off, and `protections()` says so.
+
+Example:
+
+  limits = Limits(wall_seconds=5.0)
+  result = run_confined("echo hi > out.txt && cat out.txt", workdir, limits)
+  result.output == "hi\\n" and result.exit_code == 0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from typing import Mapping
+
+_JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jail.py")
+SETUP_FAILED = 125
+
+# Variables a command sees; anything else of the host's environment is dropped.
+_BASE_ENV = {
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "TERM": "dumb",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONHASHSEED": "0",
+    "PYTHONUNBUFFERED": "1",
+    "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """Resource limits of one command.
+
+  wall_seconds: wall-clock timeout; the whole process group is killed then.
+  cpu_seconds: RLIMIT_CPU (SIGXCPU, then SIGKILL).
+  memory_bytes: RLIMIT_AS per process.
+  file_bytes: RLIMIT_FSIZE, the largest file a command may write (SIGXFSZ beyond).
+  max_processes: RLIMIT_NPROC for the command's uid (only with namespaces: it needs its own uid).
+  max_open_files: RLIMIT_NOFILE.
+  tmp_bytes: size of the private /tmp (only with namespaces).
+  max_output_chars: output kept (head and tail) in the observation.
+  kill_output_bytes: output after which the process group is killed.
+  """
+
+  wall_seconds: float = 10.0
+  cpu_seconds: int = 10
+  memory_bytes: int = 2 << 30
+  file_bytes: int = 16 << 20
+  max_processes: int = 64
+  max_open_files: int = 256
+  tmp_bytes: int = 64 << 20
+  max_output_chars: int = 8000
+  kill_output_bytes: int = 4 << 20
+
+  def __post_init__(self):
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if not value > 0:
+        raise ValueError(f"Limits.{field.name} must be positive, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandResult:
+  """What a confined command did."""
+
+  output: str              # stdout and stderr interleaved, truncated to max_output_chars
+  exit_code: int           # negative: killed by that signal
+  timed_out: bool          # killed at the wall-clock timeout
+  output_limited: bool     # killed for printing more than kill_output_bytes
+  output_bytes: int        # bytes the command printed (counted up to the kill)
+  seconds: float
+
+  def report(self) -> str:
+    """A one-line account of how the command ended, for the observation."""
+    notes = []
+    if self.timed_out:
+      notes.append("timed out; its process group was killed")
+    if self.output_limited:
+      notes.append(f"printed more than the output limit ({self.output_bytes} bytes); killed")
+    if self.exit_code < 0:
+      notes.append(f"killed by signal {signal.Signals(-self.exit_code).name}"
+                   if -self.exit_code in signal.Signals._value2member_map_ else
+                   f"killed by signal {-self.exit_code}")
+    else:
+      notes.append(f"exit code {self.exit_code}")
+    return "[" + "; ".join(notes) + "]"
+
+
+def _python_paths() -> list[str]:
+  """Directories the interpreter (and its pytest) needs to be reachable in the confinement."""
+  paths = {os.path.dirname(os.path.realpath(sys.executable)), os.path.realpath(sys.prefix),
+           os.path.realpath(sys.base_prefix)}
+  for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+    path = sysconfig.get_paths().get(key)
+    if path:
+      paths.add(os.path.realpath(path))
+  return sorted(p for p in paths if os.path.isdir(p))
+
+
+def command_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+  """The whitelisted environment: PATH puts this interpreter's `python` first."""
+  env = dict(_BASE_ENV)
+  env["PATH"] = os.pathsep.join(
+      [os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"])
+  env.update(extra or {})
+  return env
+
+
+def default_uid() -> int:
+  """An unprivileged uid private to this process, so process-count limits are per worker."""
+  return 200_000 + os.getpid() % 100_000
+
+
+def _spec(argv, cwd, limits, namespaces, uid, env) -> dict:
+  rlimits = {"CPU": int(limits.cpu_seconds), "AS": int(limits.memory_bytes),
+             "FSIZE": int(limits.file_bytes), "NOFILE": int(limits.max_open_files),
+             "CORE": 0}
+  if namespaces:
+    rlimits["NPROC"] = int(limits.max_processes)
+  return {"argv": list(argv), "cwd": cwd, "env": env, "namespaces": namespaces,
+          "writable": [cwd], "reachable": _python_paths(), "uid": uid, "gid": uid,
+          "tmp_bytes": int(limits.tmp_bytes), "rlimits": rlimits}
+
+
+def _truncate(data: bytes, max_chars: int) -> str:
+  text = data.decode("utf-8", errors="replace")
+  if len(text) <= max_chars:
+    return text
+  head, tail = text[: max_chars // 2], text[-(max_chars // 2):]
+  return f"{head}\n[... {len(text) - len(head) - len(tail)} characters truncated ...]\n{tail}"
+
+
+def _run_spec(spec: dict, limits: Limits) -> CommandResult:
+  start = time.monotonic()
+  proc = subprocess.Popen(
+      [sys.executable, "-I", "-S", _JAIL, json.dumps(spec)],
+      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      start_new_session=True, close_fds=True, env={"PATH": "/usr/bin:/bin"})
+  keep = limits.max_output_chars * 4 + 4
+  head, tail, total = bytearray(), b"", 0
+  timed_out = output_limited = False
+  deadline = start + limits.wall_seconds
+  fd = proc.stdout.fileno()
+  try:
+    while True:
+      remaining = deadline - time.monotonic()
+      if remaining <= 0:
+        timed_out = True
+        break
+      ready, _, _ = select.select([fd], [], [], remaining)
+      if not ready:
+        continue
+      chunk = os.read(fd, 1 << 16)
+      if not chunk:
+        break
+      total += len(chunk)
+      if len(head) < keep:
+        head += chunk[: keep - len(head)]
+        chunk = chunk[keep - len(head):] if len(head) >= keep else b""
+      tail = (tail + chunk)[-keep:]
+      if total > limits.kill_output_bytes:
+        output_limited = True
+        break
+  finally:
+    if timed_out or output_limited:
+      _kill_group(proc.pid)
+    proc.stdout.close()
+    exit_code = proc.wait()
+    _kill_group(proc.pid)  # background processes left in the group (non-namespace mode)
+  data = bytes(head) if total <= keep else bytes(head) + b"\n...\n" + tail
+  return CommandResult(output=_truncate(data, limits.max_output_chars), exit_code=exit_code,
+                       timed_out=timed_out, output_limited=output_limited, output_bytes=total,
+                       seconds=time.monotonic() - start)
+
+
+def _kill_group(pgid: int) -> None:
+  try:
+    os.killpg(pgid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    pass
+
+
+@functools.lru_cache(maxsize=None)
+def protections() -> Mapping[str, bool]:
+  """Which protections commands get on this host (probed once per process by running one).
+
+  Always on: process_group_timeout, rlimits, scrubbed_env, output_truncation. With root and
+  namespaces: network_namespace, read_only_filesystem, private_tmp, pid_namespace,
+  unprivileged_uid, process_limit.
+  """
+  always = {"process_group_timeout": True, "rlimits": True, "scrubbed_env": True,
+            "output_truncation": True}
+  namespaced = ("network_namespace", "read_only_filesystem", "private_tmp", "pid_namespace",
+                "unprivileged_uid", "process_limit")
+  available = False
+  if os.geteuid() == 0 and sys.platform.startswith("linux"):
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="bpo_probe_") as probe_dir:
+      os.chown(probe_dir, default_uid(), default_uid())
+      probe = ("echo $$ > pid && id -u > uid && cat /proc/net/dev | wc -l > net && "
+               "(touch /probe_root_write 2>/dev/null && echo rw || echo ro) > root")
+      spec = _spec(["/bin/sh", "-c", probe], probe_dir, Limits(wall_seconds=10.0), True,
+                   default_uid(), command_env())
+      result = _run_spec(spec, Limits(wall_seconds=10.0))
+      read = lambda name: open(os.path.join(probe_dir, name)).read().strip() if os.path.exists(
+          os.path.join(probe_dir, name)) else ""
+      available = (result.exit_code == 0 and read("pid") == "1" and read("uid") == str(
+          default_uid()) and read("root") == "ro")
+  return {**always, **{name: available for name in namespaced}}
+
+
+def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
+                 uid: int | None = None, env: Mapping[str, str] | None = None) -> CommandResult:
+  """Runs `sh -c command` in `cwd` under `limits`; see the module docstring for the confinement.
+
+  With namespaces, `cwd` must be writable by `uid` (default `default_uid()`); the caller owns
+  that (the SWE sandbox chowns its task directory).
+  """
+  if not isinstance(command, str) or not command.strip():
+    raise ValueError(f"command must be non-empty text, got {command!r}")
+  if "\0" in command:
+    raise ValueError("command contains a NUL character")
+  if not os.path.isdir(cwd):
+    raise ValueError(f"cwd {cwd!r} is not a directory")
+  namespaces = protections()["network_namespace"]
+  spec = _spec(["/bin/sh", "-c", command], os.path.realpath(cwd), limits, namespaces,
+               default_uid() if uid is None else uid, command_env(env))
+  result = _run_spec(spec, limits)
+  if result.exit_code == SETUP_FAILED and "confinement set-up failed" in result.output:
+    raise RuntimeError(f"could not confine the command: {result.output.strip()}")
+  return result
