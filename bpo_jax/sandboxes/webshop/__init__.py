@@ -1,0 +1,15 @@
+"""A WebShop-compatible shop (Yao et al., 2022) as a snapshot-able sandbox.
+
+`make_sandbox(**config)` and `make_tasks(split, num, seed, **config)` are the entry points; see
+`shop.py` for pages and actions, `reward.py` for the reward, `catalogue.py` for the data.
+"""
+
+from bpo_jax.sandboxes.webshop.catalogue import (
+    Catalogue, Product, WebShopTask, generate_catalogue, load_webshop_files, make_catalogue,
+    split_goal_indices)
+from bpo_jax.sandboxes.webshop.reward import (
+    PurchaseReward, TypeMatch, attribute_matches, normalize_color, option_matches,
+    purchase_reward, title_nouns, type_reward)
+from bpo_jax.sandboxes.webshop.search import ProductIndex
+from bpo_jax.sandboxes.webshop.shop import (
+    ShopState, WebShopSandbox, get_shop, make_sandbox, make_tasks)

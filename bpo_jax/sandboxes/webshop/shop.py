@@ -1,0 +1,446 @@
+"""The WebShop sandbox: pages, the action grammar, snapshots, and the module entry points.
+
+Pages and buttons follow WebShop's text mode (Yao et al., 2022), one page a state, its parts
+joined by " [SEP] ":
+
+    search    WebShop [SEP] Instruction: [SEP] <instruction> [SEP] Search
+    results   ... [SEP] Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next > [SEP]
+              <ASIN> [SEP] <title> [SEP] <price> [SEP] ...            (10 products a page)
+    item      ... [SEP] Back to Search [SEP] < Prev [SEP] <option name> [SEP] <value> ... [SEP]
+              <title> [SEP] Price: <price> [SEP] Rating: <rating> [SEP] Description [SEP]
+              Features [SEP] Reviews [SEP] Buy Now
+    description / features / reviews   ... [SEP] Back to Search [SEP] < Prev [SEP] <text>
+    done      Thank you for shopping with us! [SEP] ... [SEP] Your score (min 0.0, max 1.0) [SEP] r
+
+Actions are `search[<keywords>]` (only where the search box is shown) and `click[<button>]`
+with a button shown on the page (case and spacing are ignored). Clicking an option value selects
+it for its option; `click[Buy Now]` ends the episode with the WebShop reward (see `reward.py`).
+Every other step earns 0. After `max_steps` steps the episode ends unbought (reward 0,
+`done` and `truncated` both set). Anything else gets an "Invalid action" observation naming the
+problem, with `info["invalid_action"]`; it still counts as a step.
+
+The shop has no randomness after its catalogue is built: search, pages and the reward are pure
+functions of the session state (page, query, results, result page, product, chosen options,
+step count), which is all a snapshot holds besides the task and the catalogue's fingerprint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import threading
+from typing import Any, Callable, Mapping, Sequence
+
+from bpo_jax.sandboxes.base import Snapshot, Step, check_action, invalid_action_step
+from bpo_jax.sandboxes.webshop import catalogue as catalogue_lib
+from bpo_jax.sandboxes.webshop import reward as reward_lib
+from bpo_jax.sandboxes.webshop.catalogue import Catalogue, Product, WebShopTask
+from bpo_jax.sandboxes.webshop.search import ProductIndex
+
+SEP = " [SEP] "
+SNAPSHOT_FORMAT = "bpo_jax.webshop/1"
+BACK_TO_SEARCH = "Back to Search"
+NEXT_PAGE = "Next >"
+PREV_PAGE = "< Prev"
+BUY_NOW = "Buy Now"
+SUB_PAGES = ("Description", "Features", "Reviews")
+# Placeholder shown in `admissible_actions` for the free-text search action.
+SEARCH_ACTION = "search[...]"
+
+_ACTION_RE = re.compile(r"(search|click)\s*\[(.*)\]", re.IGNORECASE | re.DOTALL)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShopState:
+  """The session state; with the task and the catalogue it determines everything shown."""
+
+  page: str = "search"
+  query: str = ""
+  results: tuple[str, ...] = ()
+  results_page: int = 1
+  asin: str = ""
+  options: tuple[tuple[str, str], ...] = ()
+  steps: int = 0
+  reward: float = 0.0
+
+
+def _norm(text: str) -> str:
+  return " ".join(text.lower().split())
+
+
+class WebShopSandbox:
+  """A WebShop session over a shared, read-only catalogue and search index.
+
+  Example:
+    sb = make_sandbox(num_products=100, seed=0)
+    task = make_tasks("test", 1, seed=0, num_products=100)[0]
+    sb.reset(task); sb.step("search[shampoo sulfate free]"); sb.step("click[B0...]")
+  """
+
+  def __init__(
+      self,
+      catalogue: Catalogue,
+      index: ProductIndex,
+      *,
+      max_steps: int = 15,
+      results_per_page: int = 10,
+      search_return_n: int = 50,
+      nouns_fn: Callable[[str], Sequence[str]] = reward_lib.title_nouns,
+  ):
+    for name, value in (("max_steps", max_steps), ("results_per_page", results_per_page),
+                        ("search_return_n", search_return_n)):
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    self.catalogue = catalogue
+    self._index = index
+    self.max_steps = max_steps
+    self.results_per_page = results_per_page
+    self.search_return_n = search_return_n
+    self._nouns_fn = nouns_fn
+    self._task: WebShopTask | None = None
+    self._state: ShopState | None = None
+
+  # -- the Sandbox protocol --------------------------------------------------------------------
+
+  def reset(self, task: WebShopTask) -> str:
+    if not isinstance(task, WebShopTask):
+      raise TypeError(f"a WebShop task must be a WebShopTask, got {type(task).__name__}")
+    if task.catalogue != self.catalogue.fingerprint:
+      raise ValueError(
+          f"task {task.task_id!r} belongs to the shop with catalogue {task.catalogue[:12]}, but "
+          f"this sandbox serves catalogue {self.catalogue.fingerprint[:12]}; build the sandbox "
+          "with the same files or generator seed as the tasks")
+    if task.asin not in self.catalogue.by_asin:
+      raise ValueError(f"task {task.task_id!r} targets asin {task.asin!r}, not in the catalogue")
+    self._task = task
+    self._state = ShopState()
+    return self.observation
+
+  def step(self, action: Any) -> Step:
+    state, task = self._require_session()
+    if state.page == "done":
+      return Step(observation="Invalid action: the episode is over; reset the sandbox.",
+                  reward=0.0, done=True, info={"invalid_action": "the episode is over"})
+    text, reason = check_action(action)
+    if reason is None:
+      new_state, reason = self._transition(state, text)
+    if reason is not None:
+      self._state = dataclasses.replace(state, steps=state.steps + 1)
+      step = invalid_action_step(reason, "Valid actions: " + ", ".join(self.admissible_actions()))
+      return self._maybe_truncate(step)
+    new_state = dataclasses.replace(new_state, steps=state.steps + 1)
+    self._state = new_state
+    if new_state.page == "done":
+      return Step(observation=self.observation, reward=new_state.reward, done=True,
+                  info=self._purchase_info(new_state, task))
+    return self._maybe_truncate(Step(observation=self.observation, reward=0.0, done=False))
+
+  def snapshot(self) -> Snapshot:
+    state, task = self._require_session()
+    payload = {
+        "format": SNAPSHOT_FORMAT,
+        "catalogue": self.catalogue.fingerprint,
+        "task": dataclasses.asdict(task),
+        "state": dataclasses.asdict(state),
+    }
+    data = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return Snapshot(data=data.encode("utf-8"),
+                    handle=(self.catalogue.fingerprint, task, state))
+
+  def restore(self, snapshot: Snapshot) -> None:
+    if not isinstance(snapshot, Snapshot):
+      raise TypeError(f"restore takes a Snapshot, got {type(snapshot).__name__}")
+    handle = snapshot.handle
+    if (isinstance(handle, tuple) and len(handle) == 3
+        and handle[0] == self.catalogue.fingerprint and isinstance(handle[2], ShopState)):
+      _, self._task, self._state = handle
+      return
+    try:
+      payload = json.loads(snapshot.data.decode("utf-8"))
+      fmt = payload["format"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+      raise ValueError("not a WebShop snapshot (the bytes are not a WebShop session)") from None
+    if fmt != SNAPSHOT_FORMAT:
+      raise ValueError(f"unsupported WebShop snapshot format {fmt!r}; expected {SNAPSHOT_FORMAT!r}")
+    if payload["catalogue"] != self.catalogue.fingerprint:
+      raise ValueError(
+          f"the snapshot was taken in a shop with catalogue {payload['catalogue'][:12]}, but this "
+          f"sandbox serves catalogue {self.catalogue.fingerprint[:12]}; build the sandbox from the "
+          "same WebShop files or the same generator seed to restore it")
+    task = payload["task"]
+    state = payload["state"]
+    self._task = WebShopTask(**{k: tuple(v) if isinstance(v, list) else v for k, v in task.items()})
+    self._state = ShopState(
+        page=state["page"], query=state["query"], results=tuple(state["results"]),
+        results_page=state["results_page"], asin=state["asin"],
+        options=tuple((k, v) for k, v in state["options"]), steps=state["steps"],
+        reward=state["reward"])
+
+  def close(self) -> None:
+    self._task = None
+    self._state = None
+
+  # -- what the page shows ---------------------------------------------------------------------
+
+  @property
+  def observation(self) -> str:
+    """The current page as text."""
+    state, task = self._require_session()
+    return self._render(state, task)[0]
+
+  def admissible_actions(self) -> list[str]:
+    """`click[...]` for every button on the page, plus `search[...]` where a search box is shown."""
+    state, task = self._require_session()
+    _, buttons = self._render(state, task)
+    actions = [f"click[{b}]" for b in buttons]
+    if state.page == "search":
+      actions.insert(0, SEARCH_ACTION)
+    return actions
+
+  # -- internals -------------------------------------------------------------------------------
+
+  def _require_session(self) -> tuple[ShopState, WebShopTask]:
+    if self._state is None or self._task is None:
+      raise RuntimeError("the WebShop sandbox has no session: call reset(task) or restore(snapshot)")
+    return self._state, self._task
+
+  def _maybe_truncate(self, step: Step) -> Step:
+    if self._state.steps < self.max_steps:
+      return step
+    info = dict(step.info)
+    info.update(success=False, truncated_after_steps=self.max_steps)
+    return dataclasses.replace(
+        step, observation=f"{step.observation}{SEP}Step limit of {self.max_steps} reached.",
+        done=True, truncated=True, info=info)
+
+  def _product(self, asin: str) -> Product:
+    return self.catalogue.by_asin[asin]
+
+  def _page_results(self, state: ShopState) -> tuple[str, ...]:
+    lo = (state.results_page - 1) * self.results_per_page
+    return state.results[lo:lo + self.results_per_page]
+
+  def _render(self, state: ShopState, task: WebShopTask) -> tuple[str, list[str]]:
+    """The page text and its buttons (in display form)."""
+    head = ["Instruction:", task.instruction]
+    if state.page == "search":
+      return SEP.join(["WebShop", *head, "Search"]), []
+    if state.page == "results":
+      shown = self._page_results(state)
+      parts = [*head, BACK_TO_SEARCH,
+               f"Page {state.results_page} (Total results: {len(state.results)})"]
+      buttons = [BACK_TO_SEARCH]
+      if state.results_page > 1:
+        parts.append(PREV_PAGE)
+        buttons.append(PREV_PAGE)
+      if state.results_page * self.results_per_page < len(state.results):
+        parts.append(NEXT_PAGE)
+        buttons.append(NEXT_PAGE)
+      if not state.results:
+        parts.append(f"No products match {state.query!r}.")
+      for asin in shown:
+        p = self._product(asin)
+        parts += [asin, p.title, p.price_tag]
+        buttons.append(asin)
+      return SEP.join(parts), buttons
+    product = self._product(state.asin)
+    if state.page == "item":
+      parts = [*head, BACK_TO_SEARCH, PREV_PAGE]
+      buttons = [BACK_TO_SEARCH, PREV_PAGE]
+      for name, values in product.options:
+        parts.append(name)
+        parts += values
+        buttons += [v for v in values if v not in buttons]
+      if state.options:
+        parts.append("Selected: " + ", ".join(f"{k}: {v}" for k, v in state.options))
+      parts += [product.title, f"Price: {product.price_tag}", f"Rating: {product.rating}",
+                *SUB_PAGES, BUY_NOW]
+      buttons += [*SUB_PAGES, BUY_NOW]
+      return SEP.join(parts), buttons
+    if state.page in ("description", "features", "reviews"):
+      body = {
+          "description": [product.description or "No description."],
+          "features": list(product.bullet_points) or ["No features listed."],
+          "reviews": list(product.reviews) or ["No reviews yet."],
+      }[state.page]
+      return SEP.join([*head, BACK_TO_SEARCH, PREV_PAGE, *body]), [BACK_TO_SEARCH, PREV_PAGE]
+    if state.page == "done":
+      chosen = ", ".join(f"{k}: {v}" for k, v in state.options) or "none"
+      return SEP.join(["Thank you for shopping with us!", "Purchased", state.asin, product.title,
+                       "Options", chosen, "Your score (min 0.0, max 1.0)",
+                       f"{state.reward:.4f}"]), []
+    raise AssertionError(f"unknown page {state.page!r}")
+
+  def _transition(self, state: ShopState, text: str) -> tuple[ShopState | None, str | None]:
+    """The next state for a well-formed action text, or (None, reason) when it does not apply."""
+    match = _ACTION_RE.fullmatch(text)
+    if match is None:
+      return None, f"cannot parse {text[:80]!r}; expected search[keywords] or click[button]"
+    verb, arg = match.group(1).lower(), match.group(2).strip()
+    if verb == "search":
+      if state.page != "search":
+        return None, "there is no search box on this page; click[Back to Search] first"
+      if not arg:
+        return None, "the search keywords are empty"
+      found = self._index.search(arg, self.search_return_n)
+      asins = tuple(self.catalogue.products[i].asin for i in found)
+      return ShopState(page="results", query=arg, results=asins, results_page=1,
+                       steps=state.steps), None
+    _, buttons = self._render(state, self._task)
+    by_key = {}
+    for b in buttons:
+      by_key.setdefault(_norm(b), b)
+    button = by_key.get(_norm(arg))
+    if button is None:
+      where = "the search page has no buttons; use search[keywords]" if state.page == "search" \
+          else "it is not a button on this page"
+      return None, f"cannot click {arg[:80]!r}: {where}"
+    if button == BACK_TO_SEARCH:
+      return ShopState(steps=state.steps), None
+    if state.page == "results":
+      if button == NEXT_PAGE:
+        return dataclasses.replace(state, results_page=state.results_page + 1), None
+      if button == PREV_PAGE:
+        return dataclasses.replace(state, results_page=state.results_page - 1), None
+      return dataclasses.replace(state, page="item", asin=button, options=()), None
+    if state.page == "item":
+      if button == PREV_PAGE:
+        return dataclasses.replace(state, page="results", asin="", options=()), None
+      if button in SUB_PAGES:
+        return dataclasses.replace(state, page=button.lower()), None
+      if button == BUY_NOW:
+        outcome = self._score(state, self._task)
+        return dataclasses.replace(state, page="done", reward=outcome.reward), None
+      return dataclasses.replace(state, options=self._select(state, button)), None
+    # A description, features or reviews page: "< Prev" returns to the product.
+    return dataclasses.replace(state, page="item"), None
+
+  def _select(self, state: ShopState, value: str) -> tuple[tuple[str, str], ...]:
+    """Chosen options after clicking `value`: it replaces the choice for its option name."""
+    product = self._product(state.asin)
+    name = next(n for n, values in product.options if value in values)
+    chosen = dict(state.options)
+    chosen[name] = value
+    order = [n for n, _ in product.options]
+    return tuple((n, chosen[n]) for n in order if n in chosen)
+
+  def _score(self, state: ShopState, task: WebShopTask) -> reward_lib.PurchaseReward:
+    product = self._product(state.asin)
+    return reward_lib.purchase_reward(
+        bought_query=product.query, bought_category=product.product_category,
+        bought_title=product.title, bought_attributes=product.attributes,
+        bought_text=product.text, bought_price=product.price,
+        chosen_options=dict(state.options), target_query=task.query,
+        target_category=task.product_category, target_title=task.name,
+        target_attributes=task.attributes, target_options=task.goal_options,
+        price_upper=task.price_upper, nouns_fn=self._nouns_fn)
+
+  def _purchase_info(self, state: ShopState, task: WebShopTask) -> dict[str, Any]:
+    outcome = self._score(state, task)
+    return {
+        "success": outcome.reward >= 1.0 - 1e-9,
+        "purchased_asin": state.asin,
+        "target_asin": task.asin,
+        "chosen_options": dict(state.options),
+        "reward_parts": dataclasses.asdict(outcome),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Building shops: one catalogue and index per configuration and per fingerprint, per process.
+
+_CATALOGUE_KEYS = ("num_products", "seed", "goals_per_product", "products_path",
+                   "attributes_path", "human_instructions_path", "reviews_path",
+                   "human_goals", "price_seed")
+_SANDBOX_KEYS = ("max_steps", "results_per_page", "search_return_n", "nouns_fn")
+
+_lock = threading.Lock()
+_by_config: dict[tuple, tuple[Catalogue, ProductIndex]] = {}
+_by_fingerprint: dict[str, tuple[Catalogue, ProductIndex]] = {}
+
+
+def _file_key(path: Any) -> tuple:
+  path = os.fspath(path)
+  try:
+    st = os.stat(path)
+  except FileNotFoundError:
+    raise FileNotFoundError(f"WebShop data file not found: {path!r}") from None
+  return (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+def get_shop(**config: Any) -> tuple[Catalogue, ProductIndex]:
+  """The catalogue and search index for a configuration, built once per process.
+
+  Synthetic: `num_products` (default 200), `seed` (0), `goals_per_product` (1).
+  WebShop files: `products_path`, `attributes_path`, `human_instructions_path`, `reviews_path`,
+  `human_goals` (True), `num_products` (all), `price_seed` (0).
+  """
+  unknown = sorted(set(config) - set(_CATALOGUE_KEYS))
+  if unknown:
+    raise ValueError(f"unknown WebShop catalogue option(s) {unknown}; known: {list(_CATALOGUE_KEYS)}")
+  from_files = config.get("products_path") is not None
+  key_items = []
+  for k in sorted(config):
+    v = config[k]
+    if k.endswith("_path") and v is not None:
+      v = _file_key(v)
+    key_items.append((k, v))
+  key = tuple(key_items)
+  with _lock:
+    if key in _by_config:
+      return _by_config[key]
+  if from_files:
+    for k in ("seed", "goals_per_product"):
+      if k in config:
+        raise ValueError(f"{k!r} applies to the synthetic catalogue, not to WebShop files")
+    cat = catalogue_lib.load_webshop_files(
+        config["products_path"], config.get("attributes_path"),
+        config.get("human_instructions_path"), config.get("reviews_path"),
+        num_products=config.get("num_products"), human_goals=config.get("human_goals", True),
+        price_seed=config.get("price_seed", 0))
+  else:
+    for k in ("attributes_path", "human_instructions_path", "reviews_path", "human_goals",
+              "price_seed"):
+      if config.get(k) is not None:
+        raise ValueError(f"{k!r} needs products_path (it applies to WebShop files only)")
+    cat = catalogue_lib.generate_catalogue(
+        config.get("num_products", 200), config.get("seed", 0), config.get("goals_per_product", 1))
+  with _lock:
+    shop = _by_fingerprint.get(cat.fingerprint)
+    if shop is None:
+      shop = (cat, ProductIndex(cat.products))
+      _by_fingerprint[cat.fingerprint] = shop
+    _by_config[key] = shop
+    return shop
+
+
+def make_sandbox(**config: Any) -> WebShopSandbox:
+  """A WebShop sandbox: catalogue options as in `get_shop`, plus `max_steps` (15),
+  `results_per_page` (10), `search_return_n` (50) and `nouns_fn` (the type reward's noun
+  extractor)."""
+  sandbox_config = {k: config.pop(k) for k in _SANDBOX_KEYS if k in config}
+  catalogue, index = get_shop(**config)
+  return WebShopSandbox(catalogue, index, **sandbox_config)
+
+
+def make_tasks(split: str, num: int | None, seed: int = 0, **config: Any) -> list[WebShopTask]:
+  """`num` goals of a split (`train`, `eval`, `test`), drawn without replacement by `seed`.
+
+  `num=None` returns the whole split in its fixed order. Sandbox-only options in `config` are
+  accepted and ignored so that one config serves both entry points.
+  """
+  for k in _SANDBOX_KEYS:
+    config.pop(k, None)
+  catalogue, _ = get_shop(**config)
+  indices = catalogue.split_indices(split)
+  if num is None:
+    return [catalogue.goals[i] for i in indices]
+  if not isinstance(num, int) or isinstance(num, bool) or num < 0:
+    raise ValueError(f"num must be a non-negative integer or None, got {num!r}")
+  if num > len(indices):
+    raise ValueError(f"split {split!r} has {len(indices)} goals; {num} were asked for")
+  import random
+  chosen = random.Random(f"bpo_jax.webshop.tasks/{seed}").sample(indices, num)
+  return [catalogue.goals[i] for i in chosen]
