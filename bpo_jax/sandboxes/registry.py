@@ -32,6 +32,7 @@ ENVIRONMENTS = {
     "taxi": "bpo_jax.sandboxes.gym_text.taxi",
     "cliffwalking": "bpo_jax.sandboxes.gym_text.cliffwalking",
     "blackjack": "bpo_jax.sandboxes.gym_text.blackjack",
+    "webshop": "bpo_jax.sandboxes.webshop",
 }
 
 
