@@ -1,0 +1,1 @@
+"""Test support: random trees, tabular MDPs with exact enumeration, NumPy references."""
