@@ -27,6 +27,7 @@ TEST = [
 # One extra per environment package. Each line is added by the environment's module; the test
 # extra installs all of them so CI exercises every environment and its install step.
 ENVIRONMENT_EXTRAS = {
+    "textworld": ["textworld==1.7.0"],
     "webshop": ["bm25s>=0.2", "rapidfuzz>=3.0"],
 }
 
