@@ -74,8 +74,8 @@ class WebShopSandbox:
   """A WebShop session over a shared, read-only catalogue and search index.
 
   Example:
-    sb = make_sandbox(num_products=100, seed=0)
-    task = make_tasks("test", 1, seed=0, num_products=100)[0]
+    sb = make_sandbox(num_products=100, catalogue_seed=0)
+    task = make_tasks("test", 1, seed=0, num_products=100, catalogue_seed=0)[0]
     sb.reset(task); sb.step("search[shampoo sulfate free]"); sb.step("click[B0...]")
   """
 
@@ -351,7 +351,7 @@ class WebShopSandbox:
 # ---------------------------------------------------------------------------------------------
 # Building shops: one catalogue and index per configuration and per fingerprint, per process.
 
-_CATALOGUE_KEYS = ("num_products", "seed", "goals_per_product", "products_path",
+_CATALOGUE_KEYS = ("num_products", "catalogue_seed", "goals_per_product", "products_path",
                    "attributes_path", "human_instructions_path", "reviews_path",
                    "human_goals", "price_seed")
 _SANDBOX_KEYS = ("max_steps", "results_per_page", "search_return_n", "nouns_fn")
@@ -373,7 +373,7 @@ def _file_key(path: Any) -> tuple:
 def get_shop(**config: Any) -> tuple[Catalogue, ProductIndex]:
   """The catalogue and search index for a configuration, built once per process.
 
-  Synthetic: `num_products` (default 200), `seed` (0), `goals_per_product` (1).
+  Synthetic: `num_products` (default 200), `catalogue_seed` (0), `goals_per_product` (1).
   WebShop files: `products_path`, `attributes_path`, `human_instructions_path`, `reviews_path`,
   `human_goals` (True), `num_products` (all), `price_seed` (0).
   """
@@ -392,7 +392,7 @@ def get_shop(**config: Any) -> tuple[Catalogue, ProductIndex]:
     if key in _by_config:
       return _by_config[key]
   if from_files:
-    for k in ("seed", "goals_per_product"):
+    for k in ("catalogue_seed", "goals_per_product"):
       if k in config:
         raise ValueError(f"{k!r} applies to the synthetic catalogue, not to WebShop files")
     cat = catalogue_lib.load_webshop_files(
@@ -406,7 +406,8 @@ def get_shop(**config: Any) -> tuple[Catalogue, ProductIndex]:
       if config.get(k) is not None:
         raise ValueError(f"{k!r} needs products_path (it applies to WebShop files only)")
     cat = catalogue_lib.generate_catalogue(
-        config.get("num_products", 200), config.get("seed", 0), config.get("goals_per_product", 1))
+        config.get("num_products", 200), config.get("catalogue_seed", 0),
+        config.get("goals_per_product", 1))
   with _lock:
     shop = _by_fingerprint.get(cat.fingerprint)
     if shop is None:
@@ -427,6 +428,9 @@ def make_sandbox(**config: Any) -> WebShopSandbox:
 
 def make_tasks(split: str, num: int | None, seed: int = 0, **config: Any) -> list[WebShopTask]:
   """`num` goals of a split (`train`, `eval`, `test`), drawn without replacement by `seed`.
+
+  `seed` picks the goals; the shop itself is fixed by `config` (`catalogue_seed` for the
+  synthetic catalogue), so tasks drawn with any `seed` run in any sandbox of the same config.
 
   `num=None` returns the whole split in its fixed order. Sandbox-only options in `config` are
   accepted and ignored so that one config serves both entry points.
