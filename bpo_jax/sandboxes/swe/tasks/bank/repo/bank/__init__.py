@@ -1,0 +1,2 @@
+from bank.account import Account, InsufficientFunds
+from bank.ledger import Ledger

@@ -1,0 +1,2 @@
+from lrucache.cache import LRUCache
+from lrucache.memo import memoize

@@ -1,0 +1,2 @@
+from stats.center import mean, median
+from stats.spread import describe, iqr

@@ -1,0 +1,2 @@
+from rle.codec import decode, encode
+from rle.files import compress_text, decompress_text

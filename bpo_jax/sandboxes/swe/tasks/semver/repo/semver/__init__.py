@@ -1,0 +1,2 @@
+from semver.version import compare, parse
+from semver.select import latest, satisfies

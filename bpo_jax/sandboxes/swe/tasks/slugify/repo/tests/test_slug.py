@@ -1,0 +1,5 @@
+from toc import slugify
+
+
+def test_spaces():
+    assert slugify("  Getting   Started ") == "getting-started"

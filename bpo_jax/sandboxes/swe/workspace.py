@@ -1,0 +1,238 @@
+"""A task directory tracked by a private git repository: trees, diffs and packed snapshots.
+
+The working directory holds only the task's files; the git directory lives beside it, outside
+the confinement's writable area, so commands can neither read nor rewrite history. Every git
+call uses a private index and ignores user/system configuration and `.gitignore` rules (`add
+--force`), so the tree of the working directory is exactly its files.
+
+Snapshot bytes (`pack_state` / `unpack_state`) hold the difference from the task's base tree,
+not the whole tree: a header (format version, base tree id, tree id, empty directories) and,
+for every path added or changed relative to the base, its mode and content; deleted paths are
+listed. Any process that can build the base tree (every process holding the task) can restore
+them, and for a repository of thousands of files the snapshot stays as small as the edits.
+The trade-off against sharing one git object store between workers (a snapshot would then be
+just the 40-byte tree id) is a few kilobytes per snapshot and a hash of the changed files at
+restore, bought with no shared mutable state between processes.
+
+A tree id (`git write-tree`) is an exact key of the file state: equal trees, equal files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import zlib
+from typing import Iterable, Mapping
+
+_FORMAT = 1
+# Fixed identity and time: the commit id of a tree is then a pure function of the tree.
+_COMMIT_ENV = {
+    "GIT_AUTHOR_NAME": "bpo_jax", "GIT_AUTHOR_EMAIL": "tasks@bpo-jax.invalid",
+    "GIT_AUTHOR_DATE": "2025-01-01T00:00:00+0000", "GIT_COMMITTER_NAME": "bpo_jax",
+    "GIT_COMMITTER_EMAIL": "tasks@bpo-jax.invalid",
+    "GIT_COMMITTER_DATE": "2025-01-01T00:00:00+0000",
+}
+_ZERO = "0" * 40
+
+
+class GitError(RuntimeError):
+  """A git command failed; the message holds its output."""
+
+
+class Workspace:
+  """A working directory and its private git directory under one parent directory."""
+
+  def __init__(self, parent: str, owner_uid: int | None = None):
+    self.parent = parent
+    self.workdir = os.path.join(parent, "work")
+    self.gitdir = os.path.join(parent, "git")
+    self.owner_uid = owner_uid
+    os.makedirs(self.workdir, exist_ok=True)
+    if not os.path.isdir(self.gitdir):
+      self.git("init", "--quiet", "--bare", self.gitdir, work_tree=False)
+    self._env = dict(
+        os.environ, GIT_DIR=self.gitdir, GIT_WORK_TREE=self.workdir,
+        GIT_INDEX_FILE=os.path.join(self.gitdir, "bpo_index"), GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull, GIT_TERMINAL_PROMPT="0", **_COMMIT_ENV)
+
+  def git(self, *args: str, input: bytes | None = None, work_tree: bool = True,
+          env: Mapping[str, str] | None = None, check: bool = True) -> bytes:
+    """Runs git on this workspace and returns its stdout."""
+    base = ["git", "-c", "safe.directory=*", "-c", "core.autocrlf=false", "-c",
+            "core.fileMode=true", "-c", "core.symlinks=true", "-c", "gc.auto=0"]
+    run_env = dict(self._env if work_tree else os.environ, **(env or {}))
+    proc = subprocess.run(base + list(args), input=input, capture_output=True, env=run_env,
+                          cwd=self.workdir if work_tree else None)
+    if check and proc.returncode != 0:
+      raise GitError(f"git {' '.join(args)} failed ({proc.returncode}): "
+                     f"{proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout
+
+  # -- trees ------------------------------------------------------------------------------
+
+  def write_tree(self) -> str:
+    """Stages every file of the working directory (ignore rules off) and returns its tree id."""
+    self.git("add", "--all", "--force", ".")
+    return self.git("write-tree").decode().strip()
+
+  def commit(self, tree: str, message: str = "base") -> str:
+    """A commit of `tree` with fixed author and time: the same tree gives the same id."""
+    return self.git("commit-tree", tree, "-m", message).decode().strip()
+
+  def checkout_tree(self, tree: str) -> None:
+    """Makes the working directory hold exactly `tree` (files not in it are removed)."""
+    self.write_tree()
+    self.git("read-tree", "--reset", "-u", tree)
+    self._remove_untracked()
+    self.fix_ownership()
+
+  def diff(self, base_tree: str, tree: str) -> str:
+    """The unified diff (git format, binary-safe) from `base_tree` to `tree`."""
+    return self.git("diff-tree", "-p", "--binary", "--no-renames", "--full-index", base_tree,
+                    tree).decode("utf-8", errors="replace")
+
+  def changed_paths(self, base_tree: str, tree: str) -> list[tuple[str, str, str]]:
+    """(status A/M/D/T, mode, path) of each path that differs between two trees."""
+    out = self.git("diff-tree", "-r", "-z", "--no-renames", base_tree, tree).decode()
+    fields = out.split("\0")
+    entries = []
+    for i in range(0, len(fields) - 1, 2):
+      meta, path = fields[i], fields[i + 1]
+      _, new_mode, _, _, status = meta.lstrip(":").split(" ")
+      entries.append((status, new_mode, path))
+    return entries
+
+  # -- files ------------------------------------------------------------------------------
+
+  def write_files(self, files: Iterable[tuple[str, str, bytes]]) -> None:
+    """Writes (path, git mode, content) entries into the working directory."""
+    for path, mode, content in files:
+      target = self.resolve(path)
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      if os.path.lexists(target):
+        if os.path.isdir(target) and not os.path.islink(target):
+          shutil.rmtree(target)
+        else:
+          os.unlink(target)
+      if mode == "120000":
+        os.symlink(content.decode(), target)
+      else:
+        with open(target, "wb") as f:
+          f.write(content)
+        os.chmod(target, 0o755 if mode == "100755" else 0o644)
+
+  def resolve(self, path: str) -> str:
+    """The absolute path of `path` inside the working directory; ValueError if it leaves it.
+
+    Symlinks are resolved, so a link pointing outside cannot be used to reach host files.
+    """
+    if not path or "\0" in path:
+      raise ValueError("empty path" if not path else "path contains a NUL character")
+    root = os.path.realpath(self.workdir)
+    full = os.path.normpath(os.path.join(root, path))
+    parent_real = os.path.realpath(os.path.dirname(full))
+    real = os.path.join(parent_real, os.path.basename(full))
+    if os.path.islink(real):
+      real = os.path.realpath(real)
+    if real != root and not real.startswith(root + os.sep):
+      raise ValueError(f"path {path!r} is outside the task directory")
+    return real
+
+  def empty_dirs(self) -> list[str]:
+    """Directories with nothing in them (git does not track them; snapshots do)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(self.workdir):
+      if not dirnames and not filenames and dirpath != self.workdir:
+        out.append(os.path.relpath(dirpath, self.workdir))
+    return sorted(out)
+
+  def _remove_untracked(self) -> None:
+    tracked = set(self.git("ls-files", "-z").decode().split("\0")) - {""}
+    for dirpath, dirnames, filenames in os.walk(self.workdir, topdown=False):
+      for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+        full = os.path.join(dirpath, name)
+        if os.path.relpath(full, self.workdir) not in tracked:
+          os.unlink(full)
+      for name in dirnames:
+        full = os.path.join(dirpath, name)
+        if not os.path.islink(full) and os.path.isdir(full) and not os.listdir(full):
+          os.rmdir(full)
+
+  def fix_ownership(self) -> None:
+    """Gives the working directory to the confined uid, so commands can edit the files."""
+    if self.owner_uid is None:
+      return
+    uid = self.owner_uid
+    os.lchown(self.workdir, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(self.workdir):
+      for name in dirnames + filenames:
+        os.lchown(os.path.join(dirpath, name), uid, uid)
+
+  def close(self) -> None:
+    shutil.rmtree(self.parent, ignore_errors=True)
+
+  # -- snapshots ------------------------------------------------------------------------------
+
+  def pack_state(self, base_tree: str, extra: Mapping) -> tuple[bytes, str]:
+    """Bytes of the working directory relative to `base_tree` plus `extra`; and the tree id."""
+    tree = self.write_tree()
+    changes = self.changed_paths(base_tree, tree)
+    files, deleted = [], []
+    for status, mode, path in changes:
+      if status == "D":
+        deleted.append(path)
+        continue
+      full = os.path.join(self.workdir, path)
+      content = os.readlink(full).encode() if mode == "120000" else open(full, "rb").read()
+      files.append((path, mode, content))
+    header = json.dumps({
+        "format": _FORMAT, "base": base_tree, "tree": tree, "deleted": deleted,
+        "empty_dirs": self.empty_dirs(), "extra": dict(extra),
+        "files": [(path, mode, len(content)) for path, mode, content in files],
+    }, sort_keys=True, separators=(",", ":")).encode()
+    body = b"".join(content for _, _, content in files)
+    raw = len(header).to_bytes(8, "big") + header + body
+    return zlib.compress(raw, 1), tree
+
+  def unpack_state(self, data: bytes, base_tree: str) -> tuple[dict, str]:
+    """Restores bytes from `pack_state`; returns its `extra` and the restored tree id."""
+    try:
+      raw = zlib.decompress(data)
+      size = int.from_bytes(raw[:8], "big")
+      header = json.loads(raw[8:8 + size])
+    except (zlib.error, ValueError) as e:
+      raise ValueError(f"not a SWE sandbox snapshot: {e}") from e
+    if header.get("format") != _FORMAT:
+      raise ValueError(f"snapshot format {header.get('format')!r}, expected {_FORMAT}")
+    if header["base"] != base_tree:
+      raise ValueError(f"snapshot is of base tree {header['base']}, this task's is {base_tree}")
+    self.checkout_tree(base_tree)
+    offset, files = 8 + size, []
+    for path, mode, length in header["files"]:
+      files.append((path, mode, raw[offset:offset + length]))
+      offset += length
+    for path in header["deleted"]:
+      os.unlink(self.resolve(path))
+    self.write_files(files)
+    for path in header["empty_dirs"]:
+      os.makedirs(self.resolve(path), exist_ok=True)
+    self._remove_empty_parents(header["deleted"], set(header["empty_dirs"]))
+    self.fix_ownership()
+    tree = self.write_tree()
+    if tree != header["tree"]:
+      raise ValueError(f"restored tree {tree} differs from the snapshot's {header['tree']}")
+    return header["extra"], tree
+
+  def _remove_empty_parents(self, deleted: list[str], keep: set[str]) -> None:
+    for path in deleted:
+      parent = os.path.dirname(path)
+      while parent and parent not in keep:
+        full = os.path.join(self.workdir, parent)
+        if os.path.isdir(full) and not os.listdir(full):
+          os.rmdir(full)
+          parent = os.path.dirname(parent)
+        else:
+          break
+
