@@ -28,7 +28,7 @@ TEST = [
 # extra installs all of them so CI exercises every environment and its install step.
 ENVIRONMENT_EXTRAS = {
     "textworld": ["textworld==1.7.0"],
-    "webshop": ["bm25s>=0.2", "rapidfuzz>=3.0"],
+    "webshop": ["bm25s>=0.2", "PyStemmer>=2.2", "rapidfuzz>=3.0"],
 }
 
 setup(

@@ -169,6 +169,8 @@ def test_bm25_scores_match_numpy_reference():
   assert index.search("copper lamp", 2) == [1, 4]
   assert index.search("teapot", 10) == []
   assert index.search("Copper, LAMP!", 10) == [1, 4, 0, 2]
+  assert index.search("the coppers and lamps", 10) == [1, 4, 0, 2]  # stop words, stems
+  assert search_lib.Analyzer()("The Running Shoes, for men") == ["run", "shoe", "men"]
 
 
 # -------------------------------------------------------------------------------------------
