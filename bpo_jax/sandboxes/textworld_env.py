@@ -103,9 +103,19 @@ class _ProgressionPickler(pickle.Pickler):
     return self._static_ids.get(id(obj))
 
   def reducer_override(self, obj):
+    kind = type(obj)
     # A State rebuilds its indexes from its facts; pickling only the facts is ~8x smaller.
-    if type(obj) is tw_logic.State:  # pylint: disable=unidiomatic-typecheck
+    if kind is tw_logic.State:
       return tw_logic.State, (obj._logic, list(obj.facts))  # pylint: disable=protected-access
+    # These cache hash((name, ...)) in a slot. String hashes differ between processes (hash
+    # randomisation), so a pickled cache would be wrong in the restoring process: rebuild them
+    # through their constructors, which recompute it.
+    if kind is tw_logic.Proposition:
+      return tw_logic.Proposition, (obj.name, obj.arguments)
+    if kind in (tw_logic.Variable, tw_logic.Placeholder):
+      return kind, (obj.name, obj.type)
+    if kind is tw_logic.Signature:
+      return tw_logic.Signature, (obj.name, obj.types)
     return NotImplemented
 
 
