@@ -7,6 +7,7 @@ import math
 import pickle
 import random
 
+import hypothesis
 import numpy as np
 import pytest
 
@@ -487,3 +488,50 @@ def test_webshop_files_bad_input(tmp_path):
   bad.write_text("{not json", encoding="utf-8")
   with pytest.raises(ValueError, match="not valid JSON"):
     load_webshop_files(bad, human_instructions_path=bad)
+
+
+def test_random_purchases_follow_the_formula():
+  """Any product with any options: 0 <= r <= 1 and r = r_type * hits / (|U_att| + |U_opt| + 1)."""
+  sandbox = make_sandbox(**SHOP)
+  rng = random.Random(0)
+  rewards = []
+  for task in make_tasks("train", 20, seed=2, **SHOP):
+    same_kind = [p for p in sandbox.catalogue.products if p.query == task.query]
+    product = rng.choice(same_kind if rng.random() < 0.8 else sandbox.catalogue.products)
+    options = [rng.choice(values) for _, values in product.options if rng.random() < 0.7]
+    step = _buy(sandbox, task, product.asin, options)
+    parts = step.info["reward_parts"]
+    hits = parts["attribute_hits"] + parts["option_hits"] + parts["price_ok"]
+    assert parts["num_attributes"] == len(task.attributes)
+    assert parts["num_options"] == len(task.goal_options)
+    assert step.reward == parts["r_type"] * hits / (len(task.attributes) + len(task.goal_options) + 1)
+    assert 0.0 <= step.reward <= 1.0
+    assert step.info["success"] == (step.reward == 1.0)
+    rewards.append(step.reward)
+  assert len(set(rewards)) > 3  # the draws cover several reward levels
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(action=hypothesis.strategies.one_of(
+    hypothesis.strategies.text(max_size=40),
+    hypothesis.strategies.binary(max_size=40),
+    hypothesis.strategies.builds(lambda v, a: f"{v}[{a}]",
+                                 hypothesis.strategies.sampled_from(["click", "search", "CLICK", "buy"]),
+                                 hypothesis.strategies.text(max_size=20))))
+def test_arbitrary_actions_never_raise(action):
+  sandbox = _ARBITRARY[0]
+  sandbox.restore(_ARBITRARY[1])
+  step = sandbox.step(action)
+  assert isinstance(step.observation, str) and step.observation
+  assert step.reward == 0.0 or step.done
+
+
+def _arbitrary_setup():
+  sandbox = make_sandbox(**SHOP)
+  sandbox.reset(make_tasks("test", 1, **SHOP)[0])
+  sandbox.step("search[black]")
+  sandbox.step(sandbox.admissible_actions()[2])
+  return sandbox, sandbox.snapshot()
+
+
+_ARBITRARY = _arbitrary_setup()

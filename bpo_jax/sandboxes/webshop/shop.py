@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import re
 import threading
 from typing import Any, Callable, Mapping, Sequence
@@ -124,9 +125,10 @@ class WebShopSandbox:
       return Step(observation="Invalid action: the episode is over; reset the sandbox.",
                   reward=0.0, done=True, info={"invalid_action": "the episode is over"})
     text, reason = check_action(action)
+    new_state = None
     if reason is None:
       new_state, reason = self._transition(state, text)
-    if reason is not None:
+    if new_state is None:
       self._state = dataclasses.replace(state, steps=state.steps + 1)
       step = invalid_action_step(reason, "Valid actions: " + ", ".join(self.admissible_actions()))
       return self._maybe_truncate(step)
@@ -169,14 +171,20 @@ class WebShopSandbox:
           f"the snapshot was taken in a shop with catalogue {payload['catalogue'][:12]}, but this "
           f"sandbox serves catalogue {self.catalogue.fingerprint[:12]}; build the sandbox from the "
           "same WebShop files or the same generator seed to restore it")
-    task = payload["task"]
-    state = payload["state"]
-    self._task = WebShopTask(**{k: tuple(v) if isinstance(v, list) else v for k, v in task.items()})
-    self._state = ShopState(
-        page=state["page"], query=state["query"], results=tuple(state["results"]),
-        results_page=state["results_page"], asin=state["asin"],
-        options=tuple((k, v) for k, v in state["options"]), steps=state["steps"],
-        reward=state["reward"])
+    try:
+      task = WebShopTask(**{k: tuple(v) if isinstance(v, list) else v
+                            for k, v in payload["task"].items()})
+      state = payload["state"]
+      state = ShopState(
+          page=state["page"], query=state["query"], results=tuple(state["results"]),
+          results_page=state["results_page"], asin=state["asin"],
+          options=tuple((k, v) for k, v in state["options"]), steps=state["steps"],
+          reward=state["reward"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+      raise ValueError(f"corrupt WebShop snapshot: {e!r}") from None
+    if state.asin and state.asin not in self.catalogue.by_asin:
+      raise ValueError(f"corrupt WebShop snapshot: unknown product {state.asin!r}")
+    self._task, self._state = task, state
 
   def close(self) -> None:
     self._task = None
@@ -445,6 +453,5 @@ def make_tasks(split: str, num: int | None, seed: int = 0, **config: Any) -> lis
     raise ValueError(f"num must be a non-negative integer or None, got {num!r}")
   if num > len(indices):
     raise ValueError(f"split {split!r} has {len(indices)} goals; {num} were asked for")
-  import random
   chosen = random.Random(f"bpo_jax.webshop.tasks/{seed}").sample(indices, num)
   return [catalogue.goals[i] for i in chosen]
