@@ -144,8 +144,8 @@ class WebShopSandbox:
     payload = {
         "format": SNAPSHOT_FORMAT,
         "catalogue": self.catalogue.fingerprint,
-        "task": dataclasses.asdict(task),
-        "state": dataclasses.asdict(state),
+        "task": {f.name: getattr(task, f.name) for f in dataclasses.fields(task)},
+        "state": {f.name: getattr(state, f.name) for f in dataclasses.fields(state)},
     }
     data = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return Snapshot(data=data.encode("utf-8"),
