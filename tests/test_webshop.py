@@ -314,6 +314,8 @@ def test_step_limit_truncates():
   assert not sandbox.step("click[nothing]").done
   last = sandbox.step("click[Back to Search]")
   assert (last.done, last.truncated, last.reward, last.info["success"]) == (True, True, 0.0, False)
+  after = sandbox.step("search[mug]")
+  assert after.done and after.info["invalid_action"] == "the episode is over"
 
 
 # -------------------------------------------------------------------------------------------

@@ -121,7 +121,7 @@ class WebShopSandbox:
 
   def step(self, action: Any) -> Step:
     state, task = self._require_session()
-    if state.page == "done":
+    if state.page == "done" or state.steps >= self.max_steps:
       return Step(observation="Invalid action: the episode is over; reset the sandbox.",
                   reward=0.0, done=True, info={"invalid_action": "the episode is over"})
     text, reason = check_action(action)
