@@ -29,6 +29,7 @@ TEST = [
 ENVIRONMENT_EXTRAS = {
     "textworld": ["textworld==1.7.0"],
     "webshop": ["bm25s>=0.2", "PyStemmer>=2.2", "rapidfuzz>=3.0"],
+    "swe": ["swebench==5.0.2"],
 }
 
 setup(

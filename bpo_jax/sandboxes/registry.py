@@ -26,6 +26,7 @@ import types
 
 # Environment name -> module path. One line per environment.
 ENVIRONMENTS = {
+    "swe": "bpo_jax.sandboxes.swe",
     "rooms": "bpo_jax.sandboxes.rooms",
     "textworld": "bpo_jax.sandboxes.textworld_env",
     "frozenlake": "bpo_jax.sandboxes.gym_text.frozenlake",

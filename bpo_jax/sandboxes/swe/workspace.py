@@ -198,14 +198,7 @@ class Workspace:
 
   def unpack_state(self, data: bytes, base_tree: str) -> tuple[dict, str]:
     """Restores bytes from `pack_state`; returns its `extra` and the restored tree id."""
-    try:
-      raw = zlib.decompress(data)
-      size = int.from_bytes(raw[:8], "big")
-      header = json.loads(raw[8:8 + size])
-    except (zlib.error, ValueError) as e:
-      raise ValueError(f"not a SWE sandbox snapshot: {e}") from e
-    if header.get("format") != _FORMAT:
-      raise ValueError(f"snapshot format {header.get('format')!r}, expected {_FORMAT}")
+    header, raw, size = _parse(data)
     if header["base"] != base_tree:
       raise ValueError(f"snapshot is of base tree {header['base']}, this task's is {base_tree}")
     self.checkout_tree(base_tree)
@@ -236,3 +229,20 @@ class Workspace:
         else:
           break
 
+
+
+def _parse(data: bytes) -> tuple[dict, bytes, int]:
+  try:
+    raw = zlib.decompress(data)
+    size = int.from_bytes(raw[:8], "big")
+    header = json.loads(raw[8:8 + size])
+  except (zlib.error, ValueError, TypeError) as e:
+    raise ValueError(f"not a SWE sandbox snapshot: {e}") from e
+  if not isinstance(header, dict) or header.get("format") != _FORMAT:
+    raise ValueError(f"not a SWE sandbox snapshot of format {_FORMAT}")
+  return header, raw, size
+
+
+def read_header(data: bytes) -> dict:
+  """The header of snapshot bytes (`extra` holds the caller's state) without restoring them."""
+  return _parse(data)[0]

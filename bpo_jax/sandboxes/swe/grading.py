@@ -1,0 +1,129 @@
+"""Grading a task directory the way SWE-bench's harness does, with `swebench`'s own report.
+
+SWE-bench evaluates a prediction by applying the model's patch at `base_commit`, resetting the
+files the test patch touches to their base version, applying the test patch, running the test
+command on those test files, and reading the log (between its start/end markers) with the
+instance's log parser; `get_eval_report` then requires every FAIL_TO_PASS and PASS_TO_PASS test
+to pass. Here the model's patch is the task directory's diff from the base tree, the tests run
+inside the confinement, and the log is written in the harness's format so that `swebench`'s
+`get_eval_report` grades it unchanged.
+
+Only the grading half of `swebench` is used (log parsers and report); its Docker harness and
+dataset download are not needed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from typing import Any
+
+from bpo_jax.sandboxes.swe import confinement
+from bpo_jax.sandboxes.swe import tasks as tasks_lib
+from bpo_jax.sandboxes.swe import workspace as workspace_lib
+
+# Tests get more room than agent commands: a truncated log would lose the summary lines.
+GRADING_LIMITS = confinement.Limits(wall_seconds=60.0, cpu_seconds=60, max_output_chars=2_000_000,
+                                    kill_output_bytes=8 << 20)
+_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+
+
+def patched_files(patch: str) -> list[str]:
+  """Paths a git-format patch touches (its `b/` side), in order."""
+  return list(dict.fromkeys(b for _, b in _DIFF_HEADER.findall(patch)))
+
+
+def _swebench():
+  # swebench's harness imports docker and friends; load it only when grading.
+  from swebench.harness import constants, grading  # pylint: disable=g-import-not-at-top
+  from swebench import types  # pylint: disable=g-import-not-at-top
+  return constants, grading, types
+
+
+def run_tests(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib.SweTask,
+              limits: confinement.Limits = GRADING_LIMITS, uid: int | None = None) -> str:
+  """Resets the test patch's files, applies it, runs the tests; returns the harness-format log.
+
+  The working directory is left with the test patch applied; callers restore their tree.
+  """
+  constants, _, _ = _swebench()
+  test_patch = task.instance["test_patch"]
+  test_files = patched_files(test_patch)
+  for path in test_files:
+    ws.git("checkout", base_tree, "--", path, check=False)
+    if path not in ws.git("ls-tree", "-r", "--name-only", base_tree, "--", path).decode():
+      full = ws.resolve(path)
+      if os.path.lexists(full):
+        os.unlink(full)
+  try:
+    ws.git("apply", "--whitespace=nowarn", "-", input=test_patch.encode())
+  except workspace_lib.GitError as e:
+    return f"{constants.APPLY_PATCH_FAIL}\n{e}\n"
+  ws.fix_ownership()
+  lines = [constants.APPLY_PATCH_PASS]
+  command = " ".join([task.test_command] + test_files)
+  result = confinement.run_confined(command, ws.workdir, limits, uid=uid)
+  lines += [constants.START_TEST_OUTPUT, result.output, constants.END_TEST_OUTPUT,
+            f"{constants.TEST_EXIT_CODE}: {result.exit_code}"]
+  if result.timed_out:
+    lines.append(constants.TESTS_TIMEOUT)
+  elif result.output_limited:
+    lines.append(constants.TESTS_ERROR)
+  return "\n".join(lines) + "\n"
+
+
+def report_from_log(task: tasks_lib.SweTask, model_patch: str, log: str) -> dict[str, Any]:
+  """`swebench.harness.grading.get_eval_report` for this task's log."""
+  _, grading, types = _swebench()
+  instance = task.instance
+  spec = types.TestSpec(
+      instance_id=instance["instance_id"], image="", eval_script_list=[],
+      repo=instance["repo"], version=str(instance.get("version", "")),
+      FAIL_TO_PASS=task.fail_to_pass, PASS_TO_PASS=task.pass_to_pass,
+      log_parser=instance["log_parser"], eval_type=instance["eval_type"])
+  prediction = {"instance_id": instance["instance_id"], "model_name_or_path": "bpo_jax",
+                "model_patch": model_patch}
+  with tempfile.NamedTemporaryFile("w", suffix=".log", encoding="utf-8") as f:
+    f.write(log)
+    f.flush()
+    report = grading.get_eval_report(spec, prediction, f.name, include_tests_status=True)
+  return report[instance["instance_id"]]
+
+
+def grade_workspace(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib.SweTask,
+                    limits: confinement.Limits = GRADING_LIMITS,
+                    uid: int | None = None) -> dict[str, Any]:
+  """Grades the working directory's current state; leaves the directory as it found it.
+
+  Returns swebench's report for the instance (`resolved`, `tests_status`, ...) plus
+  `model_patch` (the diff graded) and `log`.
+  """
+  tree = ws.write_tree()
+  model_patch = ws.diff(base_tree, tree)
+  try:
+    log = run_tests(ws, base_tree, task, limits, uid)
+  finally:
+    ws.checkout_tree(tree)
+  report = report_from_log(task, model_patch, log)
+  return {**report, "model_patch": model_patch, "log": log}
+
+
+def evaluate_patch(task: tasks_lib.SweTask, patch: str,
+                   limits: confinement.Limits = GRADING_LIMITS) -> dict[str, Any]:
+  """Grades `patch` (git format; "" for none) applied to the task's base in a scratch directory.
+
+  Raises:
+    ValueError: the patch does not apply to the base.
+  """
+  with tempfile.TemporaryDirectory(prefix="bpo_swe_grade_") as parent:
+    os.chmod(parent, 0o755)
+    uid = confinement.default_uid() if confinement.protections()["unprivileged_uid"] else None
+    ws = workspace_lib.Workspace(parent, owner_uid=uid)
+    base_tree = tasks_lib.materialize(task, ws)
+    if patch:
+      try:
+        ws.git("apply", "--whitespace=nowarn", "-", input=patch.encode())
+      except workspace_lib.GitError as e:
+        raise ValueError(f"patch does not apply to task {task.task_id}: {e}") from e
+    return grade_workspace(ws, base_tree, task, limits, uid)

@@ -1,0 +1,346 @@
+"""The SWE sandbox: fix a repository until its tests pass, graded by swebench.
+
+Actions (one per step; the first word is the command):
+
+    run <shell command>              run it in the task directory, confined (see confinement.py)
+    view <path> [first [last]]       a file with line numbers (or a directory listing)
+    write <path>                     replace the file with the text on the following lines
+    <text>
+    replace <path>                   replace one exact occurrence of SEARCH text by REPLACE text
+    <<<<<<< SEARCH
+    <old lines>
+    =======
+    <new lines>
+    >>>>>>> REPLACE
+    submit                           end the episode; the task directory is graded
+
+Reward is 1.0 on the final step if the graded state resolves the task (every FAIL_TO_PASS and
+PASS_TO_PASS test passes under swebench's report), else 0.0; every other step gives 0.0. After
+`max_steps` steps the episode ends truncated and is graded the same way. The final Step's
+`info["success"]` is the grade and `info["report"]` swebench's per-test report.
+
+State = the task directory's files (a git tree; see workspace.py) + step count + whether the
+episode is over + the last observation. Snapshots pack them as bytes any process can restore;
+they also name the task, so a fresh sandbox restores without a reset. Commands see no clock-free
+guarantee: what they print about wall-clock time or file times is not part of the state.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import tempfile
+import uuid
+from typing import Any, Mapping
+
+from bpo_jax.sandboxes import base
+from bpo_jax.sandboxes.swe import confinement
+from bpo_jax.sandboxes.swe import grading
+from bpo_jax.sandboxes.swe import tasks as tasks_lib
+from bpo_jax.sandboxes.swe import workspace as workspace_lib
+
+HELP = """Commands (one per action):
+  run <shell command>
+  view <path> [first_line [last_line]]
+  write <path>            (new file content on the following lines)
+  replace <path>          (then <<<<<<< SEARCH / old / ======= / new / >>>>>>> REPLACE)
+  submit"""
+_SEARCH, _DIVIDER, _REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
+
+
+def _task_descriptor(task: tasks_lib.SweTask) -> dict[str, Any]:
+  """JSON-able description of a task that restores it in any process."""
+  shipped = task.instance.get("repo", "").startswith("bpo_jax/") and task.files
+  if shipped:
+    name = task.instance["repo"].split("/", 1)[1]
+    if name in tasks_lib.shipped_task_names() and tasks_lib.load_shipped_task(name) == task:
+      return {"shipped": name}
+  return {"instance": dict(task.instance), "git_source": task.git_source, "task_id": task.task_id,
+          "files": [(p, m, base64.b64encode(c).decode()) for p, m, c in task.files]}
+
+
+def _task_from_descriptor(descriptor: Mapping[str, Any]) -> tasks_lib.SweTask:
+  if "shipped" in descriptor:
+    return tasks_lib.load_shipped_task(descriptor["shipped"])
+  return tasks_lib.SweTask(
+      task_id=descriptor["task_id"], instance=tasks_lib.normalize_instance(descriptor["instance"]),
+      files=tuple((p, m, base64.b64decode(c)) for p, m, c in descriptor["files"]),
+      git_source=descriptor["git_source"])
+
+
+class SweSandbox:
+  """Implements `base.Sandbox` for `tasks.SweTask`s.
+
+  Args:
+    limits: `confinement.Limits` (or a dict of its fields) for `run` commands.
+    grading_limits: limits for the test run at grading.
+    max_steps: steps before the episode ends truncated (and is graded).
+    show_tests: apply the task's test patch at reset, so the failing tests are in the task
+      directory (grading resets and re-applies it either way, as SWE-bench does).
+    max_view_lines: most lines one `view` shows.
+    root: where task directories are made (default: the system temp directory).
+  """
+
+  def __init__(self, limits: confinement.Limits | Mapping[str, Any] | None = None,
+               grading_limits: confinement.Limits | Mapping[str, Any] | None = None,
+               max_steps: int = 30, show_tests: bool = True, max_view_lines: int = 200,
+               root: str | None = None):
+    self.limits = _limits(limits, confinement.Limits())
+    self.grading_limits = _limits(grading_limits, grading.GRADING_LIMITS)
+    if not isinstance(max_steps, int) or max_steps < 1:
+      raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    if not isinstance(max_view_lines, int) or max_view_lines < 1:
+      raise ValueError(f"max_view_lines must be a positive integer, got {max_view_lines!r}")
+    self.max_steps = max_steps
+    self.show_tests = bool(show_tests)
+    self.max_view_lines = max_view_lines
+    self.root = root
+    self.protections = dict(confinement.protections())
+    self.uid = confinement.default_uid() if self.protections["unprivileged_uid"] else None
+    self._ws: workspace_lib.Workspace | None = None
+    self._ws_token = ""
+    self._task: tasks_lib.SweTask | None = None
+    self._descriptor: dict[str, Any] = {}
+    self._base_tree = ""
+    self._steps = 0
+    self._done = False
+    self._last_observation = ""
+
+  # -- protocol ---------------------------------------------------------------------------
+
+  def reset(self, task: tasks_lib.SweTask) -> str:
+    if not isinstance(task, tasks_lib.SweTask):
+      raise TypeError(f"reset needs a SweTask, got {type(task).__name__}")
+    self._load_task(task)
+    self._ws.checkout_tree(self._base_tree)
+    if self.show_tests:
+      self._ws.git("apply", "--whitespace=nowarn", "-", input=task.instance["test_patch"].encode())
+      self._ws.fix_ownership()
+    self._steps, self._done = 0, False
+    files = self._ws.git("ls-files").decode().split()
+    self._last_observation = (
+        f"Fix the issue below in the repository in your working directory.\n\n"
+        f"Issue:\n{task.problem_statement.strip()}\n\nFiles:\n" + "\n".join(files) +
+        f"\n\nTests run with: {task.test_command}\n{HELP}")
+    return self._last_observation
+
+  def step(self, action: Any) -> base.Step:
+    if self._task is None:
+      raise RuntimeError("step() before reset()")
+    if self._done:
+      return base.Step(observation="The episode is over; reset or restore to continue.",
+                       reward=0.0, done=True, info={"invalid_action": "episode is over"})
+    text, reason = base.check_action(action)
+    self._steps += 1
+    if reason is not None:
+      step = base.invalid_action_step(reason, HELP)
+    else:
+      step = self._dispatch(text)
+    if not step.done and self._steps >= self.max_steps:
+      graded = self._grade()
+      step = base.Step(
+          observation=f"{step.observation}\n\nStep limit ({self.max_steps}) reached; graded: "
+          f"{graded.observation}", reward=graded.reward, done=True, truncated=True,
+          info={**step.info, **graded.info})
+    self._done = step.done
+    self._last_observation = step.observation
+    return step
+
+  def snapshot(self) -> base.Snapshot:
+    if self._task is None:
+      raise RuntimeError("snapshot() before reset()")
+    extra = {"task": self._descriptor, "steps": self._steps, "done": self._done,
+             "last_observation": self._last_observation}
+    data, tree = self._ws.pack_state(self._base_tree, extra)
+    return base.Snapshot(data=data, handle=(self._ws_token, tree, self._ws.empty_dirs(), extra))
+
+  def restore(self, snapshot: base.Snapshot) -> None:
+    if not isinstance(snapshot, base.Snapshot):
+      raise TypeError(f"restore needs a Snapshot, got {type(snapshot).__name__}")
+    handle = snapshot.handle
+    if handle is not None and self._ws is not None and handle[0] == self._ws_token:
+      _, tree, empty_dirs, extra = handle
+      self._ws.checkout_tree(tree)
+      for path in empty_dirs:
+        os.makedirs(self._ws.resolve(path), exist_ok=True)
+      self._ws.fix_ownership()
+    else:
+      extra = workspace_lib.read_header(snapshot.data)["extra"]
+      task = _task_from_descriptor(extra["task"])
+      if self._task is None or task.task_id != self._task.task_id or task != self._task:
+        self._load_task(task)
+      extra, _ = self._ws.unpack_state(snapshot.data, self._base_tree)
+    self._steps, self._done = extra["steps"], extra["done"]
+    self._last_observation = extra["last_observation"]
+
+  def close(self) -> None:
+    if self._ws is not None:
+      self._ws.close()
+    self._ws, self._task = None, None
+
+  def __del__(self):
+    try:
+      self.close()
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+  # -- internals --------------------------------------------------------------------------
+
+  @property
+  def workdir(self) -> str:
+    """The task directory (for tests and tools; agents act through `step`)."""
+    if self._ws is None:
+      raise RuntimeError("no task loaded")
+    return self._ws.workdir
+
+  def _load_task(self, task: tasks_lib.SweTask) -> None:
+    self.close()
+    parent = tempfile.mkdtemp(prefix="bpo_swe_", dir=self.root)
+    os.chmod(parent, 0o755)
+    self._ws = workspace_lib.Workspace(parent, owner_uid=self.uid)
+    self._ws_token = uuid.uuid4().hex
+    self._task = task
+    self._descriptor = _task_descriptor(task)
+    self._base_tree = tasks_lib.materialize(task, self._ws)
+
+  def _dispatch(self, text: str) -> base.Step:
+    first, _, rest = text.partition("\n")
+    verb, _, argument = first.strip().partition(" ")
+    argument = argument.strip()
+    if verb == "run":
+      command = (argument + ("\n" + rest if rest else "")).strip()
+      if not command:
+        return base.invalid_action_step("run needs a command", HELP)
+      result = confinement.run_confined(command, self._ws.workdir, self.limits, uid=self.uid)
+      info = {"exit_code": result.exit_code, "timed_out": result.timed_out,
+              "output_limited": result.output_limited}
+      return base.Step(observation=f"{result.output}{result.report()}", reward=0.0, done=False,
+                       info=info)
+    if verb == "view":
+      return self._view(argument)
+    if verb == "write":
+      return self._write(argument, rest)
+    if verb == "replace":
+      return self._replace(argument, rest)
+    if verb == "submit":
+      if argument or rest.strip():
+        return base.invalid_action_step("submit takes no arguments", HELP)
+      return self._grade()
+    return base.invalid_action_step(f"unknown command {verb!r}", HELP)
+
+  def _path(self, path: str) -> tuple[str | None, str | None]:
+    if not path:
+      return None, "a path is needed"
+    try:
+      return self._ws.resolve(path), None
+    except ValueError as e:
+      return None, str(e)
+
+  def _view(self, argument: str) -> base.Step:
+    parts = argument.split()
+    full, error = self._path(parts[0] if parts else "")
+    if error:
+      return base.invalid_action_step(error, HELP)
+    try:
+      bounds = [int(p) for p in parts[1:3]]
+    except ValueError:
+      return base.invalid_action_step("view line numbers must be integers", HELP)
+    if len(parts) > 3 or any(b < 1 for b in bounds):
+      return base.invalid_action_step("view takes a path and up to two line numbers >= 1", HELP)
+    if os.path.isdir(full):
+      entries = sorted(e + ("/" if os.path.isdir(os.path.join(full, e)) else "")
+                       for e in os.listdir(full))
+      return base.Step(observation="\n".join(entries) or "(empty directory)", reward=0.0,
+                       done=False)
+    if not os.path.isfile(full):
+      return base.Step(observation=f"No such file: {parts[0]}", reward=0.0, done=False,
+                       info={"error": "no such file"})
+    with open(full, "rb") as f:
+      lines = f.read(1 << 20).decode("utf-8", errors="replace").splitlines()
+    first = bounds[0] if bounds else 1
+    last = bounds[1] if len(bounds) > 1 else first + self.max_view_lines - 1
+    last = min(last, first + self.max_view_lines - 1, len(lines))
+    shown = [f"{i:5d}  {lines[i - 1]}" for i in range(first, last + 1)]
+    footer = f"[lines {first}-{last} of {len(lines)}]" if lines else "[empty file]"
+    return base.Step(observation="\n".join(shown + [footer]), reward=0.0, done=False)
+
+  def _write(self, argument: str, content: str) -> base.Step:
+    full, error = self._path(argument)
+    if error:
+      return base.invalid_action_step(error, HELP)
+    if os.path.isdir(full):
+      return base.invalid_action_step(f"{argument} is a directory", HELP)
+    if content and not content.endswith("\n"):
+      content += "\n"
+    self._ws.write_files([(os.path.relpath(full, os.path.realpath(self._ws.workdir)), "100644",
+                           content.encode())])
+    self._ws.fix_ownership()
+    return base.Step(observation=f"Wrote {len(content.splitlines())} lines to {argument}.",
+                     reward=0.0, done=False)
+
+  def _replace(self, argument: str, body: str) -> base.Step:
+    full, error = self._path(argument)
+    if error:
+      return base.invalid_action_step(error, HELP)
+    lines = body.split("\n")
+    try:
+      start, middle, end = lines.index(_SEARCH), lines.index(_DIVIDER), lines.index(_REPLACE)
+    except ValueError:
+      return base.invalid_action_step(
+          f"replace needs {_SEARCH!r}, {_DIVIDER!r} and {_REPLACE!r} lines", HELP)
+    if not start < middle < end:
+      return base.invalid_action_step("replace markers are out of order", HELP)
+    old = "\n".join(lines[start + 1:middle])
+    new = "\n".join(lines[middle + 1:end])
+    if not os.path.isfile(full):
+      return base.Step(observation=f"No such file: {argument}", reward=0.0, done=False,
+                       info={"error": "no such file"})
+    with open(full, encoding="utf-8", errors="surrogateescape") as f:
+      text = f.read()
+    count = text.count(old) if old else 0
+    if count != 1:
+      return base.Step(observation=f"The SEARCH text occurs {count} times in {argument}; it must "
+                       "occur exactly once.", reward=0.0, done=False,
+                       info={"error": "search text not unique"})
+    mode = "100755" if os.access(full, os.X_OK) else "100644"
+    new_text = text.replace(old, new).encode("utf-8", errors="surrogateescape")
+    self._ws.write_files([(os.path.relpath(full, os.path.realpath(self._ws.workdir)), mode,
+                           new_text)])
+    self._ws.fix_ownership()
+    return base.Step(observation=f"Replaced {len(old.splitlines())} lines with "
+                     f"{len(new.splitlines())} lines in {argument}.", reward=0.0, done=False)
+
+  def _grade(self) -> base.Step:
+    try:
+      report = grading.grade_workspace(self._ws, self._base_tree, self._task,
+                                       self.grading_limits, self.uid)
+    except (workspace_lib.GitError, ValueError, OSError) as e:
+      # E.g. test files replaced by links out of the task directory: not gradable, not resolved.
+      return base.Step(observation=f"Submitted: the task directory could not be graded ({e}). "
+                       "Not resolved.", reward=0.0, done=True,
+                       info={"success": False, "report": {"error": str(e)}, "model_patch": ""})
+    status = report.get("tests_status", {})
+    failing = [t for key in ("FAIL_TO_PASS", "PASS_TO_PASS")
+               for t in status.get(key, {}).get("failure", [])]
+    resolved = bool(report["resolved"])
+    if resolved:
+      text = "Submitted: all required tests pass. The task is resolved."
+    elif not report.get("patch_successfully_applied", False):
+      text = "Submitted: the tests could not be run or read (see the log). Not resolved."
+    else:
+      text = "Submitted: not resolved. Failing tests:\n" + "\n".join(failing)
+    summary = {k: v for k, v in report.items() if k not in ("log", "model_patch")}
+    return base.Step(observation=text, reward=1.0 if resolved else 0.0, done=True,
+                     info={"success": resolved, "report": summary,
+                           "model_patch": report["model_patch"]})
+
+
+def _limits(value, default: confinement.Limits) -> confinement.Limits:
+  if value is None:
+    return default
+  if isinstance(value, confinement.Limits):
+    return value
+  if isinstance(value, Mapping):
+    return confinement.Limits(**{**default.__dict__, **value})
+  raise TypeError(f"limits must be a Limits or a mapping, got {type(value).__name__}")

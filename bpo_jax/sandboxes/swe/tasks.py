@@ -1,0 +1,194 @@
+"""SWE tasks: a repository, a problem statement and the tests that grade a fix.
+
+A task carries a SWE-bench instance (`instance_id`, `repo`, `base_commit`, `problem_statement`,
+`patch` (reference fix), `test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`, `log_parser`, ...) and the
+source of its repository at `base_commit`: either the files themselves (the tasks shipped under
+`tasks/<name>/`) or a local git clone holding that commit (real SWE-bench instances; nothing is
+downloaded).
+
+    tasks = make_tasks("train", num=4, seed=0)
+    tasks[0].task_id         # "bpo_jax__csv_split-1"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import subprocess
+from typing import Any, Mapping, Sequence
+
+TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
+# How the tests run when an instance names no command: SWE-bench's pytest flags; the test files
+# of the test patch are appended, as SWE-bench's harness does.
+DEFAULT_TEST_COMMAND = "python -m pytest --no-header -rA --tb=no -p no:cacheprovider"
+SPLITS = ("train", "test")
+_REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch",
+             "FAIL_TO_PASS", "PASS_TO_PASS")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweTask:
+  """One SWE task; picklable, `task_id` is the instance id.
+
+  files: (path, git mode, content) of the repository at `base_commit`, or empty when
+    `git_source` names a local clone that holds `base_commit`.
+  """
+
+  task_id: str
+  instance: Mapping[str, Any]
+  files: tuple[tuple[str, str, bytes], ...] = ()
+  git_source: str | None = None
+
+  @property
+  def problem_statement(self) -> str:
+    return self.instance["problem_statement"]
+
+  @property
+  def test_command(self) -> str:
+    return self.instance.get("test_cmd") or DEFAULT_TEST_COMMAND
+
+  @property
+  def fail_to_pass(self) -> list[str]:
+    return list(self.instance["FAIL_TO_PASS"])
+
+  @property
+  def pass_to_pass(self) -> list[str]:
+    return list(self.instance["PASS_TO_PASS"])
+
+
+def normalize_instance(instance: Mapping[str, Any]) -> dict[str, Any]:
+  """Checks an instance has SWE-bench's fields; decodes the JSON-string test lists of the HF
+  datasets; fills `log_parser` ("parse_log_pytest") and `eval_type` ("pass_and_fail")."""
+  if not isinstance(instance, Mapping):
+    raise ValueError(f"a SWE-bench instance must be a JSON object, got {type(instance).__name__}")
+  missing = [key for key in _REQUIRED if key not in instance]
+  if missing:
+    name = instance.get("instance_id", "<no instance_id>")
+    raise ValueError(f"instance {name} lacks SWE-bench fields: {', '.join(missing)}")
+  out = dict(instance)
+  for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+    value = out[key]
+    if isinstance(value, str):
+      value = json.loads(value)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+      raise ValueError(f"instance {out['instance_id']}: {key} must be a list of test ids")
+    out[key] = value
+  out.setdefault("log_parser", "parse_log_pytest")
+  out.setdefault("eval_type", "pass_and_fail")
+  return out
+
+
+def _read_files(root: str) -> tuple[tuple[str, str, bytes], ...]:
+  files = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", ".pytest_cache"))
+    for name in sorted(filenames):
+      full = os.path.join(dirpath, name)
+      mode = "100755" if os.access(full, os.X_OK) else "100644"
+      with open(full, "rb") as f:
+        files.append((os.path.relpath(full, root).replace(os.sep, "/"), mode, f.read()))
+  return tuple(sorted(files))
+
+
+def shipped_task_names() -> list[str]:
+  """Names of the tasks shipped with the package."""
+  return sorted(name for name in os.listdir(TASKS_DIR)
+                if os.path.isfile(os.path.join(TASKS_DIR, name, "instance.json")))
+
+
+def load_shipped_task(name: str) -> SweTask:
+  """The shipped task `name` (a directory under `tasks/`)."""
+  if name not in shipped_task_names():
+    raise KeyError(f"unknown SWE task {name!r}; shipped tasks: {', '.join(shipped_task_names())}")
+  with open(os.path.join(TASKS_DIR, name, "instance.json"), encoding="utf-8") as f:
+    instance = normalize_instance(json.load(f))
+  return SweTask(task_id=instance["instance_id"], instance=instance,
+                 files=_read_files(os.path.join(TASKS_DIR, name, "repo")))
+
+
+def make_tasks(split: str, num: int, seed: int, **config) -> list[SweTask]:
+  """`num` shipped tasks of `split` ("train": 8 tasks, "test": 4, disjoint) in a seeded order.
+
+  The split's tasks are shuffled with `seed` and repeated in that order when `num` exceeds them.
+  `config` is accepted for the environment interface and must be empty.
+  """
+  if split not in SPLITS:
+    raise ValueError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
+  if not isinstance(num, int) or num < 0:
+    raise ValueError(f"num must be a non-negative integer, got {num!r}")
+  if config:
+    raise TypeError(f"make_tasks got unknown config keys: {', '.join(sorted(config))}")
+  tasks = [load_shipped_task(name) for name in shipped_task_names()]
+  tasks = [t for t in tasks if t.instance.get("split") == split]
+  random.Random(seed).shuffle(tasks)
+  return [tasks[i % len(tasks)] for i in range(num)]
+
+
+def load_swebench_instances(path: str, repos_dir: str,
+                            instance_ids: Sequence[str] | None = None) -> list[SweTask]:
+  """Tasks from real SWE-bench instance JSON (a list, one object, or JSON lines).
+
+  Each instance's repository must already be cloned (no network) at
+  `repos_dir/<owner>__<name>` (the instance's `repo` with "/" as "__") and hold `base_commit`.
+
+  Raises:
+    ValueError: malformed JSON or instance, or a requested id that is absent.
+    FileNotFoundError: a repository clone is missing or lacks the base commit.
+  """
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError:
+    try:
+      data = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path} is neither JSON nor JSON lines: {e}") from e
+  instances = [normalize_instance(i) for i in (data if isinstance(data, list) else [data])]
+  if instance_ids is not None:
+    by_id = {i["instance_id"]: i for i in instances}
+    absent = [i for i in instance_ids if i not in by_id]
+    if absent:
+      raise ValueError(f"instances not in {path}: {', '.join(absent)}")
+    instances = [by_id[i] for i in instance_ids]
+  tasks = []
+  for instance in instances:
+    clone = os.path.join(repos_dir, instance["repo"].replace("/", "__"))
+    if not os.path.isdir(clone):
+      raise FileNotFoundError(
+          f"instance {instance['instance_id']} needs a clone of {instance['repo']} at {clone}")
+    found = subprocess.run(
+        ["git", "-c", "safe.directory=*", "-C", clone, "cat-file", "-e",
+         f"{instance['base_commit']}^{{commit}}"], capture_output=True)
+    if found.returncode != 0:
+      raise FileNotFoundError(
+          f"the clone at {clone} lacks base commit {instance['base_commit']} of instance "
+          f"{instance['instance_id']}")
+    tasks.append(SweTask(task_id=instance["instance_id"], instance=instance,
+                         git_source=os.path.abspath(clone)))
+  return tasks
+
+
+def materialize(task: SweTask, workspace) -> str:
+  """Fills an empty `workspace.Workspace` with the task's repository; returns the base tree id.
+
+  Shipped tasks write their files; a task from a clone borrows the clone's objects (git
+  alternates, nothing is copied) and checks out `base_commit`.
+  """
+  if task.files:
+    workspace.write_files(task.files)
+    tree = workspace.write_tree()
+  elif task.git_source:
+    objects = os.path.join(task.git_source, ".git", "objects")
+    if not os.path.isdir(objects):
+      objects = os.path.join(task.git_source, "objects")
+    with open(os.path.join(workspace.gitdir, "objects", "info", "alternates"), "w") as f:
+      f.write(objects + "\n")
+    tree = workspace.git("rev-parse", f"{task.instance['base_commit']}^{{tree}}").decode().strip()
+    workspace.checkout_tree(tree)
+  else:
+    raise ValueError(f"task {task.task_id} has neither files nor a git source")
+  workspace.fix_ownership()
+  return tree
