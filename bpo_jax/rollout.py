@@ -1,0 +1,851 @@
+"""Growing rollout trees (BPO) and independent groups (baselines) with a policy and sandboxes.
+
+One call to `RolloutEngine.rollout(params, tasks, key)` plays every task at once. Each task gets
+a *backbone*: a branch (a live sandbox plus a row of the policy's KV cache) that starts at the
+task's first observation. The host loop then repeats, for all live branches of all tasks together:
+
+1. **Fork decision** at each branch's current state s_t, from what is known at s_t only: the
+   entropy of the policy's *first-token* distribution there (the decode state's next logits once
+   the observation is prefilled, before any action token is sampled) and the budget used so far
+   (`bpo_jax.branching.online_fork_decision`). The entropy of the sampled action would make the
+   decision depend on the action and bias the estimator (DESIGN.md §3), so it is never used.
+2. **Fork**: the sandbox is snapshotted once and restored into K-1 new branches, and the branch's
+   cache row is copied into K rows (a gather on the batch axis, `sampling.fork`): the prefix is
+   never replayed. The backbone keeps its sandbox and keeps forking (budget permitting); the new
+   siblings roll to termination (and fork too with `siblings_fork=True`).
+3. **Decode**: one jitted `generate` call samples an action for every row (the batch is padded
+   to a size from `batch_buckets`, so compiles stay bounded).
+4. **Step**: every branch's action goes to the sandbox pool in one `step_many` call.
+5. **Append**: the observations of the branches that go on are prefilled in one `append` call.
+
+The group topology of the baselines (RLOO, GRPO, GiGPO) is the same loop with the decision
+"fork N at the root state, never after": N independent rollouts sharing only the prompt prefill.
+
+Budgets (per tree): leaves, env steps and tokens, plus `max_turns` per branch (a branch that
+reaches it is cut and marked truncated) and the cache length (a branch whose next observation
+would leave no room for an action is cut too). A fork happens only if the budgets can afford
+K-1 more branches. With `budget_accounting="worst_case"` every live branch is charged its most
+possible remaining cost (`max_turns - depth` steps, `max_length - row length` tokens), so the
+budgets are hard limits; with `"used"` only what was spent so far counts (cheaper trees may fork
+more, and the budgets can be overshot by the branches' remaining lengths). Either way the
+decision depends only on the state's entropy and on cost already committed, never on actions
+sampled at or below s_t.
+
+Failed branches (the pool returns a `BranchFailure` for a step, snapshot or restore) are
+recorded with their reason and the rest goes on: a failed step invalidates its node and, walking
+up, every ancestor left without a valid child (so an unfinished path never stands in for a
+finished one); a failed restore means the sibling never started.
+
+Output per task, `TaskRollout`: the `RolloutTree` (built with `tree.TreeBuilder`), the
+`packing.TreeTokens` (prompt; per node the action tokens, their sampled logprobs and the
+observation tokens), per-node action and observation texts, success, the fork decisions and the
+compute counters. Every token the policy processed is counted: for a tree without failures,
+tokens prefilled + tokens decoded equals `TreeTokens.num_unique_tokens()` exactly.
+
+Example:
+
+  engine = RolloutEngine(graphdef, model_config, fmt, pool,
+                         RolloutConfig(num_siblings=4, entropy_threshold=2.0, max_leaves=8))
+  batch = engine.rollout(params, tasks, jax.random.key(0))
+  trees = batch.stacked_trees()              # RolloutTree with a leading task axis
+  tokens = [r.tokens for r in batch.rollouts]
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import hashlib
+import itertools
+import time
+from typing import Any, Hashable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bpo_jax import agent_format
+from bpo_jax import branching
+from bpo_jax import packing
+from bpo_jax import sampling
+from bpo_jax import tree as tree_lib
+from bpo_jax.models.decoder import logprobs_and_entropy_from_logits
+from bpo_jax.sandboxes import pool as pool_lib
+
+ROOT = tree_lib.ROOT
+TOPOLOGIES = ("tree", "group")
+FORK_RULES = ("entropy", "random", "never")
+BUDGET_ACCOUNTING = ("worst_case", "used")
+STATE_IDS = ("none", "observation", "snapshot")
+PHASES = ("reset", "prefill", "fork", "decode", "env", "append", "host")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """How trees are grown.
+
+  Attributes:
+    topology: "tree" (BPO: forks decided online along the way) or "group" (`group_size`
+      independent rollouts per task: a fork of N at the root state and none after).
+    num_siblings: K, the actions tried at a fork (the branch itself plus K-1 new ones).
+    group_size: N for the group topology.
+    fork_rule: "entropy" (fork when the first-token entropy exceeds the threshold), "random"
+      (fork with probability `fork_prob`) or "never" (a single backbone).
+    entropy_threshold: the threshold of the entropy rule, in nats (`rollout(threshold=...)`
+      overrides it per call, e.g. with a running quantile from earlier batches).
+    fork_prob: the probability of the random rule.
+    siblings_fork: whether branches started at a fork may fork too (else only the backbone).
+    max_leaves: most leaves per tree (every started branch ends in one leaf); None: no limit.
+    max_env_steps: most sandbox steps per tree; None: no limit.
+    max_tokens: most tokens the policy processes per tree (prefill + decode); None: no limit.
+    budget_accounting: "worst_case" (hard limits) or "used" (see the module docstring).
+    max_turns: most actions per branch; a branch reaching it is cut (truncated).
+    max_new_tokens: most tokens per action.
+    temperature, top_p, top_k: sampling (see `sampling.SamplingParams`).
+    max_length: KV-cache slots per row: the longest path (prompt, actions, observations).
+    batch_buckets: batch sizes the device sees (rows padded up; beyond the largest, multiples
+      of it), so `generate` and `append` compile a bounded number of times.
+    capacity: nodes per `RolloutTree`; default `max_leaves * max_turns` (tree) or
+      `group_size * max_turns` (group). Forks that could overflow it are refused.
+    state_ids: how `RolloutTree.state_id` is filled: "none" (-1), "observation" (a hash of the
+      observation text at the state) or "snapshot" (a hash of the sandbox snapshot, an exact
+      state key; costs one snapshot per step).
+  """
+
+  topology: str = "tree"
+  num_siblings: int = 4
+  group_size: int = 8
+  fork_rule: str = "entropy"
+  entropy_threshold: float = 1.0
+  fork_prob: float = 0.25
+  siblings_fork: bool = False
+  max_leaves: int | None = 16
+  max_env_steps: int | None = None
+  max_tokens: int | None = None
+  budget_accounting: str = "worst_case"
+  max_turns: int = 16
+  max_new_tokens: int = 16
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  max_length: int = 1024
+  batch_buckets: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
+  capacity: int | None = None
+  state_ids: str = "none"
+
+  def __post_init__(self):
+    def choice(name, options):
+      if getattr(self, name) not in options:
+        raise ValueError(f"RolloutConfig.{name} must be one of {options}, got "
+                         f"{getattr(self, name)!r}")
+
+    choice("topology", TOPOLOGIES)
+    choice("fork_rule", FORK_RULES)
+    choice("budget_accounting", BUDGET_ACCOUNTING)
+    choice("state_ids", STATE_IDS)
+    for name in ("num_siblings", "group_size", "max_turns", "max_new_tokens", "max_length"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"RolloutConfig.{name} must be positive, got {getattr(self, name)}")
+    if self.topology == "tree" and self.fork_rule != "never" and self.num_siblings < 2:
+      raise ValueError(f"RolloutConfig.num_siblings must be >= 2 to fork, got "
+                       f"{self.num_siblings}")
+    for name in ("max_leaves", "max_env_steps", "max_tokens", "capacity"):
+      value = getattr(self, name)
+      if value is not None and value < 1:
+        raise ValueError(f"RolloutConfig.{name} must be positive or None, got {value}")
+    if not 0.0 <= self.fork_prob <= 1.0:
+      raise ValueError(f"RolloutConfig.fork_prob must be in [0, 1], got {self.fork_prob}")
+    buckets = tuple(int(b) for b in self.batch_buckets)
+    if not buckets or min(buckets) < 1 or list(buckets) != sorted(set(buckets)):
+      raise ValueError(f"RolloutConfig.batch_buckets must be increasing positive sizes, got "
+                       f"{self.batch_buckets}")
+    object.__setattr__(self, "batch_buckets", buckets)
+    if self.topology == "tree" and self.capacity is None and self.max_leaves is None:
+      raise ValueError("RolloutConfig: a tree needs max_leaves or an explicit capacity")
+    if self.node_capacity < self.max_turns:
+      raise ValueError(f"RolloutConfig.capacity {self.node_capacity} cannot hold one branch of "
+                       f"max_turns={self.max_turns} steps")
+    if self.topology == "group" and self.node_capacity < self.group_size * self.max_turns:
+      raise ValueError(f"RolloutConfig.capacity {self.node_capacity} cannot hold "
+                       f"group_size={self.group_size} rollouts of max_turns={self.max_turns}")
+    self.sampling_params()  # validates temperature, top_p, top_k
+
+  @property
+  def node_capacity(self) -> int:
+    if self.capacity is not None:
+      return self.capacity
+    if self.topology == "group":
+      return self.group_size * self.max_turns
+    return self.max_leaves * self.max_turns
+
+  @property
+  def max_forks(self) -> int | None:
+    """Forks a tree may make within `max_leaves` (each adds K-1 leaves)."""
+    if self.topology == "group" or self.max_leaves is None:
+      return None
+    return (self.max_leaves - 1) // (self.num_siblings - 1) if self.num_siblings > 1 else 0
+
+  def sampling_params(self, stop_token_ids: Sequence[int] = ()) -> sampling.SamplingParams:
+    return sampling.SamplingParams(temperature=self.temperature, top_p=self.top_p,
+                                   top_k=self.top_k, max_new_tokens=self.max_new_tokens,
+                                   stop_token_ids=tuple(stop_token_ids))
+
+  def batch_size(self, rows: int) -> int:
+    """The padded batch size for `rows` live rows."""
+    for bucket in self.batch_buckets:
+      if bucket >= rows:
+        return bucket
+    largest = self.batch_buckets[-1]
+    return -(-rows // largest) * largest
+
+
+# ----------------------------------------------------------------------------- records
+
+
+@dataclasses.dataclass
+class Compute:
+  """What growing one tree (or a batch of trees) cost.
+
+  Attributes:
+    tokens_prefilled: prompt and observation tokens run through the policy.
+    tokens_decoded: action tokens the policy generated (each runs through it once).
+    env_steps: sandbox steps taken (failed ones included).
+    snapshots: sandbox snapshots taken.
+    restores: sandbox restores (one per new branch at a fork).
+    forks: fork decisions carried out.
+    failed_branches: branches that ended in a failure (step, snapshot, restore or reset).
+  """
+
+  tokens_prefilled: int = 0
+  tokens_decoded: int = 0
+  env_steps: int = 0
+  snapshots: int = 0
+  restores: int = 0
+  forks: int = 0
+  failed_branches: int = 0
+
+  @property
+  def tokens_processed(self) -> int:
+    return self.tokens_prefilled + self.tokens_decoded
+
+  def add(self, other: "Compute") -> None:
+    for f in dataclasses.fields(self):
+      setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+  def as_dict(self) -> dict[str, int]:
+    out = dataclasses.asdict(self)
+    out["tokens_processed"] = self.tokens_processed
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+  """A fork decision at a state (one per state a branch reached; logged for audits).
+
+  `node` is the step that led to the state (-1: the root state); `entropy` the first-token
+  entropy there; `eligible` whether the branch may fork at all; `rule` what the fork rule said;
+  `affordable` whether the budgets allowed K-1 more branches; `num_siblings` the branches that
+  took an action at the state (1: no fork; fewer than asked if restores failed).
+  """
+
+  node: int
+  depth: int
+  entropy: float
+  eligible: bool
+  rule: bool
+  affordable: bool
+  num_siblings: int
+  snapshot_digest: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+  """A failed branch: `node` is its failed step (-1: it failed before taking one, e.g. a failed
+  restore), `parent` the step that led to its state, `op` the sandbox call that failed."""
+
+  node: int
+  parent: int
+  op: str
+  reason: str
+
+
+@dataclasses.dataclass
+class TaskRollout:
+  """Everything grown for one task.
+
+  Attributes:
+    task: the task.
+    tree: the `RolloutTree` (NumPy arrays padded to the capacity).
+    tokens: the `packing.TreeTokens` (nodes as in `tree`; padding nodes left out).
+    first_observation: what `reset` returned.
+    action_texts, observation_texts: per node (for drawing a tree).
+    node_success: bool per node, `info["success"]` of the step that ended an episode.
+    decisions: every fork decision, in the order made.
+    failures: every failed branch.
+    compute: what the tree cost.
+  """
+
+  task: Any
+  tree: tree_lib.RolloutTree
+  tokens: packing.TreeTokens
+  first_observation: str
+  action_texts: list[str]
+  observation_texts: list[str]
+  node_success: np.ndarray
+  decisions: list[Decision]
+  failures: list[Failure]
+  compute: Compute
+
+  @property
+  def num_nodes(self) -> int:
+    return self.tokens.num_nodes
+
+  def leaves(self) -> np.ndarray:
+    """Indices of valid nodes without valid children (one per finished path)."""
+    alive = self.tokens.alive()
+    has_child = np.zeros(self.num_nodes, bool)
+    for i in range(self.num_nodes):
+      if alive[i] and self.tokens.parent[i] >= 0:
+        has_child[self.tokens.parent[i]] = True
+    return np.nonzero(alive & ~has_child)[0]
+
+  def path(self, node: int) -> list[int]:
+    """The nodes from the root state down to `node`."""
+    out = []
+    while node != ROOT:
+      out.append(int(node))
+      node = int(self.tokens.parent[node])
+    return out[::-1]
+
+  def leaf_returns(self) -> np.ndarray:
+    """Undiscounted return of each leaf's path, in `leaves()` order."""
+    reward = np.asarray(self.tree.reward)
+    return np.asarray([reward[self.path(leaf)].sum() for leaf in self.leaves()], np.float32)
+
+  def success_rate(self) -> float:
+    """The fraction of leaves whose episode succeeded (0 for a tree without leaves)."""
+    leaves = self.leaves()
+    return float(np.mean(self.node_success[leaves])) if leaves.size else 0.0
+
+  def path_tokens(self) -> int:
+    """Tokens of all leaf paths counted separately: what rolling each leaf out on its own,
+    replaying the shared prefixes, would run through the policy."""
+    total = 0
+    for leaf in self.leaves():
+      total += self.tokens.prompt.size + sum(self.tokens.segment(i).size for i in self.path(leaf))
+    return total
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+  """The rollouts of one `rollout` call, their total compute and the wall time per phase."""
+
+  rollouts: list[TaskRollout]
+  compute: Compute
+  phase_seconds: dict[str, float]
+  device_row_tokens: int
+  turns: int
+
+  def stacked_trees(self) -> tree_lib.RolloutTree:
+    return tree_lib.stack_trees([r.tree for r in self.rollouts])
+
+  def tree_tokens(self) -> list[packing.TreeTokens]:
+    return [r.tokens for r in self.rollouts]
+
+  def entropies(self) -> tuple[np.ndarray, np.ndarray]:
+    """(entropy [T, N], valid mask [T, N]) for `branching.update_quantile_threshold`."""
+    trees = self.stacked_trees()
+    return np.asarray(trees.entropy), np.asarray(trees.valid)
+
+  def summary(self) -> dict[str, Any]:
+    out = self.compute.as_dict()
+    out["unique_tokens"] = sum(r.tokens.num_unique_tokens() for r in self.rollouts)
+    out["leaves"] = int(sum(r.leaves().size for r in self.rollouts))
+    out["success_rate"] = float(np.mean([r.success_rate() for r in self.rollouts]))
+    out["turns"] = self.turns
+    out["device_row_tokens"] = self.device_row_tokens
+    out.update({f"seconds_{k}": v for k, v in self.phase_seconds.items()})
+    return out
+
+
+def matched_group_size(rollout: TaskRollout, by: str = "leaves") -> int:
+  """How many independent rollouts cost what this tree cost.
+
+  `by="leaves"`: one per leaf. `by="env_steps"`: the tree's steps over the mean leaf depth (an
+  independent rollout is one root-to-leaf path). `by="tokens"`: the tokens the tree's policy
+  processed over the mean tokens of one leaf path. Uses `branching.matched_group_size` (>= 2).
+  """
+  leaves = rollout.leaves()
+  if not leaves.size:
+    raise ValueError("matched_group_size: the tree has no valid leaves")
+  if by == "leaves":
+    return branching.matched_group_size(float(leaves.size))
+  if by == "env_steps":
+    mean_steps = float(np.mean([len(rollout.path(leaf)) for leaf in leaves]))
+    return branching.matched_group_size(float(rollout.compute.env_steps), mean_steps)
+  if by == "tokens":
+    mean_tokens = rollout.path_tokens() / leaves.size
+    return branching.matched_group_size(float(rollout.compute.tokens_processed), mean_tokens)
+  raise ValueError(f"by must be 'leaves', 'env_steps' or 'tokens', got {by!r}")
+
+
+# ----------------------------------------------------------------------------- host state
+
+
+@dataclasses.dataclass
+class _Branch:
+  """A live branch: a sandbox in the pool and a row of the decode state."""
+
+  task: int
+  branch_id: Hashable
+  node: int             # the last step on this branch (-1: at the root state)
+  depth: int            # steps taken so far
+  length: int           # tokens in its cache row
+  can_fork: bool
+  state_id: int = -1
+  row: int = -1
+
+
+class _TreeState:
+  """One task's growing tree: builder, token and text records, budget counters."""
+
+  def __init__(self, task, capacity: int):
+    self.task = task
+    self.builder = tree_lib.TreeBuilder(capacity)
+    self.parent: list[int] = []
+    self.valid: list[bool] = []
+    self.children: dict[int, list[int]] = collections.defaultdict(list)
+    self.action_tokens: list[np.ndarray] = []
+    self.action_logprobs: list[np.ndarray] = []
+    self.observation_tokens: list[np.ndarray] = []
+    self.action_texts: list[str] = []
+    self.observation_texts: list[str] = []
+    self.success: list[bool] = []
+    self.decisions: list[Decision] = []
+    self.failures: list[Failure] = []
+    self.compute = Compute()
+    self.prompt: list[int] | None = None
+    self.first_observation = ""
+    self.branches_started = 0
+
+  def add_node(self, parent: int, entropy: float, state_id: int) -> int:
+    node = self.builder.add(parent, entropy=entropy, state_id=state_id)
+    self.parent.append(parent)
+    self.valid.append(parent == ROOT or self.valid[parent])
+    self.children[parent].append(node)
+    self.action_tokens.append(np.zeros((0,), np.int32))
+    self.action_logprobs.append(np.zeros((0,), np.float32))
+    self.observation_tokens.append(np.zeros((0,), np.int32))
+    self.action_texts.append("")
+    self.observation_texts.append("")
+    self.success.append(False)
+    return node
+
+  def fail_node(self, node: int) -> None:
+    """Invalidates `node` with its subtree, then every ancestor left without a valid child."""
+    while True:
+      self.builder.mark_failed(node)
+      stack = [node]
+      while stack:
+        i = stack.pop()
+        self.valid[i] = False
+        stack.extend(self.children[i])
+      parent = self.parent[node]
+      if parent == ROOT or any(self.valid[c] for c in self.children[parent]):
+        return
+      node = parent
+
+  def result(self) -> TaskRollout:
+    tree = self.builder.build()
+    tokens = packing.TreeTokens(
+        prompt=np.asarray(self.prompt if self.prompt else [0], np.int32),
+        parent=np.asarray(self.parent, np.int32), action_tokens=self.action_tokens,
+        action_logprobs=self.action_logprobs, observation_tokens=self.observation_tokens,
+        valid=np.asarray(self.valid, bool))
+    return TaskRollout(task=self.task, tree=tree, tokens=tokens,
+                       first_observation=self.first_observation,
+                       action_texts=self.action_texts, observation_texts=self.observation_texts,
+                       node_success=np.asarray(self.success, bool), decisions=self.decisions,
+                       failures=self.failures, compute=self.compute)
+
+
+def text_state_id(text: str | bytes) -> int:
+  """A non-negative int32 hash of a state's text or snapshot bytes (-1 stays "unknown")."""
+  data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+  return int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "little") & 0x7FFFFFFF
+
+
+def _digest(data: bytes) -> str:
+  return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def first_token_entropy(next_logits: jax.Array, temperature: float) -> jax.Array:
+  """[B] entropy of each row's next-token distribution `softmax(logits / T)`: the quantity the
+  fork rule reads at a state, before any action token there is sampled."""
+  targets = jnp.zeros(next_logits.shape[:1], jnp.int32)
+  return logprobs_and_entropy_from_logits(next_logits, targets, temperature)[1]
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+class RolloutEngine:
+  """Grows trees (or groups) for a batch of tasks with one policy and one sandbox pool.
+
+  Args:
+    graphdef: the policy's `nnx.split` graph definition.
+    model_config: its `ModelConfig`.
+    fmt: the conversation format (`agent_format.AgentFormat`).
+    pool: a `SandboxPool` whose sandboxes play the tasks.
+    config: a `RolloutConfig`.
+  """
+
+  def __init__(self, graphdef, model_config, fmt: agent_format.AgentFormat,
+               pool: pool_lib.SandboxPool, config: RolloutConfig):
+    self.config = config
+    self.fmt = fmt
+    self.pool = pool
+    self.sampler = sampling.Sampler(graphdef, model_config, config.max_length)
+    self.sampling_params = config.sampling_params(fmt.stop_token_ids)
+    self._calls = itertools.count()
+
+  # --------------------------------------------------------------------------- budgets
+
+  def _affordable(self, state: _TreeState, live: Sequence[_Branch], branch: _Branch,
+                  pending: tuple[int, int]) -> bool:
+    """Whether the tree's budgets allow K-1 more branches from `branch`'s state.
+
+    `pending` is the worst-case (steps, tokens) of the branches this turn's earlier decisions
+    of the same tree added.
+    """
+    cfg = self.config
+    extra = cfg.num_siblings - 1
+    if cfg.max_leaves is not None and state.branches_started + extra > cfg.max_leaves:
+      return False
+    mine = [b for b in live if b.task == branch.task]
+    worst_steps = sum(cfg.max_turns - b.depth for b in mine) + pending[0]
+    worst_tokens = sum(cfg.max_length - b.length for b in mine) + pending[1]
+    new_steps = extra * (cfg.max_turns - branch.depth)
+    new_tokens = extra * (cfg.max_length - branch.length)
+    # Every step is a node, so the node capacity is an env-step limit that always holds.
+    if len(state.parent) + worst_steps + new_steps > cfg.node_capacity:
+      return False
+    if cfg.budget_accounting == "worst_case":
+      steps_needed = state.compute.env_steps + worst_steps + new_steps
+      tokens_needed = state.compute.tokens_processed + worst_tokens + new_tokens
+    else:
+      steps_needed = state.compute.env_steps + extra
+      tokens_needed = state.compute.tokens_processed + extra
+    if cfg.max_env_steps is not None and steps_needed > cfg.max_env_steps:
+      return False
+    if cfg.max_tokens is not None and tokens_needed > cfg.max_tokens:
+      return False
+    return True
+
+  def _rule(self, entropy: float, state: _TreeState, threshold: float,
+            rng: np.random.Generator) -> bool:
+    cfg = self.config
+    max_forks = cfg.max_forks if cfg.max_forks is not None else np.iinfo(np.int32).max
+    if cfg.fork_rule == "never":
+      return False
+    if cfg.fork_rule == "entropy":
+      return bool(branching.online_fork_decision(np.float32(entropy), np.float32(threshold),
+                                                 state.compute.forks, max_forks))
+    return bool(rng.random() < cfg.fork_prob) and state.compute.forks < max_forks
+
+  # --------------------------------------------------------------------------- the loop
+
+  def rollout(self, params, tasks: Sequence[Any], key: jax.Array,
+              threshold: float | None = None) -> RolloutBatch:
+    """Grows one tree (or group) per task; see the module docstring.
+
+    Args:
+      params: the policy's `nnx.split` state.
+      tasks: the tasks, one tree each.
+      key: a JAX PRNG key for sampling (and the random fork rule).
+      threshold: the entropy threshold for this call (default `config.entropy_threshold`).
+
+    Returns:
+      A `RolloutBatch` with one `TaskRollout` per task, in order.
+    """
+    cfg = self.config
+    if not tasks:
+      raise ValueError("rollout needs at least one task")
+    threshold = cfg.entropy_threshold if threshold is None else float(threshold)
+    call = next(self._calls)
+    key, rule_key = jax.random.split(key)
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(rule_key)).ravel().tolist())
+    seconds = dict.fromkeys(PHASES, 0.0)
+    clock = [time.perf_counter()]
+
+    def lap(phase):
+      now = time.perf_counter()
+      seconds[phase] += now - clock[0]
+      clock[0] = now
+
+    states = [_TreeState(task, cfg.node_capacity) for task in tasks]
+    branch_numbers = itertools.count()
+
+    def new_branch_id(task_index):
+      return ("rollout", call, task_index, next(branch_numbers))
+
+    # Reset every task's backbone.
+    backbone_ids = {i: new_branch_id(i) for i in range(len(tasks))}
+    observations = self.pool.reset_many({backbone_ids[i]: t for i, t in enumerate(tasks)})
+    live: list[_Branch] = []
+    prompts = {}
+    for i, state in enumerate(states):
+      state.branches_started = 1
+      first = observations[backbone_ids[i]]
+      if isinstance(first, pool_lib.BranchFailure):
+        state.failures.append(Failure(ROOT, ROOT, first.op, first.reason))
+        state.compute.failed_branches += 1
+        self.pool.close(backbone_ids[i])
+        continue
+      state.first_observation = first
+      state.prompt = self.fmt.prompt_tokens(first)
+      if len(state.prompt) + cfg.max_new_tokens > cfg.max_length:
+        self.pool.close_many(list(backbone_ids.values()))
+        raise ValueError(f"task {i}: the prompt has {len(state.prompt)} tokens; with "
+                         f"max_new_tokens={cfg.max_new_tokens} it does not fit "
+                         f"max_length={cfg.max_length}")
+      live.append(_Branch(task=i, branch_id=backbone_ids[i], node=ROOT, depth=0,
+                          length=len(state.prompt), can_fork=True,
+                          state_id=self._initial_state_id(first)))
+    if cfg.state_ids == "snapshot":
+      self._snapshot_state_ids(live, states)
+    lap("reset")
+
+    device_row_tokens = 0
+    turns = 0
+    decode_state = None
+    if live:
+      decode_state = self.sampler.init_state(cfg.batch_size(len(live)))
+      rows = {}
+      for row, branch in enumerate(live):
+        branch.row = row
+        rows[row] = states[branch.task].prompt
+        states[branch.task].compute.tokens_prefilled += len(rows[row])
+      decode_state = self.sampler.append(params, decode_state, rows)
+      jax.block_until_ready(decode_state.next_logits)
+    lap("prefill")
+
+    while live:
+      turns += 1
+      # 1-2. Fork decisions at every live state, then snapshots, restores and the row gather.
+      entropies = np.asarray(first_token_entropy(decode_state.next_logits, cfg.temperature))
+      live, sources, state_entropy = self._fork(live, states, entropies, threshold, rng,
+                                                new_branch_id)
+      if not live:
+        lap("fork")
+        break
+      batch = cfg.batch_size(len(live))
+      sources = sources + [sources[0]] * (batch - len(sources))
+      if (batch != decode_state.batch_size
+          or sources[:len(live)] != list(range(len(live)))):
+        decode_state = sampling.take_rows(decode_state, sources)
+      for row, branch in enumerate(live):
+        branch.row = row
+      active = np.zeros((batch,), bool)
+      active[:len(live)] = True
+      jax.block_until_ready(decode_state.next_logits)
+      lap("fork")
+
+      # 3. One decode call for every row of every tree.
+      key, sample_key = jax.random.split(key)
+      decode_state, out = self.sampler.generate(params, decode_state, sample_key,
+                                                self.sampling_params, active)
+      tokens = np.asarray(out.tokens)
+      logprobs = np.asarray(out.logprobs)
+      num_tokens = np.asarray(out.num_tokens)
+      device_row_tokens += batch * int(num_tokens.max(initial=0))
+      lap("decode")
+
+      # Host: a node per branch, its action text.
+      actions = {}
+      nodes = {}
+      for branch in live:
+        state = states[branch.task]
+        n = int(num_tokens[branch.row])
+        node = state.add_node(branch.node, float(state_entropy[branch.row]), branch.state_id)
+        state.action_tokens[node] = tokens[branch.row, :n].astype(np.int32)
+        state.action_logprobs[node] = logprobs[branch.row, :n].astype(np.float32)
+        state.action_texts[node] = self.fmt.decode_action(tokens[branch.row, :n])
+        state.compute.tokens_decoded += n
+        branch.length += n
+        nodes[branch.branch_id] = node
+        actions[branch.branch_id] = state.action_texts[node]
+      lap("host")
+
+      # 4. One pool call steps every branch.
+      steps = self.pool.step_many(actions)
+      lap("env")
+
+      # Outcomes; the observations of branches that go on are appended in one call.
+      appends = {}
+      going_on = []
+      finished = []
+      for branch in live:
+        state = states[branch.task]
+        node = nodes[branch.branch_id]
+        step = steps[branch.branch_id]
+        state.compute.env_steps += 1
+        if isinstance(step, pool_lib.BranchFailure):
+          state.failures.append(Failure(node, branch.node, step.op, step.reason))
+          state.compute.failed_branches += 1
+          state.fail_node(node)
+          finished.append(branch.branch_id)
+          continue
+        done = bool(step.done)
+        truncated = bool(step.truncated)
+        state.observation_texts[node] = step.observation
+        state.success[node] = bool(step.info.get("success", False)) if done else False
+        cut = not done and branch.depth + 1 >= cfg.max_turns
+        observation = [] if done or cut else self.fmt.observation_tokens(step.observation)
+        if not (done or cut) and (branch.length + len(observation) + cfg.max_new_tokens
+                                  > cfg.max_length):
+          cut, observation = True, []  # no room for the next action: a token-limit cut
+        state.builder.set_outcome(node, float(step.reward), terminal=done,
+                                  truncated=truncated or cut)
+        state.observation_tokens[node] = np.asarray(observation, np.int32)
+        if done or cut:
+          finished.append(branch.branch_id)
+          continue
+        branch.node = node
+        branch.depth += 1
+        branch.length += len(observation)
+        if cfg.state_ids == "observation":
+          branch.state_id = text_state_id(step.observation)
+        appends[branch.row] = observation
+        state.compute.tokens_prefilled += len(observation)
+        going_on.append(branch)
+      if finished:
+        self.pool.close_many(finished)
+      if cfg.state_ids == "snapshot":
+        self._snapshot_state_ids(going_on, states)
+      lap("host")
+
+      # 5. Continued prefill of the new observations.
+      live = going_on
+      if appends:
+        decode_state = self.sampler.append(params, decode_state, appends)
+        jax.block_until_ready(decode_state.next_logits)
+      lap("append")
+
+    total = Compute()
+    for state in states:
+      total.add(state.compute)
+    return RolloutBatch(rollouts=[s.result() for s in states], compute=total,
+                        phase_seconds=seconds, device_row_tokens=device_row_tokens,
+                        turns=turns)
+
+  # --------------------------------------------------------------------------- pieces
+
+  def _initial_state_id(self, observation: str) -> int:
+    return text_state_id(observation) if self.config.state_ids == "observation" else -1
+
+  def _snapshot_state_ids(self, branches: Sequence[_Branch], states: list[_TreeState]) -> None:
+    """Fills `state_id` from a snapshot of each branch; a failed snapshot leaves -1 (the
+    branch's next step then reports the failure)."""
+    if not branches:
+      return
+    snaps = self.pool.snapshot_many([b.branch_id for b in branches])
+    for branch in branches:
+      snap = snaps[branch.branch_id]
+      states[branch.task].compute.snapshots += 1
+      branch.state_id = (-1 if isinstance(snap, pool_lib.BranchFailure)
+                         else text_state_id(snap.data))
+
+  def _fork(self, live: list[_Branch], states: list[_TreeState], entropies: np.ndarray,
+            threshold: float, rng: np.random.Generator, new_branch_id):
+    """Decides at every live state, forks the chosen ones.
+
+    Returns (the branches in their new row order, the source row of each, and the first-token
+    entropy of each new row's state).
+    """
+    cfg = self.config
+    wanted: dict[int, int] = {}   # index into live -> siblings to add
+    verdicts = {}
+    pending = collections.defaultdict(lambda: (0, 0))  # task -> worst-case (steps, tokens) added
+    for index, branch in enumerate(live):
+      state = states[branch.task]
+      entropy = float(entropies[branch.row])
+      if cfg.topology == "group":
+        eligible = branch.node == ROOT and branch.can_fork
+        rule = affordable = eligible
+        extra = cfg.group_size - 1 if eligible else 0
+      else:
+        eligible = branch.can_fork
+        rule = eligible and self._rule(entropy, state, threshold, rng)
+        affordable = rule and self._affordable(state, live, branch, pending[branch.task])
+        extra = cfg.num_siblings - 1 if affordable else 0
+      verdicts[index] = (entropy, eligible, rule, affordable)
+      if extra:
+        wanted[index] = extra
+        # Charge the budget now, so later decisions in this turn see it.
+        state.compute.forks += 1
+        state.branches_started += extra
+        steps, tokens = pending[branch.task]
+        pending[branch.task] = (steps + extra * (cfg.max_turns - branch.depth),
+                                tokens + extra * (cfg.max_length - branch.length))
+
+    snapshots = {}
+    if wanted:
+      snapshots = self.pool.snapshot_many([live[i].branch_id for i in wanted])
+    restore_requests = {}
+    for index, extra in wanted.items():
+      branch = live[index]
+      state = states[branch.task]
+      state.compute.snapshots += 1
+      snap = snapshots[branch.branch_id]
+      if isinstance(snap, pool_lib.BranchFailure):
+        continue
+      for _ in range(extra):
+        restore_requests[new_branch_id(branch.task)] = (index, snap)
+    restored = self.pool.restore_many({b: s for b, (_, s) in restore_requests.items()})
+
+    new_live, sources, row_entropy = [], [], []
+    siblings_of = collections.defaultdict(list)
+    for new_id, (index, _) in restore_requests.items():
+      source = live[index]
+      state = states[source.task]
+      state.compute.restores += 1
+      if isinstance(restored[new_id], pool_lib.BranchFailure):
+        state.failures.append(Failure(ROOT, source.node, "restore", restored[new_id].reason))
+        state.compute.failed_branches += 1
+        self.pool.close(new_id)
+        continue
+      siblings_of[index].append(_Branch(
+          task=source.task, branch_id=new_id, node=source.node, depth=source.depth,
+          length=source.length,
+          can_fork=cfg.siblings_fork and cfg.topology == "tree",
+          state_id=source.state_id))
+    for index, branch in enumerate(live):
+      state = states[branch.task]
+      entropy, eligible, rule, affordable = verdicts[index]
+      snap = snapshots.get(branch.branch_id)
+      if isinstance(snap, pool_lib.BranchFailure):
+        # The branch's sandbox failed at its current state: the branch ends here.
+        state.failures.append(Failure(branch.node, branch.node, snap.op, snap.reason))
+        state.compute.failed_branches += 1
+        state.branches_started -= wanted[index]
+        state.compute.forks -= 1
+        state.decisions.append(Decision(branch.node, branch.depth, entropy, eligible, rule,
+                                        affordable, 0))
+        if branch.node != ROOT:
+          state.fail_node(branch.node)
+        self.pool.close(branch.branch_id)
+        continue
+      group = [branch] + siblings_of[index]
+      if cfg.topology == "group" and branch.node == ROOT:
+        branch.can_fork = False
+      state.decisions.append(Decision(
+          branch.node, branch.depth, entropy, eligible, rule, affordable, len(group),
+          _digest(snap.data) if snap is not None else ""))
+      for member in group:
+        new_live.append(member)
+        sources.append(branch.row)
+        row_entropy.append(entropy)
+    return new_live, sources, np.asarray(row_entropy, np.float32)
