@@ -169,7 +169,9 @@ def test_malformed_trees_are_rejected_naming_the_node(tree, data):
     expected = f"node {node}: reward is nan"
   else:
     hypothesis.assume(tree.parent[node] >= 0)
-    tree.terminal[tree.parent[node]] = True
-    expected = f"node {node}: parent {tree.parent[node]} is terminal"
+    p = tree.parent[node]
+    tree.terminal[p] = True
+    first_child = int(np.flatnonzero(tree.valid & (tree.parent == p))[0])
+    expected = f"node {first_child}: parent {p} is terminal"
   with pytest.raises(ValueError, match=re.escape(expected)):
     validate(tree)
