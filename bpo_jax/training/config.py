@@ -1,0 +1,403 @@
+"""The experiment configuration: its keys, their types and allowed values, checked in one place.
+
+`default_config()` is the schema: every key a configuration may hold, with a value of the type
+it must have. Config files (`experiments/configs/*.py`) start from it and change values;
+`validate(config, mode, workdir)` then checks, before any compute,
+
+* that every key is known (a misspelt key is an error, not a silently ignored setting),
+* that every value has its key's type (an int where a float is expected is fine; a bool is never
+  an int),
+* allowed values and ranges (estimator names, K >= 2, positive sizes, ...),
+* that the budgets can hold one tree (a fork of K, a path of `max_turns` steps in the context),
+* for evaluation, that the checkpoint directory exists.
+
+Every problem found is reported in one `ConfigError`, each naming its key and what is allowed:
+
+  >>> config = default_config()
+  >>> config.rollout.k = 1
+  >>> validate(config)
+  ConfigError: rollout.k = 1: must be >= 2 (a fork needs at least two siblings)
+
+Sections:
+  env        which environment, its task splits and options
+  model      the from-scratch decoder's shape and the context (KV cache) length
+  warm_start supervised warm start on expert trajectories
+  rollout    estimator, branching factor, fork rule and per-tree budgets
+  train      the optimiser and the policy-gradient update
+  checkpoint how often to save and how many to keep
+  eval       held-out evaluation
+  log        console, JSONL and TensorBoard output
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import ml_collections
+
+ESTIMATORS = ("bpo", "rloo", "grpo", "gigpo")
+FORK_RULES = ("entropy", "random")
+TRUNK_BASELINES = ("zero", "loo")
+NORMALIZATIONS = ("tree", "token")
+ARCHITECTURES = ("qwen2", "llama")
+DTYPES = ("float32", "bfloat16")
+MODES = ("train", "eval")
+
+
+class ConfigError(ValueError):
+  """An invalid configuration; the message names every offending key."""
+
+  def __init__(self, problems: Sequence[str]):
+    self.problems = list(problems)
+    super().__init__("invalid configuration:\n  " + "\n  ".join(self.problems))
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The schema and default values of an experiment (the quickstart's world, a tiny model)."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  c.env = ml_collections.ConfigDict()
+  c.env.name = "rooms"
+  c.env.num_train_tasks = 256      # the training split's size; tasks are drawn from it in order
+  c.env.num_eval_tasks = 64        # the held-out split's size
+  c.env.task_seed = 0              # which worlds the splits hold
+  c.env.max_turns = 6              # steps per episode before truncation
+  c.env.num_workers = 0            # sandbox worker processes; 0 runs sandboxes in-process
+  c.env.timeout_s = 30.0           # per sandbox call (worker processes only)
+  c.env.max_observation_tokens = 56  # observations cut to this many tokens; 0 = no limit
+  # Environment-specific keyword arguments for make_sandbox / make_tasks (e.g. rooms'
+  # `difficulty`, TextWorld's `games_dir`); checked per environment in `_check_env_options`.
+  c.env.options = ml_collections.ConfigDict({"difficulty": 1})
+
+  c.model = ml_collections.ConfigDict()
+  c.model.architecture = "qwen2"
+  c.model.hidden_size = 64
+  c.model.intermediate_size = 192
+  c.model.num_layers = 2
+  c.model.num_heads = 4
+  c.model.num_kv_heads = 2
+  c.model.head_dim = 16
+  c.model.max_length = 512         # context = KV cache slots per row
+  c.model.dtype = "float32"
+
+  c.warm_start = ml_collections.ConfigDict()
+  c.warm_start.num_trajectories = 64  # expert episodes on training tasks; 0 = no warm start
+  c.warm_start.steps = 100
+  c.warm_start.batch_size = 16
+  c.warm_start.learning_rate = 3e-3
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.estimator = "bpo"
+  c.rollout.tasks_per_iteration = 8
+  c.rollout.trees_per_task = 1     # >= 2 for the leave-one-out trunk baseline
+  c.rollout.k = 4                  # siblings per fork (BPO); group size (baselines)
+  c.rollout.fork_rule = "entropy"
+  c.rollout.entropy_threshold = 0.5  # fork where the first-token entropy exceeds this (nats)
+  c.rollout.fork_probability = 0.3   # the random rule's chance of forking at a step
+  c.rollout.max_leaves = 8         # per tree
+  c.rollout.max_tree_tokens = 4096  # per tree, prompt + actions + observations
+  c.rollout.max_env_steps = 64     # per tree
+  c.rollout.max_action_tokens = 5
+  c.rollout.temperature = 1.0
+  c.rollout.top_p = 1.0
+  c.rollout.trunk_baseline = "zero"
+  c.rollout.gamma = 1.0
+
+  c.train = ml_collections.ConfigDict()
+  c.train.iterations = 40
+  c.train.learning_rate = 1e-3
+  c.train.weight_decay = 0.0
+  c.train.max_grad_norm = 1.0
+  c.train.micro_batches = 2        # gradient accumulation; also the gradient-variance sample
+  c.train.clip_epsilon = 0.2
+  c.train.kl_coef = 0.0
+  c.train.normalization = "tree"
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 5           # iterations
+  c.checkpoint.keep = 2
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.every = 10                # iterations; 0 = only before and after training
+  c.eval.num_tasks = 32            # held-out tasks per evaluation (<= env.num_eval_tasks)
+  c.eval.temperature = 0.0         # 0 = greedy
+  c.eval.confidence = 0.95
+
+  c.log = ml_collections.ConfigDict()
+  c.log.tensorboard = True
+  c.log.progress_bar = True
+  return c
+
+
+# ----------------------------------------------------------------------------- checks
+
+# Allowed values of the keys with a fixed set of choices.
+_CHOICES = {
+    "rollout.estimator": ESTIMATORS,
+    "rollout.fork_rule": FORK_RULES,
+    "rollout.trunk_baseline": TRUNK_BASELINES,
+    "train.normalization": NORMALIZATIONS,
+    "model.architecture": ARCHITECTURES,
+    "model.dtype": DTYPES,
+}
+
+# (key, lower bound, upper bound or None, why); bounds inclusive.
+_RANGES = (
+    ("env.num_train_tasks", 1, None, ""),
+    ("env.num_eval_tasks", 1, None, ""),
+    ("env.max_turns", 1, None, ""),
+    ("env.num_workers", 0, None, "0 runs sandboxes in-process"),
+    ("env.max_observation_tokens", 0, None, "0 = no limit"),
+    ("model.hidden_size", 1, None, ""),
+    ("model.intermediate_size", 1, None, ""),
+    ("model.num_layers", 1, None, ""),
+    ("model.num_heads", 1, None, ""),
+    ("model.num_kv_heads", 1, None, ""),
+    ("model.head_dim", 2, None, ""),
+    ("model.max_length", 8, None, ""),
+    ("warm_start.num_trajectories", 0, None, "0 = no warm start"),
+    ("warm_start.steps", 0, None, ""),
+    ("warm_start.batch_size", 1, None, ""),
+    ("rollout.tasks_per_iteration", 1, None, ""),
+    ("rollout.trees_per_task", 1, None, ""),
+    ("rollout.k", 2, None, "a fork needs at least two siblings"),
+    ("rollout.entropy_threshold", 0.0, None, ""),
+    ("rollout.fork_probability", 0.0, 1.0, ""),
+    ("rollout.max_leaves", 1, None, ""),
+    ("rollout.max_tree_tokens", 1, None, ""),
+    ("rollout.max_env_steps", 1, None, ""),
+    ("rollout.max_action_tokens", 1, None, ""),
+    ("rollout.temperature", 0.0, None, "0 = greedy"),
+    ("rollout.gamma", 0.0, 1.0, ""),
+    ("train.iterations", 0, None, ""),
+    ("train.weight_decay", 0.0, None, ""),
+    ("train.micro_batches", 1, None, ""),
+    ("train.clip_epsilon", 0.0, None, ""),
+    ("train.kl_coef", 0.0, None, ""),
+    ("checkpoint.every", 1, None, ""),
+    ("checkpoint.keep", 1, None, ""),
+    ("eval.every", 0, None, "0 = only before and after training"),
+    ("eval.num_tasks", 1, None, ""),
+    ("eval.temperature", 0.0, None, "0 = greedy"),
+)
+
+# Keys that must be strictly positive floats.
+_POSITIVE = ("env.timeout_s", "warm_start.learning_rate", "train.learning_rate",
+             "train.max_grad_norm")
+
+
+def _type_name(value: Any) -> str:
+  return type(value).__name__
+
+
+def _type_ok(expected: Any, value: Any) -> bool:
+  if isinstance(expected, bool):
+    return isinstance(value, bool)
+  if isinstance(expected, int):
+    return isinstance(value, int) and not isinstance(value, bool)
+  if isinstance(expected, float):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+  if isinstance(expected, str):
+    return isinstance(value, str)
+  return isinstance(value, type(expected))
+
+
+def _walk(schema, config, prefix: str, problems: list[str], free_sections: Sequence[str]):
+  """Unknown keys and wrong types of `config` against `schema`."""
+  for key in sorted(config.keys()):
+    path = f"{prefix}{key}"
+    if key not in schema:
+      known = ", ".join(sorted(schema.keys()))
+      where = f"under '{prefix[:-1]}'" if prefix else "at the top level"
+      problems.append(f"{path}: unknown key; known keys {where}: {known}")
+      continue
+    expected, value = schema[key], config[key]
+    if isinstance(expected, ml_collections.ConfigDict):
+      if not isinstance(value, (ml_collections.ConfigDict, dict)):
+        problems.append(f"{path}: must be a section (ConfigDict), got {_type_name(value)}")
+      elif path not in free_sections:
+        _walk(expected, value, path + ".", problems, free_sections)
+    elif not _type_ok(expected, value):
+      problems.append(f"{path} = {value!r}: must be of type {_type_name(expected)}, got "
+                      f"{_type_name(value)}")
+  for key in sorted(schema.keys()):
+    if key not in config:
+      problems.append(f"{prefix}{key}: missing")
+
+
+def _get(config, path: str):
+  node = config
+  for part in path.split("."):
+    node = node[part]
+  return node
+
+
+def _check_env_options(config, problems: list[str]):
+  """Per-environment options (`env.options`) and the environment's name."""
+  # Imported here so that reading this module does not import environments.
+  from bpo_jax.sandboxes import registry  # pylint: disable=g-import-not-at-top
+  name = config.env.name
+  if name not in registry.ENVIRONMENTS:
+    problems.append(f"env.name = {name!r}: must be one of {registry.environment_names()}")
+    return
+  options = dict(config.env.options)
+  if name == "rooms":
+    allowed = {"difficulty"}
+    difficulty = options.get("difficulty", 1)
+    if isinstance(difficulty, bool) or difficulty not in (1, 2, 3, 4, 5):
+      problems.append(f"env.options.difficulty = {difficulty!r}: must be one of 1, 2, 3, 4, 5")
+  elif name == "textworld":
+    allowed = {"games_dir", "vm_seed"}
+    games_dir = options.get("games_dir")
+    if not isinstance(games_dir, str) or not games_dir:
+      problems.append("env.options.games_dir: required for textworld (a directory with "
+                      "train/ and test/ game files, see scripts/make_textworld_games.py)")
+    elif not os.path.isdir(games_dir):
+      problems.append(f"env.options.games_dir = {games_dir!r}: no such directory")
+  else:
+    allowed = None  # other environments take their options as they are
+  if allowed is not None:
+    for key in sorted(set(options) - allowed):
+      problems.append(f"env.options.{key}: unknown option for {name}; known: "
+                      f"{', '.join(sorted(allowed))}")
+
+
+def path_token_bound(config) -> int | None:
+  """An upper bound on a path's tokens: prompt + max_turns * (action + observation).
+
+  None when observations are not cut (`env.max_observation_tokens = 0`): then no bound is known
+  before the rollout runs.
+  """
+  observation = config.env.max_observation_tokens
+  if not observation:
+    return None
+  # Marker tokens (see agent_format): <bos> <obs> ... <act> around the first observation,
+  # <obs> ... <act> around later ones.
+  prompt, later = observation + 3, observation + 2
+  return prompt + config.env.max_turns * (config.rollout.max_action_tokens + later)
+
+
+def _check_budgets(config, problems: list[str]):
+  """Budgets that cannot hold one tree."""
+  r = config.rollout
+  if r.estimator == "bpo":
+    if r.max_leaves < r.k:
+      problems.append(f"rollout.max_leaves = {r.max_leaves}: cannot hold one fork of "
+                      f"rollout.k = {r.k} siblings; set max_leaves >= k")
+  elif r.max_leaves < r.k:
+    problems.append(f"rollout.max_leaves = {r.max_leaves}: cannot hold one group of "
+                    f"rollout.k = {r.k} independent rollouts; set max_leaves >= k")
+  # One path of max_turns steps must fit the context; the tree's budgets must hold K paths.
+  path_tokens = path_token_bound(config)
+  if path_tokens is not None and path_tokens > config.model.max_length:
+    problems.append(
+        f"model.max_length = {config.model.max_length}: cannot hold one path of env.max_turns = "
+        f"{config.env.max_turns} steps (up to {path_tokens} tokens with "
+        f"rollout.max_action_tokens = {r.max_action_tokens} and env.max_observation_tokens = "
+        f"{config.env.max_observation_tokens}); raise max_length or lower max_turns")
+  if r.max_env_steps < r.k:
+    problems.append(f"rollout.max_env_steps = {r.max_env_steps}: cannot hold one step of each of "
+                    f"rollout.k = {r.k} branches; set max_env_steps >= k")
+  min_tree_tokens = r.k * (config.rollout.max_action_tokens + 1) + 8
+  if r.max_tree_tokens < min_tree_tokens:
+    problems.append(f"rollout.max_tree_tokens = {r.max_tree_tokens}: cannot hold one step of "
+                    f"each of rollout.k = {r.k} branches (needs >= {min_tree_tokens})")
+  if r.trunk_baseline == "loo" and r.trees_per_task < 2:
+    problems.append("rollout.trunk_baseline = 'loo': needs rollout.trees_per_task >= 2 (the "
+                    "leave-one-out mean over the other trees of the same task)")
+
+
+def validate(config, mode: str = "train", workdir: str | None = None) -> None:
+  """Checks `config` for `mode` ("train" or "eval"); raises ConfigError naming every problem."""
+  if mode not in MODES:
+    raise ConfigError([f"mode = {mode!r}: must be one of {', '.join(MODES)}"])
+  problems: list[str] = []
+  _walk(default_config(), config, "", problems, free_sections=("env.options",))
+  if problems:  # Later checks read values, which need the right keys and types.
+    raise ConfigError(problems)
+  for path, allowed in _CHOICES.items():
+    value = _get(config, path)
+    if value not in allowed:
+      problems.append(f"{path} = {value!r}: must be one of {', '.join(map(repr, allowed))}")
+  for path, low, high, why in _RANGES:
+    value = _get(config, path)
+    if value < low or (high is not None and value > high):
+      bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+      problems.append(f"{path} = {value!r}: must be {bound}" + (f" ({why})" if why else ""))
+  for path in _POSITIVE:
+    value = _get(config, path)
+    if not value > 0:
+      problems.append(f"{path} = {value!r}: must be > 0")
+  m = config.model
+  if m.num_kv_heads >= 1 and m.num_heads % m.num_kv_heads:
+    problems.append(f"model.num_heads = {m.num_heads}: must be a multiple of model.num_kv_heads "
+                    f"= {m.num_kv_heads}")
+  if m.head_dim % 2:
+    problems.append(f"model.head_dim = {m.head_dim}: must be even (RoPE)")
+  if config.eval.num_tasks > config.env.num_eval_tasks:
+    problems.append(f"eval.num_tasks = {config.eval.num_tasks}: more than the "
+                    f"env.num_eval_tasks = {config.env.num_eval_tasks} held-out tasks")
+  if not 0.0 < config.eval.confidence < 1.0:
+    problems.append(f"eval.confidence = {config.eval.confidence!r}: must be in (0, 1)")
+  if not 0.0 < config.rollout.top_p <= 1.0:
+    problems.append(f"rollout.top_p = {config.rollout.top_p!r}: must be in (0, 1]")
+  if config.warm_start.num_trajectories > config.env.num_train_tasks:
+    problems.append(f"warm_start.num_trajectories = {config.warm_start.num_trajectories}: more "
+                    f"than the env.num_train_tasks = {config.env.num_train_tasks} training tasks")
+  _check_env_options(config, problems)
+  if not problems:
+    _check_budgets(config, problems)
+  if mode == "eval":
+    if workdir is None:
+      problems.append("workdir: evaluation needs the workdir of a training run")
+    else:
+      checkpoint_dir = os.path.join(workdir, "checkpoints")
+      if not os.path.isdir(checkpoint_dir):
+        problems.append(f"workdir = {workdir!r}: no checkpoint directory "
+                        f"({checkpoint_dir!r} does not exist); train first")
+  if problems:
+    raise ConfigError(problems)
+
+
+def to_plain(config) -> dict:
+  """The configuration as plain nested dicts (for JSON and comparison)."""
+  return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+# ----------------------------------------------------------------------------- overrides
+
+
+def describe_override_error(argv: Sequence[str], config) -> str | None:
+  """Explains a failed `--config.a.b=v` override: which key is unknown, or which type was wanted.
+
+  `config` is the configuration the file produced before overrides (None if the file itself
+  could not be loaded). Returns None when no override in `argv` is at fault.
+  """
+  if config is None:
+    return None
+  for arg in argv:
+    if not arg.startswith("--config."):
+      continue
+    path, _, raw = arg[len("--config."):].partition("=")
+    node, parts = config, path.split(".")
+    for depth, part in enumerate(parts):
+      if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
+        prefix = ".".join(parts[:depth])
+        known = (", ".join(sorted(node.keys()))
+                 if isinstance(node, (ml_collections.ConfigDict, dict)) else "(none: not a section)")
+        where = f"under '{prefix}'" if prefix else "at the top level"
+        return f"{path}: unknown key; known keys {where}: {known}"
+      node = node[part]
+    if isinstance(node, (ml_collections.ConfigDict, dict)):
+      return f"{path}: is a section, not a value; set one of its keys ({', '.join(node.keys())})"
+    if isinstance(node, bool) and raw.lower() not in ("true", "false", "1", "0"):
+      return f"{path} = {raw!r}: must be of type bool (true or false)"
+    for kind in (int, float):
+      if isinstance(node, kind) and not isinstance(node, bool):
+        try:
+          kind(raw)
+        except ValueError:
+          return f"{path} = {raw!r}: must be of type {kind.__name__}"
+  return None

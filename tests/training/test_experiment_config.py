@@ -1,0 +1,182 @@
+"""The experiment configuration: each invalid case gives a message naming its key."""
+
+import os
+
+import ml_collections
+import pytest
+
+from bpo_jax.training import config as config_lib
+
+
+def _problems(config, **kwargs):
+  with pytest.raises(config_lib.ConfigError) as info:
+    config_lib.validate(config, **kwargs)
+  return info.value.problems
+
+
+def test_default_config_is_valid():
+  config_lib.validate(config_lib.default_config())
+
+
+@pytest.mark.parametrize("estimator", config_lib.ESTIMATORS)
+def test_every_estimator_is_allowed(estimator):
+  config = config_lib.default_config()
+  config.rollout.estimator = estimator
+  config_lib.validate(config)
+
+
+def test_unknown_key_names_the_key_and_the_known_keys():
+  config = config_lib.default_config()
+  config.train.unlock()
+  config.train.learning_rat = 0.1
+  (problem,) = _problems(config)
+  assert problem.startswith("train.learning_rat: unknown key; known keys under 'train': ")
+  assert "learning_rate" in problem
+
+
+def test_unknown_top_level_section():
+  config = config_lib.default_config()
+  config.optimiser = ml_collections.ConfigDict({"lr": 1.0})
+  (problem,) = _problems(config)
+  assert problem.startswith("optimiser: unknown key; known keys at the top level: ")
+
+
+def test_missing_key():
+  config = config_lib.default_config()
+  del config.rollout["k"]
+  assert _problems(config) == ["rollout.k: missing"]
+
+
+@pytest.mark.parametrize("path,value,expected", [
+    ("rollout.k", "4", "int"),
+    ("rollout.k", 4.0, "int"),
+    ("rollout.k", True, "int"),           # a bool is never an int
+    ("train.learning_rate", "fast", "float"),
+    ("log.tensorboard", 1, "bool"),
+    ("rollout.estimator", 3, "str"),
+])
+def test_wrong_type(path, value, expected):
+  config = ml_collections.ConfigDict(config_lib.default_config().to_dict(), type_safe=False)
+  section, key = path.split(".")
+  config[section][key] = value
+  (problem,) = _problems(config)
+  assert problem == (f"{path} = {value!r}: must be of type {expected}, got "
+                     f"{type(value).__name__}")
+
+
+def test_int_is_a_float():
+  config = config_lib.default_config()
+  config.train.learning_rate = 1
+  config_lib.validate(config)
+
+
+def test_unknown_estimator_lists_the_allowed_ones():
+  config = config_lib.default_config()
+  config.rollout.estimator = "ppo"
+  assert _problems(config) == [
+      "rollout.estimator = 'ppo': must be one of 'bpo', 'rloo', 'grpo', 'gigpo'"]
+
+
+@pytest.mark.parametrize("k", [1, 0, -3])
+def test_k_below_two(k):
+  config = config_lib.default_config()
+  config.rollout.k = k
+  config.rollout.max_leaves = 8
+  assert _problems(config) == [
+      f"rollout.k = {k}: must be >= 2 (a fork needs at least two siblings)"]
+
+
+def test_leaf_budget_cannot_hold_one_fork():
+  config = config_lib.default_config()
+  config.rollout.k = 4
+  config.rollout.max_leaves = 3
+  assert _problems(config) == [
+      "rollout.max_leaves = 3: cannot hold one fork of rollout.k = 4 siblings; set "
+      "max_leaves >= k"]
+
+
+def test_context_cannot_hold_one_path():
+  config = config_lib.default_config()
+  config.model.max_length = 128
+  (problem,) = _problems(config)
+  assert problem.startswith("model.max_length = 128: cannot hold one path of env.max_turns = 6")
+
+
+def test_env_step_and_token_budgets():
+  config = config_lib.default_config()
+  config.rollout.max_env_steps = 3
+  config.rollout.max_tree_tokens = 10
+  problems = _problems(config)
+  assert problems[0].startswith("rollout.max_env_steps = 3: cannot hold one step of each of "
+                                "rollout.k = 4")
+  assert problems[1].startswith("rollout.max_tree_tokens = 10: cannot hold one step of each")
+
+
+def test_loo_trunk_baseline_needs_two_trees_per_task():
+  config = config_lib.default_config()
+  config.rollout.trunk_baseline = "loo"
+  (problem,) = _problems(config)
+  assert problem.startswith("rollout.trunk_baseline = 'loo': needs rollout.trees_per_task >= 2")
+  config.rollout.trees_per_task = 2
+  config_lib.validate(config)
+
+
+def test_ranges_and_several_problems_at_once():
+  config = config_lib.default_config()
+  config.train.learning_rate = 0.0
+  config.rollout.top_p = 1.5
+  config.eval.num_tasks = 1000
+  config.model.num_heads = 3
+  problems = _problems(config)
+  assert "train.learning_rate = 0.0: must be > 0" in problems
+  assert "rollout.top_p = 1.5: must be in (0, 1]" in problems
+  assert any(p.startswith("eval.num_tasks = 1000: more than") for p in problems)
+  assert "model.num_heads = 3: must be a multiple of model.num_kv_heads = 2" in problems
+
+
+def test_environment_name_and_options():
+  config = config_lib.default_config()
+  config.env.name = "nethack"
+  (problem,) = _problems(config)
+  assert problem.startswith("env.name = 'nethack': must be one of [")
+  config = config_lib.default_config()
+  config.env.options.difficulty = 9
+  assert _problems(config) == ["env.options.difficulty = 9: must be one of 1, 2, 3, 4, 5"]
+  config = config_lib.default_config()
+  config.env.options.colour = "red"
+  assert _problems(config) == ["env.options.colour: unknown option for rooms; known: difficulty"]
+
+
+def test_eval_needs_an_existing_checkpoint_directory(tmp_path):
+  config = config_lib.default_config()
+  workdir = str(tmp_path / "run")
+  (problem,) = _problems(config, mode="eval", workdir=workdir)
+  assert problem.startswith(f"workdir = {workdir!r}: no checkpoint directory")
+  os.makedirs(os.path.join(workdir, "checkpoints"))
+  config_lib.validate(config, mode="eval", workdir=workdir)
+
+
+def test_unknown_mode():
+  assert _problems(config_lib.default_config(), mode="serve") == [
+      "mode = 'serve': must be one of train, eval"]
+
+
+@pytest.mark.parametrize("arg,expected", [
+    ("--config.train.lr=3", "train.lr: unknown key; known keys under 'train': "),
+    ("--config.zz=1", "zz: unknown key; known keys at the top level: "),
+    ("--config.seed.x=1", "seed.x: unknown key; known keys under 'seed': (none: not a section)"),
+    ("--config.rollout.k=four", "rollout.k = 'four': must be of type int"),
+    ("--config.train.learning_rate=fast", "train.learning_rate = 'fast': must be of type float"),
+    ("--config.log.tensorboard=maybe", "log.tensorboard = 'maybe': must be of type bool"),
+    ("--config.train=1", "train: is a section, not a value"),
+])
+def test_describe_override_error(arg, expected):
+  message = config_lib.describe_override_error(["run.py", "--workdir=x", arg],
+                                               config_lib.default_config())
+  assert message.startswith(expected)
+
+
+def test_describe_override_error_blames_nothing_for_good_overrides():
+  assert config_lib.describe_override_error(
+      ["--config.rollout.k=3", "--config.log.tensorboard=false"],
+      config_lib.default_config()) is None
