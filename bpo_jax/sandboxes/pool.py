@@ -28,6 +28,9 @@ usually runs JAX, where fork() is unsafe. The sandbox factory is pickled to the 
 must be a module-level callable (or a functools.partial of one); `for_environment` builds one
 from the environment registry.
 
+Workers say they are ready only after building a first sandbox, so imports are not charged to
+any call's timeout (`startup_timeout_s` bounds the start instead).
+
 `num_workers=0` runs the same API in-process (no isolation and no timeouts: a hang hangs the
 caller), for the quickstart and fast tests.
 
@@ -66,8 +69,19 @@ def _make_from_registry(name: str, config: Mapping[str, Any]) -> base.Sandbox:
 
 
 def _worker_main(conn, factory: Callable[[], base.Sandbox]) -> None:
-  """A worker: executes (op, branch, argument, want_backup) messages until told to exit."""
+  """A worker: executes (op, branch, argument, want_backup) messages until told to exit.
+
+  It builds one sandbox before saying it is ready, so imports and set-up are not charged to
+  the first call's timeout; that sandbox serves the first branch.
+  """
   sandboxes: dict[Hashable, base.Sandbox] = {}
+  spare = None
+  try:
+    spare = factory()
+    conn.send(("ready", None, None))
+  except BaseException as error:  # pylint: disable=broad-except
+    conn.send(("error", f"the sandbox factory raised {type(error).__name__}: {error}", None))
+    return
   while True:
     try:
       message = conn.recv()
@@ -81,7 +95,7 @@ def _worker_main(conn, factory: Callable[[], base.Sandbox]) -> None:
       if op in ("reset", "restore"):
         sandbox = sandboxes.get(branch)
         if sandbox is None:
-          sandbox = factory()
+          sandbox, spare = (spare, None) if spare is not None else (factory(), None)
           sandboxes[branch] = sandbox
         if op == "reset":
           result = sandbox.reset(argument)
@@ -139,6 +153,20 @@ class _Worker:
     self.process.start()
     child_conn.close()
 
+  def wait_ready(self, timeout_s: float) -> None:
+    """Waits for the worker's first message; raises RuntimeError if it fails to start."""
+    if not self.conn.poll(timeout_s):
+      self.stop(graceful=False)
+      raise RuntimeError(f"sandbox worker {self.index} did not start within {timeout_s:g} s")
+    try:
+      status, message, _ = self.conn.recv()
+    except (EOFError, OSError):
+      raise RuntimeError(f"sandbox worker {self.index} died while starting: "
+                         f"{_exit_reason(self.process)}") from None
+    if status != "ready":
+      self.stop(graceful=False)
+      raise RuntimeError(f"sandbox worker {self.index} failed to start: {message}")
+
   def stop(self, graceful: bool) -> None:
     if graceful and self.process.is_alive():
       try:
@@ -165,7 +193,7 @@ class SandboxPool:
 
   def __init__(self, factory: Callable[[], base.Sandbox], num_workers: int = 2,
                timeout_s: float = 30.0, start_method: str | None = None,
-               keep_backups: bool = True):
+               keep_backups: bool = True, startup_timeout_s: float = 120.0):
     if num_workers < 0:
       raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     if not timeout_s > 0:
@@ -176,6 +204,7 @@ class SandboxPool:
     self.num_workers = num_workers
     self.timeout_s = float(timeout_s)
     self.keep_backups = keep_backups
+    self.startup_timeout_s = float(startup_timeout_s)
     self._counts = collections.Counter()
     self._location: dict[Hashable, int] = {}     # branch -> worker index
     self._backups: dict[Hashable, bytes] = {}
@@ -190,7 +219,18 @@ class SandboxPool:
         raise ValueError("start_method 'fork' is unsafe in a process running JAX; "
                          "use 'forkserver' or 'spawn'")
       self._context = multiprocessing.get_context(start_method)
+      if start_method == "forkserver":
+        # Workers fork from a server that has imported this package once (which imports jax,
+        # seconds on a busy machine), so starting or replacing a worker costs milliseconds.
+        # This only takes effect if the server is not running yet.
+        self._context.set_forkserver_preload([__name__])
       self._workers = [_Worker(self._context, factory, i) for i in range(num_workers)]
+      try:
+        for worker in self._workers:
+          worker.wait_ready(self.startup_timeout_s)
+      except Exception:
+        self.shutdown()
+        raise
 
   @classmethod
   def for_environment(cls, name: str, num_workers: int = 2, timeout_s: float = 30.0,
@@ -470,6 +510,7 @@ class SandboxPool:
     """Swaps worker `w` for a fresh process and queues the recovery of its other branches."""
     self._workers[w].stop(graceful=False)
     self._workers[w] = _Worker(self._context, self._factory, w)
+    self._workers[w].wait_ready(self.startup_timeout_s)
     self._counts["replaced_workers"] += 1
     recoveries = []
     for branch, location in list(self._location.items()):
