@@ -488,7 +488,7 @@ _FEEDBACK_WORDS = (
     "You are in the . You see : , nothing Exits ; to one - way door shut from this side open "
     "locked carry Goal : put the in is go take drop There no exit does not stays key lock "
     "have here already do see that too heavy such container Keys go there I understand Use or "
-    "won The episode over shuts behind you Invalid action empty long UTF text control character "
+    "won The episode over shuts behind you Invalid action empty long UTF 8 text control character "
     "Out of steps")
 
 
