@@ -1,0 +1,259 @@
+"""The train state and the jitted policy update over packed trees.
+
+One update step takes a `packing.PackedBatch` of B rows (one tree per row, or one path per row in
+the per-path reference layout), splits it into `num_micro_batches` micro-batches of B/M rows,
+accumulates the gradient of the token objective (`bpo_jax.losses.policy_loss`) over them with a
+`lax.scan`, and applies one optax step (gradient clipping is part of the optimizer chain).
+
+Normalisation across micro-batches. Each micro-batch contributes the *sum* of its token terms,
+divided by one denominator D computed from the whole batch, so the accumulated gradient equals
+the gradient of the whole-batch loss whatever M is:
+
+  * "per_tree":     D = the number of trees (non-padding rows); unbiased (see losses.py);
+  * "per_token":    D = the number of action tokens in the batch (GRPO/DAPO token mean);
+  * "per_sequence": each row's terms are divided by its own action-token count, D = rows.
+
+PPO epochs are the host loop `ppo_update`: the same batch (with the behaviour logprobs recorded
+at sampling) is used `num_epochs` times, so the ratio moves away from 1 after the first step.
+
+Metrics: loss, gradient norm (before clipping), the variance of the per-micro-batch gradient
+norms (each micro-batch's gradient scaled by M, i.e. an estimate of the full gradient), clip
+fraction, approximate KL to the sampling policy, KL to the reference policy when given, and the
+mean entropy of the action tokens' distributions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bpo_jax import losses
+from bpo_jax import packing
+from bpo_jax.models.decoder import forward
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+  """Everything an update changes: step count, parameters and optimizer state (a pytree)."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """AdamW with warm-up, optional cosine decay, and global-norm clipping."""
+
+  learning_rate: float = 1e-4
+  warmup_steps: int = 0
+  decay_steps: int = 0  # 0: constant after warm-up
+  weight_decay: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.999
+  max_grad_norm: float = 1.0  # 0 disables clipping
+
+
+def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+  if config.learning_rate <= 0:
+    raise ValueError(f"learning_rate must be positive, got {config.learning_rate}")
+  if config.decay_steps > 0:
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, config.learning_rate, max(config.warmup_steps, 1),
+        config.warmup_steps + config.decay_steps)
+  elif config.warmup_steps > 0:
+    schedule = optax.linear_schedule(0.0, config.learning_rate, config.warmup_steps)
+  else:
+    schedule = config.learning_rate
+  chain = []
+  if config.max_grad_norm > 0:
+    chain.append(optax.clip_by_global_norm(config.max_grad_norm))
+  chain.append(optax.adamw(schedule, b1=config.b1, b2=config.b2,
+                           weight_decay=config.weight_decay))
+  return optax.chain(*chain)
+
+
+def create_train_state(model: nnx.Module, tx: optax.GradientTransformation):
+  """Splits an NNX model into (graphdef, TrainState); the model must hold only nnx.Param."""
+  graphdef, params = nnx.split(model)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(
+      nnx.state(model, nnx.Not(nnx.Param))):
+    raise ValueError(f"the model has a non-parameter variable at {jax.tree_util.keystr(path)}; "
+                     "the update only carries nnx.Param state")
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  return graphdef, state
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+  """Static settings of the update step (hashable: part of the compiled program)."""
+
+  num_micro_batches: int = 1
+  clip_eps: float = 0.2
+  clip_eps_high: float | None = None
+  kl_coef: float = 0.0
+  normalization: str = "per_tree"
+  temperature: float = 1.0  # the sampling temperature, so old and new logprobs match
+
+  def __post_init__(self):
+    if self.normalization not in losses.NORMALIZATIONS:
+      raise ValueError(f"normalization must be one of {losses.NORMALIZATIONS}, "
+                       f"got {self.normalization!r}")
+    if self.num_micro_batches < 1:
+      raise ValueError(f"num_micro_batches must be >= 1, got {self.num_micro_batches}")
+    if self.temperature <= 0:
+      raise ValueError(f"temperature must be > 0 for training, got {self.temperature}")
+
+
+def packed_logprobs(graphdef, params, batch: packing.PackedBatch, temperature: float = 1.0):
+  """Per-token logprob and entropy of a packed batch under the model (ancestor attention)."""
+  mask = packing.attention_mask(batch.segment_start, batch.segment_end)
+  logits, _ = forward(graphdef, params, batch.tokens, positions=batch.positions,
+                      attention_mask=mask)
+  if temperature != 1.0:
+    logits = logits / np.float32(temperature)
+  return packing.gather_token_logprobs(logits, batch.tokens, batch.predecessor)
+
+
+def _denominator(batch: packing.PackedBatch, normalization: str, num_trees=None) -> jax.Array:
+  if normalization == "per_token":
+    return jnp.maximum(jnp.sum(batch.loss_mask).astype(jnp.float32), 1.0)
+  if normalization == "per_tree" and num_trees is not None:
+    return jnp.asarray(num_trees, jnp.float32)
+  rows = jnp.sum(batch.segment_start[:, 0] >= 0).astype(jnp.float32)
+  return jnp.maximum(rows, 1.0)
+
+
+def _token_weights(batch: packing.PackedBatch, normalization: str) -> jax.Array:
+  if normalization != "per_sequence":
+    return batch.weight
+  row_tokens = jnp.maximum(jnp.sum(batch.loss_mask, axis=-1, keepdims=True), 1)
+  return batch.weight / row_tokens
+
+
+def _split_micro(batch, num_micro: int):
+  rows = batch.tokens.shape[0]
+  if rows % num_micro:
+    raise ValueError(f"{rows} rows do not split into {num_micro} micro-batches; pad the batch "
+                     "with `num_rows` to a multiple")
+  return jax.tree.map(lambda x: x.reshape((num_micro, rows // num_micro) + x.shape[1:]), batch)
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateConfig,
+                    ref_params: Any = None) -> Callable:
+  """Returns a jitted `train_step(state, batch, ref=None, num_trees=None) -> (state, metrics)`.
+
+  `ref_params` given here only switches the KL term on; the values are passed at call time as
+  `ref` (so the reference can be updated without recompiling). `num_trees` overrides the
+  "per_tree" denominator, which otherwise counts non-padding rows: the per-path layout has one
+  row per path, and passing the number of trees there makes its loss equal the packed one.
+  """
+  use_ref = config.kl_coef > 0
+  if use_ref and ref_params is None:
+    raise ValueError("kl_coef > 0 needs reference parameters")
+
+  def micro_loss(params, mb, denominator, ref):
+    logprob, entropy = packed_logprobs(graphdef, params, mb, config.temperature)
+    ref_logprob = None
+    if use_ref:
+      ref_logprob, _ = packed_logprobs(graphdef, ref, mb, config.temperature)
+    total, metrics = losses.policy_loss(
+        logprob, mb.old_logprob, mb.advantage, _token_weights(mb, config.normalization),
+        mb.loss_mask, ref_logprobs=ref_logprob, clip_eps=config.clip_eps,
+        clip_eps_high=config.clip_eps_high, kl_coef=config.kl_coef, normalization="per_tree",
+        normalizer=1.0)
+    mask = mb.loss_mask.astype(jnp.float32)
+    sums = {
+        "clip_fraction": metrics["clip_fraction"] * metrics["num_tokens"],
+        "approx_kl": metrics["approx_kl"] * metrics["num_tokens"],
+        "entropy": jnp.sum(entropy * mask),
+        "num_tokens": metrics["num_tokens"],
+    }
+    if use_ref:
+      sums["ref_kl"] = metrics["ref_kl"] * metrics["num_tokens"]
+    return total / denominator, sums
+
+  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+  def train_step(state: TrainState, batch: packing.PackedBatch, ref=None, num_trees=None):
+    denominator = _denominator(batch, config.normalization, num_trees)
+    micro = _split_micro(batch, config.num_micro_batches)
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+
+    def body(acc, mb):
+      (loss, sums), grads = grad_fn(state.params, mb, denominator, ref)
+      norm = optax.tree.norm(grads) * config.num_micro_batches
+      return jax.tree.map(jnp.add, acc, grads), (loss, norm, sums)
+
+    grads, (micro_losses, micro_norms, sums) = jax.lax.scan(body, zeros, micro)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    tokens = jnp.maximum(jnp.sum(sums["num_tokens"]), 1.0)
+    metrics = {
+        "loss": jnp.sum(micro_losses),
+        "grad_norm": optax.tree.norm(grads),
+        "micro_grad_norm_mean": jnp.mean(micro_norms),
+        "micro_grad_norm_var": jnp.var(micro_norms),
+        "clip_fraction": jnp.sum(sums["clip_fraction"]) / tokens,
+        "approx_kl": jnp.sum(sums["approx_kl"]) / tokens,
+        "entropy": jnp.sum(sums["entropy"]) / tokens,
+        "num_action_tokens": jnp.sum(sums["num_tokens"]),
+    }
+    if use_ref:
+      metrics["ref_kl"] = jnp.sum(sums["ref_kl"]) / tokens
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+    # A NaN or Inf loss skips the update (the loop logs `skipped`).
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+    new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+    metrics["skipped"] = (~finite).astype(jnp.float32)
+    return new_state, metrics
+
+  return jax.jit(train_step, donate_argnums=(0,))
+
+
+def ppo_update(train_step: Callable, state: TrainState, batch: packing.PackedBatch,
+               num_epochs: int = 1, ref=None):
+  """`num_epochs` optimizer steps on one batch; returns the state and each epoch's metrics."""
+  if num_epochs < 1:
+    raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
+  history = []
+  for _ in range(num_epochs):
+    state, metrics = train_step(state, batch, ref)
+    history.append(metrics)
+  return state, history
+
+
+def make_sft_step(graphdef, tx: optax.GradientTransformation, num_micro_batches: int = 1):
+  """A jitted supervised step: mean negative log-likelihood of the loss-masked (action) tokens.
+
+  Used for warm starts from expert trajectories packed as `PackedBatch` (advantage and weight
+  are ignored).
+  """
+
+  def micro_loss(params, mb, denominator):
+    logprob, _ = packed_logprobs(graphdef, params, mb)
+    return -jnp.sum(jnp.where(mb.loss_mask, logprob, 0.0)) / denominator
+
+  def sft_step(state: TrainState, batch: packing.PackedBatch):
+    denominator = jnp.maximum(jnp.sum(batch.loss_mask).astype(jnp.float32), 1.0)
+    micro = _split_micro(batch, num_micro_batches)
+
+    def body(acc, mb):
+      loss, grads = jax.value_and_grad(micro_loss)(state.params, mb, denominator)
+      return (jax.tree.map(jnp.add, acc[0], grads), acc[1] + loss), None
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    (grads, loss), _ = jax.lax.scan(body, (zeros, jnp.zeros(())), micro)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  return jax.jit(sft_step, donate_argnums=(0,))

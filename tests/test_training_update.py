@@ -1,0 +1,156 @@
+"""The jitted update: packed ≡ per-path through the decoder, micro-batching invariance,
+REINFORCE gradient at ratio 1, NaN skipping, and the SFT step."""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from bpo_jax import losses
+from bpo_jax import packing
+from bpo_jax.models import Decoder, ModelConfig
+from bpo_jax.training import update
+
+VOCAB = 24
+BUCKETS = (64,)
+
+
+def _model(seed=0):
+  config = ModelConfig.tiny(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
+                            num_heads=4, num_kv_heads=2, head_dim=8)
+  return Decoder(config, rngs=nnx.Rngs(seed))
+
+
+def _random_trees(rng, num_trees=2):
+  trees, advantages, weights = [], [], []
+  for _ in range(num_trees):
+    n = int(rng.integers(3, 7))
+    parent = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]
+    la, lo = rng.integers(1, 4, n), rng.integers(0, 3, n)
+    tree = packing.TreeTokens(
+        prompt=rng.integers(0, VOCAB, 3), parent=parent,
+        action_tokens=[rng.integers(0, VOCAB, k) for k in la],
+        action_logprobs=[-rng.random(k) for k in la],
+        observation_tokens=[rng.integers(0, VOCAB, k) for k in lo])
+    # Path weights as the estimators define them: product of 1/(number of siblings).
+    kids = tree.children()
+    w = np.zeros(n)
+    for c in kids[n]:
+      w[c] = 1.0 / len(kids[n])
+    for i in range(n):
+      for c in kids[i]:
+        w[c] = w[i] / len(kids[i])
+    trees.append(tree)
+    advantages.append(rng.normal(size=n))
+    weights.append(w)
+  return trees, advantages, weights
+
+
+def _state(model, lr=1e-2):
+  tx = update.make_optimizer(update.OptimizerConfig(learning_rate=lr, max_grad_norm=0.0))
+  graphdef, state = update.create_train_state(model, tx)
+  return graphdef, tx, state
+
+
+def _copy(state):
+  return jax.tree.map(jnp.array, state)
+
+
+def test_packed_equals_per_path_through_decoder():
+  rng = np.random.default_rng(0)
+  trees, adv, w = _random_trees(rng, 3)
+  packed = packing.pack_trees(trees, adv, w, buckets=BUCKETS, num_rows=4)
+  per_path = packing.pack_trees_per_path(trees, adv, w, buckets=BUCKETS, num_rows=16)
+  # Plain SGD: the new parameters are then a linear function of the gradient (Adam's
+  # g / (|g| + eps) would amplify float noise in near-zero gradient entries).
+  graphdef, state = update.create_train_state(_model(), optax.sgd(0.1))
+  tx = optax.sgd(0.1)
+  # Behaviour logprobs equal to the model's, so the objective is the REINFORCE one.
+  lp_packed, _ = jax.jit(update.packed_logprobs, static_argnums=0)(graphdef, state.params, packed)
+  lp_path, _ = jax.jit(update.packed_logprobs, static_argnums=0)(graphdef, state.params, per_path)
+  packed.old_logprob = np.asarray(lp_packed)
+  per_path.old_logprob = np.asarray(lp_path)
+  step = update.make_train_step(graphdef, tx, update.UpdateConfig())
+  new_a, m_a = step(_copy(state), packed, None, 3)
+  new_b, m_b = step(_copy(state), per_path, None, 3)
+  np.testing.assert_allclose(m_a["loss"], m_b["loss"], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(m_a["grad_norm"], m_b["grad_norm"], rtol=1e-5, atol=1e-6)
+  assert float(m_a["grad_norm"]) > 1e-3
+  for a, b in zip(jax.tree.leaves(new_a.params), jax.tree.leaves(new_b.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_micro_batching_and_reinforce_gradient():
+  rng = np.random.default_rng(1)
+  trees, adv, w = _random_trees(rng, 4)
+  batch = packing.pack_trees(trees, adv, w, buckets=BUCKETS)
+  graphdef, tx, state = _state(_model(1))
+  lp, _ = jax.jit(update.packed_logprobs, static_argnums=0)(graphdef, state.params, batch)
+  batch.old_logprob = np.asarray(lp)
+
+  # At ratio 1 the per-tree objective's gradient is -(1/num_trees) Σ w A ∇logπ (REINFORCE).
+  def reinforce(params):
+    logprob, _ = update.packed_logprobs(graphdef, params, batch)
+    return -jnp.sum(jnp.where(batch.loss_mask, batch.weight * batch.advantage * logprob, 0.0)) / 4
+  expected = jax.jit(jax.grad(reinforce))(state.params)
+  expected_norm = optax.tree.norm(expected)
+
+  results = {}
+  for m in (1, 4):
+    step = update.make_train_step(graphdef, tx, update.UpdateConfig(num_micro_batches=m))
+    new, metrics = step(_copy(state), batch)
+    results[m] = (new, metrics)
+    np.testing.assert_allclose(metrics["grad_norm"], expected_norm, rtol=1e-5)
+    assert float(metrics["approx_kl"]) == pytest.approx(0.0, abs=1e-7)
+    assert float(metrics["clip_fraction"]) == 0.0
+    assert float(metrics["skipped"]) == 0.0
+  for m in (4,):
+    for a, b in zip(jax.tree.leaves(results[1][0].params), jax.tree.leaves(results[m][0].params)):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert float(results[1][1]["micro_grad_norm_var"]) == 0.0
+  assert float(results[4][1]["micro_grad_norm_var"]) > 0.0
+
+
+def test_nan_loss_skips_update():
+  rng = np.random.default_rng(2)
+  trees, adv, w = _random_trees(rng, 2)
+  adv[0][:] = np.nan
+  batch = packing.pack_trees(trees, adv, w, buckets=BUCKETS)
+  graphdef, tx, state = _state(_model(2))
+  before = jax.tree.map(np.asarray, state.params)
+  step = update.make_train_step(graphdef, tx, update.UpdateConfig())
+  new, metrics = step(state, batch)
+  assert float(metrics["skipped"]) == 1.0
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(new.params)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_sft_step_lowers_expert_nll():
+  rng = np.random.default_rng(3)
+  trees, adv, w = _random_trees(rng, 2)
+  batch = packing.pack_trees(trees, adv, w, buckets=BUCKETS)
+  graphdef, tx, state = _state(_model(3), lr=3e-2)
+  step = update.make_sft_step(graphdef, tx, num_micro_batches=2)
+  losses_seen = []
+  for _ in range(15):
+    state, metrics = step(state, batch)
+    losses_seen.append(float(metrics["loss"]))
+  assert losses_seen[0] == pytest.approx(np.log(VOCAB), rel=0.2)
+  assert losses_seen[-1] < 0.5 * losses_seen[0]
+
+
+def test_bad_settings_are_named():
+  with pytest.raises(ValueError, match="normalization must be one of"):
+    update.UpdateConfig(normalization="mean")
+  with pytest.raises(ValueError, match="kl_coef > 0 needs reference"):
+    graphdef, tx, _ = _state(_model())
+    update.make_train_step(graphdef, tx, update.UpdateConfig(kl_coef=0.1))
+  rng = np.random.default_rng(4)
+  trees, adv, w = _random_trees(rng, 3)
+  batch = packing.pack_trees(trees, adv, w, buckets=BUCKETS)
+  graphdef, tx, state = _state(_model())
+  step = update.make_train_step(graphdef, tx, update.UpdateConfig(num_micro_batches=2))
+  with pytest.raises(ValueError, match="3 rows do not split into 2"):
+    step(state, batch)
