@@ -1,0 +1,232 @@
+"""Decoder numerics: cached decode ≡ full forward, forks ≡ recomputation, packed-tree masks."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from bpo_jax import models
+from bpo_jax.models import KVCache, ModelConfig
+
+
+def random_model(config, seed=0, scale=0.2):
+  """A model whose weights are N(0, scale²) (norm weights around 1), so logits are far from flat."""
+  model = models.Decoder(config, rngs=nnx.Rngs(seed))
+  graphdef, state = nnx.split(model)
+  leaves, treedef = jax.tree_util.tree_flatten(state)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  leaves = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+  return graphdef, jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def model(request):
+  config = (ModelConfig.tiny() if request.param == "qwen2" else
+            ModelConfig.tiny_llama())
+  graphdef, state = random_model(config)
+  return config, graphdef, state
+
+
+# One jitted forward for all tests (graphdef static): eager dispatch would compile op by op.
+forward = jax.jit(models.forward, static_argnums=0)
+ROWS, WIDTH = 4, 16
+
+
+def full_logits(graphdef, state, rows, positions=None):
+  """Full-forward logits of each token list, all run as one right-padded [4, 16] batch.
+
+  One shape for every test keeps compilation to once per model. Causal attention keeps real
+  tokens from seeing the right padding.
+  """
+  tokens = np.zeros((ROWS, WIDTH), np.int32)
+  all_positions = np.tile(np.arange(WIDTH, dtype=np.int32), (ROWS, 1))
+  for b, row in enumerate(rows):
+    tokens[b, :len(row)] = row
+    if positions is not None:
+      all_positions[b, :len(row)] = positions[b]
+  logits, _ = forward(graphdef, state, jnp.asarray(tokens), positions=jnp.asarray(all_positions))
+  return [np.asarray(logits[b, :len(row)]) for b, row in enumerate(rows)]
+
+
+def test_published_parameter_counts_and_shape_first_build():
+  # Parameter counts published for these checkpoints.
+  assert ModelConfig.qwen2_5_0_5b().num_params() == 494_032_768
+  assert ModelConfig.qwen2_5_7b().num_params() == 7_615_616_512
+  assert ModelConfig.llama3_1_8b().num_params() == 8_030_261_248
+  # Built shape-first (no weights in memory), the module holds exactly that many parameters.
+  config = ModelConfig.qwen2_5_0_5b()
+  abstract = nnx.eval_shape(lambda: models.Decoder(config, rngs=nnx.Rngs(0)))
+  params = nnx.state(abstract, nnx.Param)
+  assert sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(params)) == 494_032_768
+  assert {x.dtype for x in jax.tree_util.tree_leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+  tiny = ModelConfig.tiny()
+  model = models.Decoder(tiny, rngs=nnx.Rngs(0))
+  assert sum(x.size for x in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param))) == (
+      tiny.num_params())
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(num_heads=4, num_kv_heads=3), "multiple of num_kv_heads"),
+    (dict(head_dim=15), "even"),
+    (dict(architecture="gpt2"), "architecture"),
+    (dict(dtype="int8"), "dtype"),
+    (dict(num_layers=0), "num_layers"),
+])
+def test_config_rejects_bad_values(bad, message):
+  with pytest.raises(ValueError, match=message):
+    ModelConfig.tiny(**bad)
+
+
+def test_rope_inverse_frequencies_by_hand():
+  np.testing.assert_allclose(models.rope_inverse_frequencies(4, 100.0), [1.0, 0.1], rtol=1e-7)
+  # head_dim 8, θ = 10⁴: f = [1, 0.1, 0.01, 0.001], wavelengths 2π·[1, 10, 100, 1000].
+  # Context 64, low factor 1, high factor 4: short (< 16) kept, long (> 64) divided by 8,
+  # wavelength 62.8 blended with s = (64/62.83 − 1)/3.
+  scaling = models.Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                     original_max_position_embeddings=64)
+  got = models.rope_inverse_frequencies(8, 1e4, scaling)
+  s = (64 / (2 * math.pi * 10) - 1) / 3
+  want = [1.0, (1 - s) * 0.1 / 8 + s * 0.1, 0.01 / 8, 0.001 / 8]
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_cached_decode_equals_full_forward(model):
+  config, graphdef, state = model
+  rng = np.random.RandomState(0)
+  rows = [rng.randint(0, config.vocab_size, n).tolist() for n in (5, 9, 12, 8)]
+  prompt_lengths = np.asarray([3, 6, 8, 8])
+
+  # Batched, right-padded prefill of rows of different lengths...
+  prompts = np.zeros((4, 8), np.int32)
+  for b, row in enumerate(rows):
+    prompts[b, :prompt_lengths[b]] = row[:prompt_lengths[b]]
+  cache = KVCache.init(config, 4, 16)
+  logits, cache = forward(graphdef, state, jnp.asarray(prompts), cache=cache,
+                          input_lengths=jnp.asarray(prompt_lengths))
+  got = [[np.asarray(logits[b, t]) for t in range(prompt_lengths[b])] for b in range(4)]
+  # ...then one token at a time, rows that are finished appending nothing.
+  for step in range(max(len(r) for r in rows) - prompt_lengths.min()):
+    positions = prompt_lengths + step
+    tokens = np.asarray([[r[p] if p < len(r) else 0] for r, p in zip(rows, positions)], np.int32)
+    live = np.asarray([p < len(r) for r, p in zip(rows, positions)])
+    logits, cache = forward(graphdef, state, jnp.asarray(tokens), cache=cache,
+                            input_lengths=jnp.asarray(live.astype(np.int32)))
+    for b in range(4):
+      if live[b]:
+        got[b].append(np.asarray(logits[b, 0]))
+  np.testing.assert_array_equal(np.asarray(cache.lengths), [5, 9, 12, 8])
+  for b, want in enumerate(full_logits(graphdef, state, rows)):
+    np.testing.assert_allclose(np.stack(got[b]), want, atol=1e-5, rtol=1e-5)
+
+
+def test_forked_cache_continued_equals_recompute(model):
+  config, graphdef, state = model
+  rng = np.random.RandomState(1)
+  prefixes = [rng.randint(0, config.vocab_size, n).tolist() for n in (4, 7)]
+  prompts = np.zeros((4, 8), np.int32)
+  prompts[0, :4], prompts[1, :7] = prefixes[0], prefixes[1]
+  _, cache = forward(graphdef, state, jnp.asarray(prompts), cache=KVCache.init(config, 4, 16),
+                     input_lengths=jnp.asarray([4, 7, 0, 0]))
+  # Row 1 forked three ways, row 0 kept once: a gather on the batch axis.
+  sources = [1, 1, 0, 1]
+  forked = cache.take_rows(sources)
+  continuations = rng.randint(0, config.vocab_size, (4, 3))
+  got = []
+  for t in range(3):
+    logits, forked = forward(graphdef, state, jnp.asarray(continuations[:, t:t + 1], jnp.int32),
+                             cache=forked, input_lengths=jnp.ones((4,), jnp.int32))
+    got.append(np.asarray(logits[:, 0]))
+  got = np.stack(got, axis=1)
+  rows = [prefixes[source] + continuations[b].tolist() for b, source in enumerate(sources)]
+  for b, want in enumerate(full_logits(graphdef, state, rows)):
+    np.testing.assert_allclose(got[b], want[-3:], atol=1e-5, rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(forked.lengths), [10, 10, 7, 10])
+
+
+def test_packed_tree_with_ancestor_mask_equals_each_path(model):
+  config, graphdef, state = model
+  rng = np.random.RandomState(2)
+  prefix, branch_a, branch_b = (rng.randint(0, config.vocab_size, n).tolist() for n in (4, 3, 2))
+  packed = prefix + branch_a + branch_b
+  node = [0] * 4 + [1] * 3 + [2] * 2
+  ancestors = {0: {0}, 1: {0, 1}, 2: {0, 2}}
+  mask = np.asarray([[node[k] in ancestors[node[j]] and k <= j for k in range(9)]
+                     for j in range(9)])
+  positions = list(range(4)) + [4, 5, 6] + [4, 5]
+  logits, _ = forward(graphdef, state, jnp.asarray([packed]), positions=jnp.asarray([positions]),
+                      attention_mask=jnp.asarray([mask]))
+  logits = np.asarray(logits[0])
+  path_a, path_b, causal = full_logits(
+      graphdef, state, [prefix + branch_a, prefix + branch_b, packed],
+      positions=[range(7), range(6), positions])
+  np.testing.assert_allclose(logits[:7], path_a, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(logits[7:], path_b[4:], atol=1e-5, rtol=1e-5)
+  # Without the mask the packed row is a different (causal) sequence: the test can fail.
+  assert np.abs(causal[7:] - path_b[4:]).max() > 1e-3
+
+
+def test_bfloat16_model_tracks_float32():
+  config = ModelConfig.tiny()
+  graphdef, state = random_model(config)
+  bf16_config = config.replace(dtype="bfloat16", param_dtype="bfloat16")
+  bf16_graphdef, _ = nnx.split(models.Decoder(bf16_config, rngs=nnx.Rngs(0)))
+  bf16_state = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), state)
+  tokens = jnp.asarray(np.random.RandomState(4).randint(0, config.vocab_size, (2, 8)), jnp.int32)
+  want, _ = forward(graphdef, state, tokens)
+  got, _ = forward(bf16_graphdef, bf16_state, tokens)
+  assert got.dtype == jnp.float32
+  # bf16 keeps 8 mantissa bits (relative step 2⁻⁸ ≈ 0.4%); two layers compound it to a few %.
+  scale = float(jnp.abs(want).max())
+  assert float(jnp.abs(got - want).max()) < 0.05 * scale
+
+
+def test_logprobs_and_entropy_by_hand():
+  logits = jnp.asarray([[0.0, 0.0], [0.0, math.log(3.0)]])
+  logprobs, entropy = models.logprobs_and_entropy_from_logits(logits, jnp.asarray([1, 1]))
+  np.testing.assert_allclose(logprobs, [math.log(0.5), math.log(0.75)], rtol=1e-6)
+  np.testing.assert_allclose(
+      entropy, [math.log(2), -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))], rtol=1e-6)
+  # Temperature 2 halves the logits: [0, log 3] -> [0, log √3], p = [1, √3] / (1 + √3).
+  logprobs, _ = models.logprobs_and_entropy_from_logits(logits[1:], jnp.asarray([0]), 2.0)
+  np.testing.assert_allclose(logprobs, [-math.log(1 + math.sqrt(3))], rtol=1e-6)
+  # Temperature 0 (greedy) reports the untempered distribution.
+  logprobs, _ = models.logprobs_and_entropy_from_logits(logits[1:], jnp.asarray([0]), 0.0)
+  np.testing.assert_allclose(logprobs, [math.log(0.25)], rtol=1e-6)
+  with pytest.raises(ValueError, match="temperature"):
+    models.logprobs_and_entropy_from_logits(logits, jnp.asarray([0, 0]), -1.0)
+
+
+def test_training_logprobs_match_a_full_forward(model):
+  config, graphdef, state = model
+  tokens = np.random.RandomState(5).randint(0, config.vocab_size, (2, 6))
+  targets = np.roll(tokens, -1, axis=1)
+  logprobs, entropies = jax.jit(models.token_logprobs_and_entropy, static_argnums=0,
+                                static_argnames="temperature")(
+      graphdef, state, jnp.asarray(tokens), jnp.asarray(targets), temperature=0.5)
+  logits, _ = forward(graphdef, state, jnp.asarray(tokens))
+  log_p = np.asarray(jax.nn.log_softmax(np.asarray(logits, np.float64) / 0.5, axis=-1))
+  want = np.take_along_axis(log_p, targets[..., None], axis=-1)[..., 0]
+  np.testing.assert_allclose(np.asarray(logprobs), want, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(entropies), -(np.exp(log_p) * log_p).sum(-1), atol=1e-5)
+
+
+def test_bad_inputs_get_clear_errors():
+  config = ModelConfig.tiny()
+  graphdef, state = nnx.split(models.Decoder(config, rngs=nnx.Rngs(0)))
+  tokens = jnp.zeros((2, 4), jnp.int32)
+  with pytest.raises(ValueError, match="tokens must be"):
+    models.forward(graphdef, state, jnp.zeros((4,), jnp.int32))
+  with pytest.raises(ValueError, match="attention_mask must be"):
+    models.forward(graphdef, state, tokens, attention_mask=jnp.ones((2, 4, 5), bool))
+  with pytest.raises(ValueError, match="positions must be"):
+    models.forward(graphdef, state, tokens, positions=jnp.zeros((2, 3), jnp.int32))
+  with pytest.raises(ValueError, match="cache has 3 rows"):
+    models.forward(graphdef, state, tokens, cache=KVCache.init(config, 3, 8))
+  with pytest.raises(ValueError, match="not supported together with a cache"):
+    models.forward(graphdef, state, tokens, attention_mask=jnp.ones((2, 4, 4), bool),
+                   cache=KVCache.init(config, 2, 8))
+  with pytest.raises(ValueError, match="input_lengths"):
+    models.forward(graphdef, state, tokens, input_lengths=jnp.ones((2,), jnp.int32))
