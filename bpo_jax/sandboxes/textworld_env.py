@@ -35,6 +35,7 @@ import os
 import pickle
 import random
 import re
+import warnings
 from typing import Any
 
 from bpo_jax.sandboxes import base
@@ -153,7 +154,11 @@ class TextWorldSandbox:
       if self._frotz is not None:
         self._frotz.close()
       self._data = _game_data(game_file)
-      self._frotz = jericho.FrotzEnv(game_file, self.vm_seed)
+      with warnings.catch_warnings():
+        # Jericho cannot read score and moves from TextWorld's story files; the score comes
+        # from the game progression instead, so its warning says nothing useful here.
+        warnings.simplefilter("ignore", jericho.UnsupportedGameWarning)
+        self._frotz = jericho.FrotzEnv(game_file, self.vm_seed)
       self._game_file = game_file
     self._task = task
 
