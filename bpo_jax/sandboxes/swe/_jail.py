@@ -10,8 +10,10 @@ With `"namespaces": true` (root only) the order is:
      PID namespace (when it exits the kernel kills every process left in it);
   2. make every mount private, cover directories the unprivileged user cannot traverse (e.g. a
      0700 home holding the interpreter) with a tmpfs and bind back only the needed child;
-  3. remount every mount read-only, mount a private size-capped tmpfs on /tmp, bind the writable
-     directories back read-write, mount a fresh /proc (only this namespace's processes);
+  3. remount every mount read-only, mount a private size-capped tmpfs on /tmp, bind each
+     writable directory read-write at its target path (the task directory always appears at
+     the same path, so what commands print does not depend on where the host keeps it), mount
+     a fresh /proc (only this namespace's processes);
   4. drop to an unprivileged uid/gid with no supplementary groups, set no_new_privs and a
      parent-death SIGKILL, apply the rlimits, exec.
 Any failing step exits with status 125 and a message on stderr: the command never runs less
@@ -117,16 +119,16 @@ def _cover_closed_ancestors(paths):
 
 def _confine_filesystem(spec):
   _mount(None, "/", None, MS_REC | MS_PRIVATE)
-  writable_fds = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in spec["writable"]]
+  writable_fds = [os.open(source, os.O_PATH | os.O_DIRECTORY) for source, _ in spec["writable"]]
   _cover_closed_ancestors(spec["reachable"])
   for point, flags in _mount_points():
     _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
   _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
          f"size={spec['tmp_bytes']},mode=1777")
-  for path, fd in writable_fds:
-    os.makedirs(path, mode=0o755, exist_ok=True)
-    _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)
-    _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+  for (_, target), fd in zip(spec["writable"], writable_fds):
+    os.makedirs(target, mode=0o755, exist_ok=True)
+    _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)
+    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
     os.close(fd)
   _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 

@@ -11,7 +11,9 @@ namespaces as an unprivileged uid with no capabilities and a process-count limit
 read-only except the writable directory and a private, size-capped /tmp; the network namespace
 has no usable interface; /proc shows only the command's own processes, so the host's
 environment variables cannot be read through it; when the command ends the kernel kills what it
-left behind. Without root the namespace protections are off, and `protections()` says so.
+left behind. The writable directory appears at the fixed path `CONFINED_WORKDIR`, so what
+commands print about paths does not depend on where the host keeps the directory. Without root
+the namespace protections are off (and paths are the host's), and `protections()` says so.
 
 Example:
 
@@ -35,6 +37,9 @@ import time
 from typing import Mapping
 
 _JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jail.py")
+# Where the writable directory appears inside the namespaces: one fixed path, so that anything a
+# command prints about its location is the same in every sandbox and process.
+CONFINED_WORKDIR = "/tmp/task"
 SETUP_FAILED = 125
 
 # Variables a command sees; anything else of the host's environment is dropped.
@@ -142,8 +147,9 @@ def _spec(argv, cwd, limits, namespaces, uid, env) -> dict:
              "CORE": 0}
   if namespaces:
     rlimits["NPROC"] = int(limits.max_processes)
-  return {"argv": list(argv), "cwd": cwd, "env": env, "namespaces": namespaces,
-          "writable": [cwd], "reachable": _python_paths(), "uid": uid, "gid": uid,
+  target = CONFINED_WORKDIR if namespaces else cwd
+  return {"argv": list(argv), "cwd": target, "env": env, "namespaces": namespaces,
+          "writable": [[cwd, target]], "reachable": _python_paths(), "uid": uid, "gid": uid,
           "tmp_bytes": int(limits.tmp_bytes), "rlimits": rlimits}
 
 
@@ -192,10 +198,43 @@ def _run_spec(spec: dict, limits: Limits) -> CommandResult:
     proc.stdout.close()
     exit_code = proc.wait()
     _kill_group(proc.pid)  # background processes left in the group (non-namespace mode)
+    if spec["namespaces"]:
+      _wait_until_gone(spec["uid"])
   data = bytes(head) if total <= keep else bytes(head) + b"\n...\n" + tail
   return CommandResult(output=_truncate(data, limits.max_output_chars), exit_code=exit_code,
                        timed_out=timed_out, output_limited=output_limited, output_bytes=total,
                        seconds=time.monotonic() - start)
+
+
+def _processes_of(uid: int) -> list[int]:
+  pids = []
+  for name in os.listdir("/proc"):
+    if name.isdigit():
+      try:
+        if os.stat(f"/proc/{name}").st_uid == uid:
+          pids.append(int(name))
+      except OSError:
+        pass
+  return pids
+
+
+def _wait_until_gone(uid: int, timeout: float = 5.0) -> None:
+  """Waits for the kernel to finish tearing down the command's PID namespace.
+
+  The namespace's processes are killed when its first process dies, but reaping them is
+  asynchronous; returning only once they are gone means a command never outlives its call.
+  """
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    pids = _processes_of(uid)
+    if not pids:
+      return
+    for pid in pids:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except OSError:
+        pass
+    time.sleep(0.01)
 
 
 def _kill_group(pgid: int) -> None:
