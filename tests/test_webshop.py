@@ -537,3 +537,25 @@ def _arbitrary_setup():
 
 
 _ARBITRARY = _arbitrary_setup()
+
+
+def test_expert_actions_buy_the_target_from_any_state():
+  sandbox = make_sandbox(max_steps=30, **SHOP)
+  rng = random.Random(1)
+  pages = set()
+  for task in make_tasks("test", None, **SHOP) + make_tasks("train", 24, seed=5, **SHOP):
+    sandbox.reset(task)
+    # Wander first: a few admissible actions that do not buy.
+    for _ in range(rng.randint(0, 5)):
+      options = [a for a in sandbox.admissible_actions() if a != "click[Buy Now]"]
+      action = rng.choice(options)
+      sandbox.step("search[black mug]" if action == "search[...]" else action)
+    pages.add(sandbox._state.page)
+    expert = sandbox.expert_actions()
+    assert expert[-1] == "click[Buy Now]"
+    for action in expert:
+      step = sandbox.step(action)
+      assert "invalid_action" not in step.info, (action, step.observation)
+    assert step.done and step.reward == 1.0, (task.instruction, expert)
+    assert sandbox.expert_actions() is None
+  assert pages >= {"search", "results", "item"}

@@ -207,6 +207,51 @@ class WebShopSandbox:
       actions.insert(0, SEARCH_ACTION)
     return actions
 
+  def expert_actions(self) -> list[str] | None:
+    """Actions that buy the task's target with its goal options from the current state.
+
+    The expert searches for the target's title, pages to it, opens it, clicks the product's
+    option value closest to each goal option (equal if there is one) and buys. None once the
+    episode is over. Following it from `reset` earns reward 1 on every generated goal.
+    """
+    state, task = self._require_session()
+    if state.page == "done" or state.steps >= self.max_steps:
+      return None
+    target = self._product(task.asin)
+    actions: list[str] = []
+    page = state.page
+    if page in ("description", "features", "reviews"):
+      actions.append(f"click[{PREV_PAGE}]")
+      page = "item"
+    if not (page == "item" and state.asin == task.asin):
+      if page == "item":
+        actions.append(f"click[{PREV_PAGE}]")
+        page = "results"
+      if page == "results" and task.asin in state.results:
+        results, results_page = state.results, state.results_page
+      else:
+        if page != "search":
+          actions.append(f"click[{BACK_TO_SEARCH}]")
+        actions.append(f"search[{target.title}]")
+        found = self._index.search(target.title, self.search_return_n)
+        results = tuple(self.catalogue.products[i].asin for i in found)
+        results_page = 1
+        if task.asin not in results:
+          return None  # The target cannot be found by its title (a catalogue without text).
+      target_page = results.index(task.asin) // self.results_per_page + 1
+      turn = NEXT_PAGE if target_page > results_page else PREV_PAGE
+      actions += [f"click[{turn}]"] * abs(target_page - results_page)
+      actions.append(f"click[{task.asin}]")
+      state = dataclasses.replace(state, options=())
+    chosen = dict(state.options)
+    for wanted in task.goal_options:
+      name, value = _closest_option(target, wanted)
+      if name is not None and chosen.get(name) != value:
+        actions.append(f"click[{value}]")
+        chosen[name] = value
+    actions.append(f"click[{BUY_NOW}]")
+    return actions
+
   # -- internals -------------------------------------------------------------------------------
 
   def _require_session(self) -> tuple[ShopState, WebShopTask]:
@@ -354,6 +399,20 @@ class WebShopSandbox:
         "chosen_options": dict(state.options),
         "reward_parts": dataclasses.asdict(outcome),
     }
+
+
+def _closest_option(product: Product, wanted: str) -> tuple[str | None, str]:
+  """The product's (option name, value) that best matches a goal option value."""
+  best, best_score = (None, ""), -1.0
+  for name, values in product.options:
+    for value in values:
+      if value == wanted:
+        return name, value
+      score = reward_lib.token_set_ratio(reward_lib.normalize_color(wanted),
+                                         reward_lib.normalize_color(value))
+      if score > best_score:
+        best, best_score = (name, value), score
+  return best if best_score > reward_lib.FUZZY_MATCH_THRESHOLD else (None, "")
 
 
 # ---------------------------------------------------------------------------------------------
