@@ -1,0 +1,159 @@
+"""Sandbox costs per environment: step, snapshot, restore, snapshot size, pool throughput.
+
+For every environment in `ENVIRONMENTS`: the median time of one step, one snapshot and one
+restore (from bytes, as another process would), the snapshot size, and the steps per second of
+a `SandboxPool` with 1 and 2 worker processes stepping 8 branches. For TextWorld also the
+reference: TextWorld's own `env.copy()` (the `textworld.start` environment with admissible
+commands requested, as agents use it), measured side by side in the same run.
+
+    python benchmarks/sandboxes.py [--json] [--envs rooms textworld] [--repeats 51]
+
+With --json: one object with `<env>_step_ms`, `<env>_snapshot_ms`, `<env>_restore_ms`,
+`<env>_snapshot_bytes`, `<env>_pool1_steps_per_s`, `<env>_pool2_steps_per_s`, and for
+TextWorld `textworld_env_copy_ms`, `textworld_snapshot_restore_over_step` ((snapshot + restore)
+/ step; target <= 1.0) and `textworld_speedup_vs_env_copy` (env.copy() / (snapshot + restore)).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import common  # noqa: E402
+from bpo_jax.sandboxes import base  # noqa: E402
+from bpo_jax.sandboxes import pool as pool_lib  # noqa: E402
+from bpo_jax.sandboxes import registry  # noqa: E402
+
+TEXTWORLD_GAMES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "tests", "fixtures", "textworld_games")
+
+# One entry per environment: the registry name, sandbox config, task config, actions taken
+# before the measured state, and the actions whose steps are timed (each from that state).
+# Add an environment with one more entry.
+ENVIRONMENTS = {
+    "rooms": dict(sandbox={}, tasks={"difficulty": 3}, prefix=[],
+                  actions=["go north", "go south", "go east", "go west", "look"]),
+    "textworld": dict(sandbox={}, tasks={"games_dir": TEXTWORLD_GAMES}, prefix=["look"],
+                      actions=["go north", "examine box", "inventory", "look",
+                               "unlock box with keycard"]),
+    "frozenlake": dict(sandbox={}, tasks={}, prefix=[], actions=["left", "down", "right", "up"]),
+    "taxi": dict(sandbox={}, tasks={}, prefix=[], actions=["south", "north", "east", "west"]),
+    "cliffwalking": dict(sandbox={}, tasks={}, prefix=[], actions=["up", "right", "left"]),
+    "blackjack": dict(sandbox={}, tasks={}, prefix=[], actions=["hit", "stick"]),
+}
+
+
+def _median_ms(fn, repeats, setup=lambda: None):
+  times = []
+  for _ in range(repeats):
+    setup()
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return 1e3 * statistics.median(times)
+
+
+def _task(name, spec):
+  tasks = registry.get_environment(name).make_tasks("train", 2, 0, **spec["tasks"])
+  if name == "textworld":
+    return next(t for t in tasks if t.task_id.endswith("custom-s1"))
+  return tasks[0]
+
+
+def measure_sandbox(name, spec, repeats):
+  module = registry.get_environment(name)
+  sandbox = module.make_sandbox(**spec["sandbox"])
+  sandbox.reset(_task(name, spec))
+  for action in spec["prefix"]:
+    sandbox.step(action)
+  snap = base.Snapshot(sandbox.snapshot().data)
+  actions = spec["actions"]
+  counter = iter(range(10**9))
+
+  def restore():
+    sandbox.restore(snap)
+
+  def step():
+    sandbox.step(actions[next(counter) % len(actions)])
+
+  step_ms = _median_ms(step, repeats, setup=restore)
+  snapshot_ms = _median_ms(sandbox.snapshot, repeats, setup=restore)
+  restore_ms = _median_ms(restore, repeats)
+  return snap, {"step_ms": step_ms, "snapshot_ms": snapshot_ms, "restore_ms": restore_ms,
+                "snapshot_bytes": len(snap)}
+
+
+def measure_pool(name, spec, snap, num_workers, branches=8, rounds=6):
+  """Steps per second of `branches` branches stepped together; finished ones are restored."""
+  with pool_lib.SandboxPool.for_environment(name, num_workers=num_workers, timeout_s=60.0,
+                                            **spec["sandbox"]) as pool:
+    ids = list(range(branches))
+    pool.restore_many({b: snap for b in ids})
+    actions = spec["actions"]
+    steps = 0
+    start = time.perf_counter()
+    for r in range(rounds):
+      results = pool.step_many({b: actions[(b + r) % len(actions)] for b in ids})
+      steps += len(results)
+      finished = [b for b, s in results.items() if not isinstance(s, base.Step) or s.done]
+      if finished:
+        pool.restore_many({b: snap for b in finished})
+    return steps / (time.perf_counter() - start)
+
+
+def measure_textworld_env_copy(spec, repeats):
+  """TextWorld's own environment and its env.copy(), on the same game and state."""
+  import textworld  # pylint: disable=g-import-not-at-top
+  task = _task("textworld", spec)
+  infos = textworld.EnvInfos(admissible_commands=True, score=True, won=True, lost=True,
+                             description=True, inventory=True)
+  env = textworld.start(task.game_file, request_infos=infos)
+  env.reset()
+  for action in spec["prefix"]:
+    env.step(action)
+  copy_ms = _median_ms(env.copy, repeats)
+  env.close()
+  return copy_ms
+
+
+def main(argv=None):
+  parser = common.parser(__doc__.split("\n")[0])
+  parser.add_argument("--envs", nargs="*", default=list(ENVIRONMENTS))
+  parser.set_defaults(repeats=51)
+  args = parser.parse_args(argv)
+  unknown = sorted(set(args.envs) - set(ENVIRONMENTS))
+  if unknown:
+    parser.error(f"unknown environments {unknown}; known: {sorted(ENVIRONMENTS)}")
+  figures, lines = {}, []
+  for name in args.envs:
+    spec = ENVIRONMENTS[name]
+    snap, single = measure_sandbox(name, spec, args.repeats)
+    for key, value in single.items():
+      figures[f"{name}_{key}"] = value
+    for workers in (1, 2):
+      figures[f"{name}_pool{workers}_steps_per_s"] = measure_pool(name, spec, snap, workers)
+    lines.append(
+        f"{name:13s} step {single['step_ms']:7.3f} ms  snapshot {single['snapshot_ms']:7.3f} ms"
+        f"  restore {single['restore_ms']:7.3f} ms  size {single['snapshot_bytes']:6d} B"
+        f"  pool 1 worker {figures[f'{name}_pool1_steps_per_s']:7.0f} steps/s"
+        f"  2 workers {figures[f'{name}_pool2_steps_per_s']:7.0f} steps/s")
+    if name == "textworld":
+      copy_ms = measure_textworld_env_copy(spec, args.repeats)
+      both_ms = single["snapshot_ms"] + single["restore_ms"]
+      figures["textworld_env_copy_ms"] = copy_ms
+      figures["textworld_snapshot_restore_over_step"] = both_ms / single["step_ms"]
+      figures["textworld_speedup_vs_env_copy"] = copy_ms / both_ms
+      lines.append(
+          f"{'':13s} snapshot+restore / step = "
+          f"{figures['textworld_snapshot_restore_over_step']:.3f} (target <= 1.0); "
+          f"env.copy() {copy_ms:.3f} ms, {figures['textworld_speedup_vs_env_copy']:.1f}x slower "
+          f"than snapshot+restore")
+  common.emit(figures, args.json, lines)
+
+
+if __name__ == "__main__":
+  main()
