@@ -1,0 +1,36 @@
+"""WebShop (Yao et al., 2022): buy the product an instruction describes, in a synthetic shop.
+
+The shop is generated offline (1000 products of 12 types, two instructions each: 1600 train,
+200 eval and 200 test goals). To train on WebShop's own data instead, point the options at its
+JSON files (`products_path`, `attributes_path`, `human_instructions_path`); `catalogue_seed`
+and `goals_per_product` then do not apply, and `num_products` keeps the first N products.
+
+Pages are long (a result page lists ten titles, about 360 words), so observations are cut at
+384 tokens and the context holds 10 turns; the expert buys in about 6.
+
+    python experiments/run.py --config=experiments/configs/webshop.py --workdir=workdirs/webshop
+"""
+
+import ml_collections
+
+from bpo_jax.training import config as config_lib
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = config_lib.default_config()
+  c.env.name = "webshop"
+  c.env.options = ml_collections.ConfigDict({
+      "num_products": 1000,
+      "catalogue_seed": 0,
+      "goals_per_product": 2,
+      "max_steps": 10,
+  })
+  c.env.num_train_tasks = 1600
+  c.env.num_eval_tasks = 200
+  c.env.max_turns = 10
+  c.env.max_observation_tokens = 384
+  c.rollout.max_action_tokens = 16
+  c.model.max_length = 4608
+  c.rollout.max_tree_tokens = 16384
+  c.eval.num_tasks = 100
+  return c
