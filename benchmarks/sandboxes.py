@@ -44,6 +44,8 @@ ENVIRONMENTS = {
     "taxi": dict(sandbox={}, tasks={}, prefix=[], actions=["south", "north", "east", "west"]),
     "cliffwalking": dict(sandbox={}, tasks={}, prefix=[], actions=["up", "right", "left"]),
     "blackjack": dict(sandbox={}, tasks={}, prefix=[], actions=["hit", "stick"]),
+    "webshop": dict(sandbox={"num_products": 1000}, tasks={"num_products": 1000},
+                    prefix=["search[black]"], actions=["click[Next >]", "click[Back to Search]"]),
 }
 
 
