@@ -389,8 +389,8 @@ def test_fork_bomb_is_contained(jail_dir):
 def test_infinite_loop_is_killed(jail_dir):
   start = time.monotonic()
   result = confinement.run_confined(
-      "while :; do :; done", jail_dir, confinement.Limits(wall_seconds=3.0, cpu_seconds=1))
-  assert result.exit_code < 0 and time.monotonic() - start < 5.0
+      "while :; do :; done", jail_dir, confinement.Limits(wall_seconds=2.0, cpu_seconds=1))
+  assert result.exit_code < 0 and time.monotonic() - start < 4.0
   assert result.report().startswith("[")
 
 
@@ -452,6 +452,12 @@ def test_escape_attempts_through_the_sandbox_are_reported(lru_sandbox):
     assert "killed" in loop.observation and loop.info["exit_code"] < 0
     write = sandbox.step("run echo x > /etc/bpo_probe")
     assert "Read-only file system" in write.observation and write.info["exit_code"] != 0
+    sandbox.limits = confinement.Limits(file_bytes=1 << 20, disk_bytes=4 << 20)
+    size = confinement.disk_usage(sandbox.workdir)
+    fill = sandbox.step("run i=0; while :; do i=$((i+1)); head -c 1000000 /dev/zero > f$i; done")
+    assert fill.info["disk_limited"] and "disk limit" in fill.observation
+    assert "undone" in fill.observation
+    assert confinement.disk_usage(sandbox.workdir) == size
   finally:
     sandbox.limits = confinement.Limits()
   assert not os.path.exists("/etc/bpo_probe")

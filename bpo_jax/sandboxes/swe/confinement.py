@@ -70,6 +70,8 @@ class Limits:
   tmp_bytes: size of the private /tmp (only with namespaces).
   max_output_chars: output kept (head and tail) in the observation.
   kill_output_bytes: output after which the process group is killed.
+  disk_bytes: space the writable directory may take; checked while the command runs (every
+    `disk_check_seconds`, so the overshoot is what can be written in that time) and after it.
   """
 
   wall_seconds: float = 10.0
@@ -81,6 +83,8 @@ class Limits:
   tmp_bytes: int = 64 << 20
   max_output_chars: int = 8000
   kill_output_bytes: int = 4 << 20
+  disk_bytes: int = 256 << 20
+  disk_check_seconds: float = 0.1
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
@@ -97,6 +101,7 @@ class CommandResult:
   exit_code: int           # negative: killed by that signal
   timed_out: bool          # killed at the wall-clock timeout
   output_limited: bool     # killed for printing more than kill_output_bytes
+  disk_limited: bool       # the writable directory grew past disk_bytes (killed if still running)
   output_bytes: int        # bytes the command printed (counted up to the kill)
   seconds: float
 
@@ -105,6 +110,8 @@ class CommandResult:
     notes = []
     if self.timed_out:
       notes.append("timed out; its process group was killed")
+    if self.disk_limited:
+      notes.append("the task directory grew past the disk limit; killed")
     if self.output_limited:
       notes.append(f"printed more than the output limit ({self.output_bytes} bytes); killed")
     if self.exit_code < 0:
@@ -169,7 +176,9 @@ def _run_spec(spec: dict, limits: Limits) -> CommandResult:
       start_new_session=True, close_fds=True, env={"PATH": "/usr/bin:/bin"})
   keep = limits.max_output_chars * 4 + 4
   head, tail, total = bytearray(), b"", 0
-  timed_out = output_limited = False
+  timed_out = output_limited = disk_limited = False
+  watched = spec["writable"][0][0]
+  next_disk_check = start + limits.disk_check_seconds
   deadline = start + limits.wall_seconds
   fd = proc.stdout.fileno()
   try:
@@ -178,32 +187,62 @@ def _run_spec(spec: dict, limits: Limits) -> CommandResult:
       if remaining <= 0:
         timed_out = True
         break
-      ready, _, _ = select.select([fd], [], [], remaining)
+      now = time.monotonic()
+      if now >= next_disk_check:
+        scan_start = now
+        if disk_usage(watched) > limits.disk_bytes:
+          disk_limited = True
+          break
+        now = time.monotonic()
+        # Scanning a large tree costs time: keep it under a tenth of the command's.
+        next_disk_check = now + max(limits.disk_check_seconds, 10 * (now - scan_start))
+      ready, _, _ = select.select([fd], [], [], max(0.0, min(remaining, next_disk_check - now)))
       if not ready:
         continue
       chunk = os.read(fd, 1 << 16)
       if not chunk:
         break
       total += len(chunk)
-      if len(head) < keep:
-        head += chunk[: keep - len(head)]
-        chunk = chunk[keep - len(head):] if len(head) >= keep else b""
-      tail = (tail + chunk)[-keep:]
+      take = max(0, keep - len(head))
+      head += chunk[:take]
+      tail = (tail + chunk[take:])[-keep:]
       if total > limits.kill_output_bytes:
         output_limited = True
         break
   finally:
-    if timed_out or output_limited:
+    if timed_out or output_limited or disk_limited:
       _kill_group(proc.pid)
     proc.stdout.close()
     exit_code = proc.wait()
     _kill_group(proc.pid)  # background processes left in the group (non-namespace mode)
     if spec["namespaces"]:
       _wait_until_gone(spec["uid"])
+  disk_limited = disk_limited or disk_usage(watched) > limits.disk_bytes
   data = bytes(head) if total <= keep else bytes(head) + b"\n...\n" + tail
   return CommandResult(output=_truncate(data, limits.max_output_chars), exit_code=exit_code,
-                       timed_out=timed_out, output_limited=output_limited, output_bytes=total,
+                       timed_out=timed_out, output_limited=output_limited,
+                       disk_limited=disk_limited, output_bytes=total,
                        seconds=time.monotonic() - start)
+
+
+def disk_usage(path: str) -> int:
+  """Bytes allocated to the files under `path` (symlinks not followed)."""
+  total = 0
+  stack = [path]
+  while stack:
+    try:
+      entries = list(os.scandir(stack.pop()))
+    except OSError:
+      continue
+    for entry in entries:
+      try:
+        info = entry.stat(follow_symlinks=False)
+      except OSError:
+        continue
+      total += info.st_blocks * 512
+      if entry.is_dir(follow_symlinks=False):
+        stack.append(entry.path)
+  return total
 
 
 def _processes_of(uid: int) -> list[int]:

@@ -212,11 +212,16 @@ class SweSandbox:
       command = (argument + ("\n" + rest if rest else "")).strip()
       if not command:
         return base.invalid_action_step("run needs a command", HELP)
+      before = self._ws.write_tree()
       result = confinement.run_confined(command, self._ws.workdir, self.limits, uid=self.uid)
+      report = result.report()
+      if result.disk_limited:
+        # A directory past its disk limit would make every snapshot huge: undo the command.
+        self._ws.checkout_tree(before)
+        report += "\n[the command's changes to the task directory were undone]"
       info = {"exit_code": result.exit_code, "timed_out": result.timed_out,
-              "output_limited": result.output_limited}
-      return base.Step(observation=f"{result.output}{result.report()}", reward=0.0, done=False,
-                       info=info)
+              "output_limited": result.output_limited, "disk_limited": result.disk_limited}
+      return base.Step(observation=f"{result.output}{report}", reward=0.0, done=False, info=info)
     if verb == "view":
       return self._view(argument)
     if verb == "write":
