@@ -1,0 +1,430 @@
+"""The rollout engine on the built-in rooms world with a tiny random policy.
+
+Every tree is checked against independent recomputations: a full forward pass of each leaf path
+(the forked KV caches must give the recorded logprobs and entropies), a replay of each path in a
+fresh sandbox (restored siblings must see exactly what the backbone saw), an audit of every fork
+decision against the rule, and exact token and step accounting.
+"""
+
+import collections
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from bpo_jax import agent_format
+from bpo_jax import branching
+from bpo_jax import estimators
+from bpo_jax import rollout
+from bpo_jax import tree as tree_lib
+from bpo_jax.models import Decoder
+from bpo_jax.models import ModelConfig
+from bpo_jax.models import token_logprobs_and_entropy
+from bpo_jax.sandboxes import base
+from bpo_jax.sandboxes import pool as pool_lib
+from bpo_jax.sandboxes import rooms
+
+SANDBOX_MAX_STEPS = 5
+# One shape family for every test, so the decode loop and the appends compile once per bucket.
+COMMON = dict(max_turns=6, max_new_tokens=6, max_length=384, batch_buckets=(4, 8, 16),
+              temperature=1.0)
+PATH_LENGTH = 384
+
+
+@pytest.fixture(scope="module")
+def fmt():
+  return agent_format.AgentFormat.for_word_tokenizer(
+      agent_format.WordTokenizer(rooms.vocabulary()))
+
+
+@pytest.fixture(scope="module")
+def policy(fmt):
+  """A tiny random decoder whose next-token entropy depends on the context.
+
+  The action cue's embedding is zero, so the distribution after it comes from attention over the
+  observation rather than from the cue token alone, and the entropy varies from state to state.
+  """
+  config = ModelConfig.tiny(vocab_size=fmt.tokenizer.vocab_size, hidden_size=32,
+                            intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16,
+                            tie_word_embeddings=False)
+  model = Decoder(config, rngs=nnx.Rngs(0))
+  cue = fmt.action_cue[0]
+  model.embed[...] = (model.embed[...] * 20.0).at[cue].set(0.0)
+  model.lm_head[...] = model.lm_head[...] * 10.0
+  graphdef, params = nnx.split(model)
+  return config, graphdef, params
+
+
+def in_process_pool():
+  return pool_lib.SandboxPool.for_environment("rooms", num_workers=0,
+                                              max_steps=SANDBOX_MAX_STEPS)
+
+
+def grow(policy, fmt, pool, tasks, seed=0, threshold=None, **overrides):
+  config, graphdef, params = policy
+  rollout_config = rollout.RolloutConfig(**{**COMMON, **overrides})
+  engine = rollout.RolloutEngine(graphdef, config, fmt, pool, rollout_config)
+  return engine.rollout(params, tasks, jax.random.key(seed), threshold=threshold)
+
+
+@functools.lru_cache(maxsize=None)
+def _path_forward(graphdef):
+  return jax.jit(functools.partial(token_logprobs_and_entropy, graphdef))
+
+
+def check_against_full_forward(policy, result: rollout.TaskRollout):
+  """Every leaf path, run from scratch without a cache, gives the recorded numbers."""
+  _, graphdef, params = policy
+  paths = [result.path(leaf) for leaf in result.leaves()]
+  rows, action_at, state_at = [], [], []
+  for path in paths:
+    seq = list(result.tokens.prompt)
+    actions, states = [], []
+    for node in path:
+      states.append((node, len(seq) - 1))  # the position whose logits choose the action
+      for k in range(len(result.tokens.action_tokens[node])):
+        actions.append((node, k, len(seq) + k - 1))
+      seq += list(result.tokens.segment(node))
+    rows.append(seq)
+    action_at.append(actions)
+    state_at.append(states)
+  tokens = np.zeros((len(rows), PATH_LENGTH), np.int32)
+  for b, seq in enumerate(rows):
+    tokens[b, :len(seq)] = seq
+  targets = np.concatenate([tokens[:, 1:], np.zeros((len(rows), 1), np.int32)], axis=1)
+  logprobs, entropy = _path_forward(graphdef)(params, jnp.asarray(tokens), jnp.asarray(targets))
+  logprobs, entropy = np.asarray(logprobs), np.asarray(entropy)
+  checked = 0
+  for b in range(len(rows)):
+    for node, position in state_at[b]:
+      np.testing.assert_allclose(result.tree.entropy[node], entropy[b, position], atol=2e-4,
+                                 err_msg=f"entropy at the state of node {node}")
+    for node, k, position in action_at[b]:
+      np.testing.assert_allclose(result.tokens.action_logprobs[node][k], logprobs[b, position],
+                                 atol=2e-4, err_msg=f"logprob of token {k} of node {node}")
+      checked += 1
+  assert checked > 0
+
+
+def replay_checks(result: rollout.TaskRollout, snapshot_state_ids=False):
+  """Replays every valid node's path in a fresh sandbox: observations, rewards and flags match,
+  and the state each fork was taken at (snapshot digest) is the state the path leads to."""
+  tree = result.tree
+  sandbox = rooms.make_sandbox(max_steps=SANDBOX_MAX_STEPS)
+  digest_at = {rollout.ROOT: None}
+  state_id_at = {}
+  assert sandbox.reset(result.task) == result.first_observation
+  digest_at[rollout.ROOT] = rollout._digest(sandbox.snapshot().data)
+  state_id_at[rollout.ROOT] = rollout.text_state_id(sandbox.snapshot().data)
+  alive = result.tokens.alive()
+  for node in range(result.num_nodes):
+    if not alive[node]:
+      continue
+    path = result.path(node)
+    steps = base.replay(sandbox, rooms_snapshot_after_reset(result.task),
+                        [result.action_texts[i] for i in path])
+    assert len(steps) == len(path)
+    step = steps[-1]
+    assert step.observation == result.observation_texts[node]
+    assert step.reward == tree.reward[node]
+    assert bool(step.done) == bool(tree.terminal[node])
+    if step.truncated:
+      assert tree.truncated[node]
+    elif tree.truncated[node]:  # cut by the rollout: the turn limit (or the cache length)
+      assert not step.done
+    digest_at[node] = rollout._digest(sandbox.snapshot().data)
+    state_id_at[node] = rollout.text_state_id(sandbox.snapshot().data)
+    if snapshot_state_ids:
+      parent = int(tree.parent[node])
+      assert tree.state_id[node] == state_id_at[parent]
+  forks = 0
+  for decision in result.decisions:
+    if decision.snapshot_digest:
+      assert decision.snapshot_digest == digest_at[decision.node], decision
+      forks += 1
+  return forks
+
+
+def rooms_snapshot_after_reset(task):
+  sandbox = rooms.make_sandbox(max_steps=SANDBOX_MAX_STEPS)
+  sandbox.reset(task)
+  return sandbox.snapshot()
+
+
+def valid_children(result):
+  kids = collections.defaultdict(list)
+  alive = result.tokens.alive()
+  for i in range(result.num_nodes):
+    if alive[i]:
+      kids[int(result.tokens.parent[i])].append(i)
+  return kids
+
+
+def check_token_accounting(result):
+  tokens = result.tokens
+  assert result.compute.tokens_decoded == sum(len(a) for a in tokens.action_tokens)
+  assert result.compute.tokens_prefilled == tokens.prompt.size + sum(
+      len(o) for o in tokens.observation_tokens)
+  assert result.compute.tokens_processed == tokens.num_unique_tokens()
+  assert result.compute.env_steps == result.num_nodes
+
+
+@pytest.fixture(scope="module")
+def tasks():
+  return rooms.make_tasks("train", num=3, seed=0, difficulty=1)
+
+
+@pytest.fixture(scope="module")
+def bpo_batch(policy, fmt, tasks):
+  """A BPO batch with the entropy rule at the median entropy of a forkless probe batch."""
+  probe = grow(policy, fmt, in_process_pool(), tasks, seed=1, fork_rule="never",
+               max_leaves=1)
+  entropy, valid = probe.entropies()
+  threshold = float(np.median(entropy[valid]))
+  batch = grow(policy, fmt, in_process_pool(), tasks, seed=0, threshold=threshold,
+               num_siblings=3, max_leaves=7, state_ids="snapshot")
+  return threshold, batch
+
+
+def test_bpo_trees_are_valid_and_match_a_full_forward(policy, bpo_batch):
+  _, batch = bpo_batch
+  for result in batch.rollouts:
+    tree_lib.validate(result.tree)
+    assert result.tree.valid[:result.num_nodes].all()
+    assert not result.tree.valid[result.num_nodes:].any()
+    np.testing.assert_array_equal(result.tokens.parent, result.tree.parent[:result.num_nodes])
+    check_against_full_forward(policy, result)
+    check_token_accounting(result)
+    assert not result.failures and result.compute.failed_branches == 0
+    # Every leaf ended: the sandbox's step limit (5) comes before the rollout's turn limit (6).
+    for leaf in result.leaves():
+      assert result.tree.terminal[leaf] and result.tree.truncated[leaf]
+      assert result.tokens.observation_tokens[leaf].size == 0
+  assert batch.compute.tokens_processed == sum(r.tokens.num_unique_tokens()
+                                               for r in batch.rollouts)
+
+
+def test_forks_happen_exactly_where_the_rule_says(bpo_batch):
+  threshold, batch = bpo_batch
+  config = rollout.RolloutConfig(**{**COMMON, "num_siblings": 3, "max_leaves": 7})
+  fired = declined = 0
+  for result in batch.rollouts:
+    kids = valid_children(result)
+    forks_before = 0
+    eligible_nodes = []
+    for d in result.decisions:
+      # The entropy the rule read is the one recorded for every action taken at that state.
+      for child in kids[d.node]:
+        assert result.tree.entropy[child] == np.float32(d.entropy)
+      assert len(kids[d.node]) == d.num_siblings
+      if d.eligible:
+        eligible_nodes.append(d.node)
+        expected = bool(branching.online_fork_decision(np.float32(d.entropy),
+                                                       np.float32(threshold), forks_before,
+                                                       config.max_forks))
+        assert d.rule == expected, d
+        fired += expected
+        declined += not expected
+      else:
+        assert not d.rule
+      assert d.num_siblings == (3 if d.affordable else 1), d
+      assert bool(d.snapshot_digest) == d.affordable
+      forks_before += d.affordable
+    # Only the backbone may fork (siblings_fork=False): the eligible states form one chain.
+    for a, b in zip(eligible_nodes, eligible_nodes[1:]):
+      assert result.tree.parent[b] == a
+    assert result.compute.forks == forks_before <= config.max_forks
+    assert result.compute.restores == 2 * forks_before
+    assert result.leaves().size == 1 + 2 * forks_before <= 7
+    # Each state decided once, at a fork or not; no state has children without a decision.
+    assert sorted(d.node for d in result.decisions) == sorted(kids)
+  assert fired and declined  # the threshold splits the states: the check is not vacuous
+
+
+def test_restored_siblings_see_exactly_the_backbones_state(bpo_batch):
+  _, batch = bpo_batch
+  forks = sum(replay_checks(r, snapshot_state_ids=True) for r in batch.rollouts)
+  assert forks == batch.compute.forks > 0
+  # One snapshot per fork plus one per state for the snapshot state ids.
+  states = sum(len(r.decisions) for r in batch.rollouts)
+  assert batch.compute.snapshots == batch.compute.forks + states
+
+
+def test_group_topology_forks_n_at_the_root_only(policy, fmt, tasks):
+  batch = grow(policy, fmt, in_process_pool(), tasks, seed=2, topology="group", group_size=4,
+               state_ids="observation")
+  trees = batch.stacked_trees()
+  for result in batch.rollouts:
+    tree_lib.validate(result.tree)
+    kids = valid_children(result)
+    assert len(kids[rollout.ROOT]) == 4
+    assert all(len(c) == 1 for node, c in kids.items() if node != rollout.ROOT)
+    assert result.compute.forks == 1 and result.compute.restores == 3
+    assert result.compute.snapshots == 1
+    check_token_accounting(result)  # the prompt is prefilled once and shared by the 4 rows
+    check_against_full_forward(policy, result)
+    replay_checks(result)
+    for node in range(result.num_nodes):
+      parent = int(result.tree.parent[node])
+      text = result.first_observation if parent < 0 else result.observation_texts[parent]
+      assert result.tree.state_id[node] == rollout.text_state_id(text)
+    assert rollout.matched_group_size(result, "leaves") == 4
+  # The baselines' estimators take these trees as they are.
+  advantages = jax.vmap(estimators.rloo_advantages)(trees)
+  assert np.isfinite(np.asarray(advantages)).all()
+
+
+class _FaultyRooms:
+  """Rooms that raises on chosen step and restore calls, counted over all sandboxes."""
+
+  def __init__(self, counter, fail_steps, fail_restores):
+    self.inner = rooms.make_sandbox(max_steps=SANDBOX_MAX_STEPS)
+    self.counter, self.fail_steps, self.fail_restores = counter, fail_steps, fail_restores
+
+  def reset(self, task):
+    return self.inner.reset(task)
+
+  def step(self, action):
+    self.counter["step"] += 1
+    if self.counter["step"] in self.fail_steps:
+      raise RuntimeError(f"injected step fault {self.counter['step']}")
+    return self.inner.step(action)
+
+  def snapshot(self):
+    return self.inner.snapshot()
+
+  def restore(self, snapshot):
+    self.counter["restore"] += 1
+    if self.counter["restore"] in self.fail_restores:
+      raise RuntimeError(f"injected restore fault {self.counter['restore']}")
+    self.inner.restore(snapshot)
+
+  def close(self):
+    self.inner.close()
+
+
+def test_failed_branches_are_invalid_and_accounted_for(policy, fmt, tasks):
+  counter = collections.Counter()
+  # One tree; every state forks (threshold -1) until 5 leaves: 3 at the root, 2 more at the
+  # backbone's second state. Step calls: turn 1 = 1..3, turn 2 = 4..6; restores: 1-2, then 3-4.
+  pool = pool_lib.SandboxPool(functools.partial(_FaultyRooms, counter, {2, 6}, {4}),
+                              num_workers=0)
+  batch = grow(policy, fmt, pool, tasks[:1], seed=3, threshold=-1.0, num_siblings=3,
+               max_leaves=5)
+  result = batch.rollouts[0]
+  tree_lib.validate(result.tree)
+  assert sorted(f.op for f in result.failures) == ["restore", "step", "step"]
+  assert all("injected" in f.reason for f in result.failures)
+  assert result.compute.failed_branches == 3 == batch.compute.failed_branches
+  # Reference: invalid = failed steps with their subtrees, then ancestors left childless.
+  parent = result.tokens.parent
+  invalid = set()
+  for f in result.failures:
+    if f.node >= 0:
+      invalid.add(f.node)
+  changed = True
+  while changed:
+    changed = False
+    for i in range(result.num_nodes):
+      if i not in invalid and parent[i] in invalid:
+        invalid.add(i)
+        changed = True
+    for i in range(result.num_nodes):
+      children = [c for c in range(result.num_nodes) if parent[c] == i]
+      if i not in invalid and children and all(c in invalid for c in children):
+        invalid.add(i)
+        changed = True
+  assert set(np.nonzero(~result.tree.valid[:result.num_nodes])[0].tolist()) == invalid
+  np.testing.assert_array_equal(result.tokens.valid, result.tree.valid[:result.num_nodes])
+  # Both root-level siblings failed (one directly, one by its second step); the backbone's
+  # subtree goes on: two valid leaves below its second state (one restore failed).
+  kids = valid_children(result)
+  assert kids[rollout.ROOT] == [0]
+  assert result.leaves().size == 2
+  replay_checks(result)
+  check_against_full_forward(policy, result)
+  # Failed work was still done, so the policy processed more than the valid tree holds.
+  assert result.compute.tokens_processed > result.tokens.num_unique_tokens()
+  assert pool.branches() == []  # every branch, failed or finished, was closed
+
+
+def test_budgets_are_hard_limits(policy, fmt, tasks):
+  # Worst-case accounting: no tree may exceed its env-step or token budget, whatever it samples.
+  batch = grow(policy, fmt, in_process_pool(), tasks, seed=4, threshold=-1.0, num_siblings=2,
+               max_leaves=None, capacity=64, max_env_steps=20, max_tokens=1500)
+  for result in batch.rollouts:
+    assert result.compute.env_steps <= 20
+    assert result.compute.tokens_processed <= 1500
+    assert result.compute.forks >= 1
+  # The turn limit cuts a branch: truncated, not terminal, no observation tokens kept.
+  batch = grow(policy, fmt, in_process_pool(), tasks[:1], seed=5, fork_rule="never",
+               max_leaves=1, max_turns=3)
+  result = batch.rollouts[0]
+  assert result.num_nodes == 3
+  assert result.tree.truncated[2] and not result.tree.terminal[2]
+  assert result.tokens.observation_tokens[2].size == 0
+
+
+def test_worker_pool_gives_the_same_trees(policy, fmt, tasks):
+  config = dict(seed=6, threshold=-1.0, num_siblings=2, max_leaves=3)
+  local = grow(policy, fmt, in_process_pool(), tasks[:2], **config)
+  with pool_lib.SandboxPool.for_environment("rooms", num_workers=2, timeout_s=30.0,
+                                            max_steps=SANDBOX_MAX_STEPS) as pool:
+    workers = grow(policy, fmt, pool, tasks[:2], **config)
+    assert pool.branches() == []
+  for a, b in zip(local.rollouts, workers.rollouts):
+    for field in ("parent", "reward", "terminal", "truncated", "valid", "entropy"):
+      np.testing.assert_array_equal(getattr(a.tree, field), getattr(b.tree, field))
+    assert a.action_texts == b.action_texts
+    assert a.observation_texts == b.observation_texts
+  assert workers.compute.restores == local.compute.restores > 0
+
+
+def test_first_token_entropy_by_hand():
+  logits = jnp.asarray([[0.0, 0.0, 0.0, 0.0], [0.0, -1e9, -1e9, -1e9]])
+  np.testing.assert_allclose(rollout.first_token_entropy(logits, 1.0), [np.log(4), 0.0],
+                             atol=1e-6)
+  # Temperature 2 flattens [log 1, log 3] ... here [0, log 3·2] -> softmax([0, log 3]).
+  logits = jnp.asarray([[0.0, 2 * np.log(3.0)]])
+  p = np.asarray([0.25, 0.75])
+  np.testing.assert_allclose(rollout.first_token_entropy(logits, 2.0), [-(p * np.log(p)).sum()],
+                             atol=1e-6)
+
+
+def test_matched_group_size_by_hand():
+  # A root fork of 2, the first child goes on for two more steps: leaves at depth 3 and 1.
+  result = rollout.TaskRollout(
+      task=None, tree=tree_lib.from_parents([-1, -1, 0, 2], [0, 0, 0, 1]),
+      tokens=agent_format.packing.TreeTokens(
+          prompt=[1, 2], parent=[-1, -1, 0, 2], action_tokens=[[3], [3], [3], [3]],
+          action_logprobs=[[0.0]] * 4, observation_tokens=[[4, 4], [], [4, 4], []]),
+      first_observation="", action_texts=[""] * 4, observation_texts=[""] * 4,
+      node_success=np.zeros(4, bool), decisions=[], failures=[],
+      compute=rollout.Compute(tokens_prefilled=6, tokens_decoded=4, env_steps=4))
+  assert result.leaves().tolist() == [1, 3]
+  assert result.path_tokens() == (2 + 3 + 3 + 1) + (2 + 1)
+  assert rollout.matched_group_size(result, "leaves") == 2
+  assert rollout.matched_group_size(result, "env_steps") == 2      # 4 steps / 2 per leaf
+  assert rollout.matched_group_size(result, "tokens") == 2         # 10 / 6
+  with pytest.raises(ValueError, match="by must be"):
+    rollout.matched_group_size(result, "time")
+
+
+def test_bad_configs_and_inputs_are_named(policy, fmt, tasks):
+  with pytest.raises(ValueError, match="topology"):
+    rollout.RolloutConfig(topology="forest")
+  with pytest.raises(ValueError, match="num_siblings"):
+    rollout.RolloutConfig(num_siblings=1)
+  with pytest.raises(ValueError, match="max_leaves or an explicit capacity"):
+    rollout.RolloutConfig(max_leaves=None)
+  with pytest.raises(ValueError, match="group_size=8"):
+    rollout.RolloutConfig(topology="group", capacity=10, max_turns=4)
+  with pytest.raises(ValueError, match="batch_buckets"):
+    rollout.RolloutConfig(batch_buckets=(8, 4))
+  with pytest.raises(ValueError, match="does not fit max_length=40"):
+    grow(policy, fmt, in_process_pool(), tasks[:1], max_length=40)
+  with pytest.raises(ValueError, match="at least one task"):
+    grow(policy, fmt, in_process_pool(), [])
