@@ -1,0 +1,113 @@
+"""DESIGN.md §3 claims, as numbers against exact enumeration on small tabular MDPs.
+
+Every tree the sampler can grow is enumerated with its probability, so expectations and variances
+are exact sums; the only error is float32 arithmetic in the estimators.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bpo_jax import estimators as E
+from bpo_jax.testing import tabular as T
+
+
+@functools.lru_cache(maxsize=None)
+def _mdp(num_actions, horizon, seed=0):
+  # A confident first step (entropy ≈ 0.04–0.08 nats) so the online rule forks deeper.
+  root = (2.5,) + (-2.5,) * (num_actions - 1)
+  return T.make_mdp(seed, num_actions=num_actions, horizon=horizon, root_logits=root,
+                    logit_scale=0.7)
+
+
+@functools.lru_cache(maxsize=None)
+def _online(num_actions, horizon, threshold, max_forks, seed=0):
+  mdp = _mdp(num_actions, horizon, seed)
+  outcomes = T.enumerate_online_trees(mdp, threshold=threshold, fork_k=2, max_forks=max_forks)
+  return mdp, T.to_batch(outcomes, mdp)
+
+
+_children_counts = jax.jit(jax.vmap(E.children_counts))
+_bpo = jax.jit(jax.vmap(E.bpo_advantages))
+_rloo = jax.jit(jax.vmap(E.rloo_advantages))
+
+
+def _assert_matches_true_gradient(mean, mdp):
+  truth = T.true_gradient(mdp)
+  assert np.abs(truth).max() > 0.1  # The comparison is not between two zeros.
+  np.testing.assert_allclose(mean, truth, rtol=0, atol=1e-6 * max(1.0, np.abs(truth).max()))
+
+
+@pytest.mark.parametrize("num_actions,horizon,threshold,max_forks", [
+    (2, 3, 0.55, 2), (2, 4, 0.55, 2), (3, 3, 0.9, 2)])
+def test_online_bpo_is_unbiased_zero_trunk(num_actions, horizon, threshold, max_forks):
+  mdp, batch = _online(num_actions, horizon, threshold, max_forks)
+  np.testing.assert_allclose(batch.probability.sum(), 1.0, rtol=1e-12)
+  # Forks happen, never at the confident root, and deeper down.
+  counts = np.asarray(_children_counts(jax.tree_util.tree_map(jnp.asarray, batch.trees)))
+  forked = counts[:, :-1] >= 2
+  assert forked.any()
+  np.testing.assert_array_equal(counts[:, -1], 1)
+  assert set(np.asarray(batch.trees.depth)[forked].tolist()) >= {1}
+  mean, _ = T.bpo_gradient_moments(batch, mdp, "zero", num_trees=1)
+  _assert_matches_true_gradient(mean, mdp)
+
+
+def test_online_bpo_is_unbiased_loo_trunk():
+  mdp, batch = _online(2, 3, 0.55, 2)
+  mean, _ = T.bpo_gradient_moments(batch, mdp, "loo", num_trees=2)
+  _assert_matches_true_gradient(mean, mdp)
+
+
+def test_wrong_weights_would_be_caught():
+  # The same enumeration with every weight set to 1 (forks not averaged) is far from the truth,
+  # so the unbiasedness tests above can fail.
+  mdp, batch = _online(2, 3, 0.55, 2)
+  out = _bpo(jax.tree_util.tree_map(jnp.asarray, batch.trees))
+  g = T.tree_gradients(batch, mdp, np.asarray(out.advantages, np.float64))
+  error = np.abs(np.tensordot(batch.probability, g, 1) - T.true_gradient(mdp)).max()
+  assert error > 1e-2
+
+
+@pytest.mark.parametrize("fork_depth,num_siblings", [(1, 2), (1, 3), (2, 2), (2, 3)])
+def test_sibling_variance_reduction_is_prefix_explained_variance(fork_depth, num_siblings):
+  mdp = _mdp(2, 3)
+  k = num_siblings
+  # LOO advantage over K independent episodes from the root (the first episode's).
+  ind = T.to_batch(T.enumerate_independent(mdp, k), mdp)
+  rloo = np.asarray(_rloo(jax.tree_util.tree_map(jnp.asarray, ind.trees)))
+  a_ind = rloo[:, 0].astype(np.float64)
+  var_ind = ind.probability @ a_ind**2 - (ind.probability @ a_ind)**2
+  # LOO advantage over K siblings forked at depth t after a policy prefix (first sibling's).
+  sib = T.to_batch(T.enumerate_sibling_fork(mdp, fork_depth, k), mdp)
+  out = _bpo(jax.tree_util.tree_map(jnp.asarray, sib.trees))
+  a_sib = np.asarray(out.advantages)[:, fork_depth].astype(np.float64)
+  var_sib = sib.probability @ a_sib**2 - (sib.probability @ a_sib)**2
+  # Var(E[G | s_t]) from backward induction: G's conditional mean is prefix rewards + V(s_t).
+  values = T.state_values(mdp)
+  cond = [(p, sum(r for _, _, r in steps) + values[T.state_after(mdp, steps)])
+          for p, steps in T._prefixes(mdp, fork_depth)]
+  p = np.array([c[0] for c in cond])
+  m = np.array([c[1] for c in cond])
+  var_cond = p @ m**2 - (p @ m)**2
+  assert var_cond > 1e-3  # The prefix explains a nonzero share.
+  np.testing.assert_allclose(var_ind - var_sib, k / (k - 1) * var_cond, rtol=1e-5)
+  # And the independent side is K/(K − 1) · Var(G) (from single-episode enumeration).
+  single = T.enumerate_independent(mdp, 1)
+  returns = np.array([sum(n[3] for n in o.nodes) for o in single])
+  probs = np.array([o.probability for o in single])
+  np.testing.assert_allclose(var_ind, k / (k - 1) * (probs @ returns**2 - (probs @ returns)**2),
+                             rtol=1e-5)
+
+
+def test_top_k_after_the_fact_is_biased():
+  mdp = _mdp(2, 3)
+  outcomes = T.enumerate_topk_trees(mdp, k=1, fork_k=2)
+  batch = T.to_batch(outcomes, mdp)
+  np.testing.assert_allclose(batch.probability.sum(), 1.0, rtol=1e-12)
+  mean, _ = T.bpo_gradient_moments(batch, mdp, "zero", num_trees=1)
+  bias = np.abs(mean - T.true_gradient(mdp)).max()
+  assert bias > 0.05  # ≈ 0.31 for this MDP, against ≈ 1e-7 for the online rule.
