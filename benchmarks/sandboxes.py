@@ -12,6 +12,10 @@ With --json: one object with `<env>_step_ms`, `<env>_snapshot_ms`, `<env>_restor
 `<env>_snapshot_bytes`, `<env>_pool1_steps_per_s`, `<env>_pool2_steps_per_s`, and for
 TextWorld `textworld_env_copy_ms`, `textworld_snapshot_restore_over_step` ((snapshot + restore)
 / step; target <= 1.0) and `textworld_speedup_vs_env_copy` (env.copy() / (snapshot + restore)).
+For SWE the reference is the same shell commands run unconfined (`subprocess.run(["sh", "-c",
+...])` in a plain copy of the task directory): `swe_unconfined_step_ms`,
+`swe_confined_over_unconfined` (confined step / unconfined command) and
+`swe_snapshot_restore_over_step`.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ ENVIRONMENTS = {
     "blackjack": dict(sandbox={}, tasks={}, prefix=[], actions=["hit", "stick"]),
     "webshop": dict(sandbox={"num_products": 1000}, tasks={"num_products": 1000},
                     prefix=["search[black]"], actions=["click[Next >]", "click[Back to Search]"]),
+    "swe": dict(sandbox={}, tasks={}, prefix=["write notes.txt\ndraft"],
+                actions=["run ls -R", "run cat rle/codec.py", "run grep -n def rle/codec.py"]),
 }
 
 
@@ -122,6 +128,27 @@ def measure_textworld_env_copy(spec, repeats):
   return copy_ms
 
 
+def measure_swe_unconfined(spec, repeats):
+  """The SWE step's commands run by a plain `subprocess.run(["sh", "-c", ...])` in a copy of
+  the task directory: the reference for what confinement adds to a step."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  task = _task("swe", spec)
+  commands = [a.split(" ", 1)[1] for a in spec["actions"]]
+  counter = iter(range(10**9))
+  with tempfile.TemporaryDirectory() as workdir:
+    for path, _, content in task.files:
+      os.makedirs(os.path.dirname(os.path.join(workdir, path)), exist_ok=True)
+      with open(os.path.join(workdir, path), "wb") as f:
+        f.write(content)
+
+    def run():
+      subprocess.run(["/bin/sh", "-c", commands[next(counter) % len(commands)]], cwd=workdir,
+                     capture_output=True)
+
+    return _median_ms(run, repeats)
+
+
 def main(argv=None):
   parser = common.parser(__doc__.split("\n")[0])
   parser.add_argument("--envs", nargs="*", default=list(ENVIRONMENTS))
@@ -154,6 +181,16 @@ def main(argv=None):
           f"{figures['textworld_snapshot_restore_over_step']:.3f} (target <= 1.0); "
           f"env.copy() {copy_ms:.3f} ms, {figures['textworld_speedup_vs_env_copy']:.1f}x slower "
           f"than snapshot+restore")
+    if name == "swe":
+      plain_ms = measure_swe_unconfined(spec, args.repeats)
+      figures["swe_unconfined_step_ms"] = plain_ms
+      figures["swe_confined_over_unconfined"] = single["step_ms"] / plain_ms
+      figures["swe_snapshot_restore_over_step"] = (
+          single["snapshot_ms"] + single["restore_ms"]) / single["step_ms"]
+      lines.append(
+          f"{'':13s} the same commands unconfined (subprocess sh -c) {plain_ms:.3f} ms: "
+          f"confinement costs {figures['swe_confined_over_unconfined']:.2f}x; "
+          f"snapshot+restore / step = {figures['swe_snapshot_restore_over_step']:.3f}")
   common.emit(figures, args.json, lines)
 
 
