@@ -4,8 +4,11 @@ WebShop's JSON files, pages and actions, and snapshot determinism across process
 import dataclasses
 import json
 import math
+import os
 import pickle
 import random
+import subprocess
+import sys
 
 import hypothesis
 import numpy as np
@@ -391,6 +394,49 @@ def test_restore_in_worker_processes_is_byte_identical():
         got[i].append((s.observation, s.reward, s.done, s.truncated,
                        json.dumps(s.info, sort_keys=True)))
   assert got == expected
+
+
+_CHILD = """
+import pickle, sys
+from bpo_jax.sandboxes.webshop import make_sandbox
+configs, snapshot, forks = pickle.load(sys.stdin.buffer)
+results = []
+for config in configs:
+  sandbox = make_sandbox(**config)
+  try:
+    out = []
+    for actions in forks:
+      sandbox.restore(snapshot)
+      out.append([(s.observation, s.reward, s.done, s.truncated, s.info)
+                  for s in map(sandbox.step, actions)])
+  except ValueError as e:
+    out = str(e)
+  results.append(out)
+from jax._src import xla_bridge
+pickle.dump((results, xla_bridge.backends_are_initialized()), sys.stdout.buffer)
+"""
+
+
+def test_restore_in_a_fresh_interpreter():
+  """A process that builds the shop from the same seed replays exactly; another seed is refused."""
+  sandbox = make_sandbox(**SHOP)
+  snap = _prefix(sandbox, make_tasks("test", 1, **SHOP)[0])
+  forks = _fork_actions(sandbox)
+  expected = []
+  for actions in forks:
+    sandbox.restore(snap)
+    expected.append([(s.observation, s.reward, s.done, s.truncated, s.info)
+                     for s in map(sandbox.step, actions)])
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  configs = [SHOP, dict(SHOP, catalogue_seed=4)]
+  child = subprocess.run([sys.executable, "-c", _CHILD], input=pickle.dumps((configs, snap, forks)),
+                         capture_output=True, env=env, timeout=120, check=True)
+  (same, other), backend_started = pickle.loads(child.stdout)
+  assert same == expected
+  assert isinstance(other, str) and "same generator seed" in other
+  # The shop never starts a JAX backend in its worker processes (bm25s would, at import).
+  assert backend_started is False
 
 
 def test_restore_into_another_shop_fails_clearly():

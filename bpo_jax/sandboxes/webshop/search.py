@@ -12,11 +12,38 @@ results are the same in every process.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Sequence
 
-import bm25s
 import numpy as np
 import Stemmer
+
+
+def _import_bm25s_without_jax_backend():
+  """Imports bm25s without letting it start a JAX backend.
+
+  When JAX is importable, bm25s runs `jax.lax.top_k` at import time, which initialises JAX's
+  backend (on a GPU host: the device and its memory pool) in every sandbox worker process that
+  imports this module. The index needs only bm25s's scores, never its top-k, so `jax.lax` is
+  hidden while bm25s loads and bm25s falls back to NumPy.
+  """
+  if "bm25s" in sys.modules:
+    return sys.modules["bm25s"]
+  try:
+    import jax.lax  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    import bm25s  # pylint: disable=g-import-not-at-top
+    return bm25s
+  saved = sys.modules["jax.lax"]
+  sys.modules["jax.lax"] = None  # `import jax.lax` now raises ImportError
+  try:
+    import bm25s  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.modules["jax.lax"] = saved
+  return bm25s
+
+
+bm25s = _import_bm25s_without_jax_backend()
 
 from bpo_jax.sandboxes.webshop.catalogue import Product
 
