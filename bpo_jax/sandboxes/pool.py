@@ -69,7 +69,8 @@ def _make_from_registry(name: str, config: Mapping[str, Any]) -> base.Sandbox:
 
 
 def _worker_main(conn, factory: Callable[[], base.Sandbox]) -> None:
-  """A worker: executes (op, branch, argument, want_backup) messages until told to exit.
+  """A worker: runs batches of (op, branch, argument, want_backup) calls until told to exit,
+  answering each call as soon as it is done (so the parent can time each call).
 
   It builds one sandbox before saying it is ready, so imports and set-up are not charged to
   the first call's timeout; that sandbox serves the first branch.
@@ -84,49 +85,49 @@ def _worker_main(conn, factory: Callable[[], base.Sandbox]) -> None:
     return
   while True:
     try:
-      message = conn.recv()
+      batch = conn.recv()
     except (EOFError, OSError, KeyboardInterrupt):
       break
-    op, branch, argument, want_backup = message
-    if op == "exit":
+    if batch == "exit":
       break
-    try:
-      result = None
-      if op in ("reset", "restore"):
-        sandbox = sandboxes.get(branch)
-        if sandbox is None:
-          sandbox, spare = (spare, None) if spare is not None else (factory(), None)
-          sandboxes[branch] = sandbox
-        if op == "reset":
-          result = sandbox.reset(argument)
+    for op, branch, argument, want_backup in batch:
+      try:
+        result = None
+        if op in ("reset", "restore"):
+          sandbox = sandboxes.get(branch)
+          if sandbox is None:
+            sandbox, spare = (spare, None) if spare is not None else (factory(), None)
+            sandboxes[branch] = sandbox
+          if op == "reset":
+            result = sandbox.reset(argument)
+          else:
+            sandbox.restore(argument)
+        elif op == "step":
+          result = sandboxes[branch].step(argument)
+        elif op == "snapshot":
+          result = base.Snapshot(sandboxes[branch].snapshot().data)
+        elif op == "close":
+          sandbox = sandboxes.pop(branch, None)
+          if sandbox is not None:
+            sandbox.close()
         else:
-          sandbox.restore(argument)
-      elif op == "step":
-        result = sandboxes[branch].step(argument)
-      elif op == "snapshot":
-        result = base.Snapshot(sandboxes[branch].snapshot().data)
-      elif op == "close":
+          raise ValueError(f"unknown pool operation {op!r}")
+        backup = None
+        if want_backup and op in ("reset", "step", "restore"):
+          backup = sandboxes[branch].snapshot().data
+        conn.send(("ok", result, backup))
+      except BaseException as error:  # pylint: disable=broad-except
+        # The sandbox may be in any state now: drop it so the branch cannot be used half-broken.
         sandbox = sandboxes.pop(branch, None)
-        if sandbox is not None:
-          sandbox.close()
-      else:
-        raise ValueError(f"unknown pool operation {op!r}")
-      backup = None
-      if want_backup and op in ("reset", "step", "restore"):
-        backup = sandboxes[branch].snapshot().data
-      conn.send(("ok", result, backup))
-    except BaseException as error:  # pylint: disable=broad-except
-      # The sandbox may be in any state now: drop it so the branch cannot be used half-broken.
-      sandbox = sandboxes.pop(branch, None)
-      try:
-        if sandbox is not None:
-          sandbox.close()
-      except BaseException:  # pylint: disable=broad-except
-        pass
-      try:
-        conn.send(("error", f"{op} raised {type(error).__name__}: {error}", None))
-      except BaseException:  # pylint: disable=broad-except
-        break
+        try:
+          if sandbox is not None:
+            sandbox.close()
+        except BaseException:  # pylint: disable=broad-except
+          pass
+        try:
+          conn.send(("error", f"{op} raised {type(error).__name__}: {error}", None))
+        except BaseException:  # pylint: disable=broad-except
+          return
 
 
 def _exit_reason(process) -> str:
@@ -170,7 +171,7 @@ class _Worker:
   def stop(self, graceful: bool) -> None:
     if graceful and self.process.is_alive():
       try:
-        self.conn.send(("exit", None, None, False))
+        self.conn.send("exit")
         self.process.join(timeout=2.0)
       except (OSError, ValueError):
         pass
@@ -430,6 +431,12 @@ class SandboxPool:
     return min(range(len(self._workers)), key=lambda w: (load[w], w))
 
   def _run_workers(self, calls: list[_Call]) -> dict[Hashable, Any]:
+    """Sends each worker its calls as one batch and collects the answers one by one.
+
+    One message per worker per batch (not per call) keeps the cost of a round low on a busy
+    machine, where every message waits to be scheduled. Each call gets `timeout_s` from the
+    moment the worker could start it (the previous answer, or the send).
+    """
     queues: dict[int, collections.deque] = collections.defaultdict(collections.deque)
     for call in calls:
       worker = self._location.get(call.branch)
@@ -440,35 +447,55 @@ class SandboxPool:
         self._location[call.branch] = worker  # placement counts for the next call's load
       queues[worker].append(call)
     results: dict[Hashable, Any] = {c.branch: None for c in calls if c.op == "close"}
-    in_flight: dict[int, tuple[_Call, float]] = {}
+    sent: dict[int, collections.deque] = {}  # per worker: sent, not yet answered, in order
+    deadlines: dict[int, float] = {}
 
-    def send_next(w: int):
+    def send_queued(w: int):
+      batch = []
       while queues[w]:
         call = queues[w].popleft()
         if not call.internal and call.branch in self.failures:
           results[call.branch] = self.failures[call.branch]
           continue
-        want_backup = self.keep_backups and call.op in ("reset", "step", "restore")
-        try:
-          self._workers[w].conn.send((call.op, call.branch, call.argument, want_backup))
-        except (OSError, ValueError) as error:
-          in_flight[w] = (call, 0.0)
-          on_worker_lost(w, f"could not send to worker: {error}")
-          return
-        in_flight[w] = (call, time.monotonic() + self.timeout_s)
+        batch.append(call)
+      if not batch:
         return
+      waiting = sent.setdefault(w, collections.deque())
+      if not waiting:
+        deadlines[w] = time.monotonic() + self.timeout_s
+      waiting.extend(batch)
+      messages = [(c.op, c.branch, c.argument,
+                   self.keep_backups and c.op in ("reset", "step", "restore")) for c in batch]
+      try:
+        self._workers[w].conn.send(messages)
+      except (OSError, ValueError) as error:
+        on_worker_lost(w, f"could not send to worker: {error}")
 
     def on_worker_lost(w: int, reason: str):
-      call, _ = in_flight.pop(w)
+      waiting = sent.pop(w)
+      deadlines.pop(w, None)
+      call = waiting.popleft()
       failure = self._fail(call, reason)
       if not call.internal:
         results[call.branch] = failure
+      # The calls sent after it never ran: they go to the replacement, after the recoveries.
+      queues[w].extendleft(reversed(waiting))
       self._replace_worker(w, queues[w], results)
-      send_next(w)
+      send_queued(w)
 
     def on_reply(w: int, message):
-      call, _ = in_flight.pop(w)
+      waiting = sent[w]
+      call = waiting.popleft()
+      if waiting:
+        deadlines[w] = time.monotonic() + self.timeout_s
+      else:
+        del sent[w], deadlines[w]
       status, value, backup = message
+      if call.branch in self.failures and call.op not in ("reset", "restore"):
+        # Its recovery failed earlier in this batch; keep that reason.
+        if not call.internal:
+          results[call.branch] = self.failures[call.branch]
+        return
       if status == "ok":
         if not call.internal:
           self._count(call.op)
@@ -482,17 +509,17 @@ class SandboxPool:
         failure = self._fail(call, value)
         if not call.internal:
           results[call.branch] = failure
-      send_next(w)
 
     for w in list(queues):
-      send_next(w)
-    while in_flight:
-      now = time.monotonic()
-      wait_s = max(0.0, min(deadline for _, deadline in in_flight.values()) - now)
-      conns = {self._workers[w].conn: w for w in in_flight}
+      send_queued(w)
+    while sent:
+      wait_s = max(0.0, min(deadlines.values()) - time.monotonic())
+      conns = {self._workers[w].conn: w for w in sent}
       ready = multiprocessing.connection.wait(list(conns), timeout=wait_s)
       for conn in ready:
         w = conns[conn]
+        if w not in sent or self._workers[w].conn is not conn:
+          continue  # that worker was replaced while handling an earlier answer
         try:
           message = conn.recv()
         except (EOFError, OSError):
@@ -500,10 +527,9 @@ class SandboxPool:
           continue
         on_reply(w, message)
       now = time.monotonic()
-      for w in [w for w, (_, deadline) in in_flight.items() if deadline <= now]:
-        if w in in_flight and in_flight[w][1] <= now:
-          call = in_flight[w][0]
-          on_worker_lost(w, f"{call.op} timed out after {self.timeout_s:g} s")
+      for w in [w for w, deadline in deadlines.items() if deadline <= now]:
+        if w in sent and deadlines.get(w, now + 1) <= now:
+          on_worker_lost(w, f"{sent[w][0].op} timed out after {self.timeout_s:g} s")
     return results
 
   def _replace_worker(self, w: int, queue: collections.deque, results: dict) -> None:
