@@ -1,0 +1,68 @@
+"""Jitted, vmapped `bpo_advantages` against a plain-Python reference that walks dicts of children.
+
+256 BPO-shaped trees (branches of at most 32 steps) of 128, 512 and 2048 nodes. The reference is
+`bpo_jax.testing.random_trees.reference_bpo`, the dict-of-children walk agent-RL code on PyTorch
+stacks typically does, run tree by tree; its outputs are checked against the jitted ones. The
+ratio is at 512 nodes; times per node show whether the cost grows linearly with the tree.
+
+  python benchmarks/estimators.py [--json] [--trees 256]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import common
+from bpo_jax import estimators
+from bpo_jax.testing.random_trees import random_bpo_tree, reference_bpo
+from bpo_jax.tree import stack_trees
+
+
+def main():
+  p = common.parser(__doc__.splitlines()[0])
+  p.add_argument("--trees", type=int, default=256)
+  args = p.parse_args()
+  rng = np.random.default_rng(0)
+  bpo = jax.jit(jax.vmap(lambda t: estimators.bpo_advantages(t)))
+  figures, lines = {"backend": jax.default_backend(), "num_trees": args.trees}, []
+  lines.append(f"bpo_advantages over {args.trees} trees, backend {jax.default_backend()} "
+               f"(medians of {args.repeats})")
+  lines.append(f"{'nodes':>6} {'jitted ms':>10} {'python ms':>10} {'speedup':>8} "
+               f"{'jit ns/node':>12} {'py ns/node':>11}")
+  for nodes in (128, 512, 2048):
+    trees = [random_bpo_tree(rng, nodes) for _ in range(args.trees)]
+    batch = jax.tree_util.tree_map(jnp.asarray, stack_trees(trees))
+    out = bpo(batch)
+    jitted = common.median_seconds(lambda: bpo(batch), args.repeats)
+
+    def python_reference():
+      return [reference_bpo(t) for t in trees]
+
+    ref = python_reference()
+    python = common.median_seconds(python_reference, max(1, min(args.repeats, 3)), warmup=0)
+    err = max(float(np.abs(np.asarray(out.advantages[b]) - r[0]).max())
+              for b, r in enumerate(ref))
+    if err > 1e-3:
+      raise AssertionError(f"jitted and reference advantages differ by {err} at {nodes} nodes")
+    per = args.trees * nodes
+    figures[f"jitted_seconds_{nodes}"] = jitted
+    figures[f"python_reference_seconds_{nodes}"] = python
+    figures[f"speedup_{nodes}"] = python / jitted
+    lines.append(f"{nodes:>6} {jitted * 1e3:>10.2f} {python * 1e3:>10.1f} {python / jitted:>7.1f}x "
+                 f"{jitted / per * 1e9:>12.1f} {python / per * 1e9:>11.1f}")
+  figures["speedup_vs_python_reference"] = figures["speedup_512"]
+  lines.append(f"speedup_vs_python_reference (512 nodes): {figures['speedup_512']:.1f}x "
+               f"(target >= 100x)")
+  common.emit(figures, args.json, lines)
+
+
+if __name__ == "__main__":
+  main()
