@@ -1,5 +1,5 @@
 """The WebShop purchase reward (Yao et al., 2022, "WebShop: Towards Scalable Real-World Web
-Interaction with Grounded Language Agents", §3.2 and appendix).
+Interaction with Grounded Language Agents", §3 and the appendix on reward details).
 
 A purchase of product `y` with chosen options `Y_opt` against an instruction `u` (target
 attributes `U_att`, target options `U_opt`, price limit `u_price`) earns
@@ -9,7 +9,7 @@ attributes `U_att`, target options `U_opt`, price limit `u_price`) earns
 
 where the intersections are fuzzy text matches and `r_type` in {0, 0.1, 0.5, 1} penalises buying
 the wrong kind of product. The thresholds below follow the reference implementation released
-with the paper (`web_agent_site/engine/goal.py`):
+with the paper (github.com/princeton-nlp/WebShop, `web_agent_site/engine/goal.py`):
 
 * r_type: `query_match` (same search query that produced the product in the crawl),
   `category_match` (at least two shared levels of the `›`-separated category path) and

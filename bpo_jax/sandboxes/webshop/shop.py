@@ -12,6 +12,9 @@ joined by " [SEP] ":
     description / features / reviews   ... [SEP] Back to Search [SEP] < Prev [SEP] <text>
     done      Thank you for shopping with us! [SEP] ... [SEP] Your score (min 0.0, max 1.0) [SEP] r
 
+The item page also lists the options chosen so far ("Selected: size: large, color: red"), which
+WebShop's HTML shows as checked radio buttons and its text mode drops.
+
 Actions are `search[<keywords>]` (only where the search box is shown) and `click[<button>]`
 with a button shown on the page (case and spacing are ignored). Clicking an option value selects
 it for its option; `click[Buy Now]` ends the episode with the WebShop reward (see `reward.py`).
