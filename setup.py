@@ -30,6 +30,9 @@ ENVIRONMENT_EXTRAS = {
     "textworld": ["textworld==1.7.0"],
     "webshop": ["bm25s>=0.2", "PyStemmer>=2.2", "rapidfuzz>=3.0"],
     "swe": ["swebench==5.0.2"],
+    # ALFWorld's text engine: alfworld pulls textworld[pddl] (tatsu, and fast-downward-textworld,
+    # built from source with cmake and a C++ compiler). No pins that clash with jax/numpy 2/torch.
+    "alfworld": ["alfworld==0.4.2"],
 }
 
 setup(

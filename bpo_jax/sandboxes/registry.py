@@ -34,6 +34,7 @@ ENVIRONMENTS = {
     "cliffwalking": "bpo_jax.sandboxes.gym_text.cliffwalking",
     "blackjack": "bpo_jax.sandboxes.gym_text.blackjack",
     "webshop": "bpo_jax.sandboxes.webshop",
+    "alfworld": "bpo_jax.sandboxes.alfworld",
 }
 
 
