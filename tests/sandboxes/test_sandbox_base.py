@@ -90,3 +90,15 @@ def test_registry_unknown_name_lists_known_names():
   with pytest.raises(KeyError, match="unknown environment 'nope'; known environments: .*rooms"):
     registry.get_environment("nope")
   assert set(MINE) <= set(registry.environment_names())
+
+
+def test_importing_the_package_imports_no_environment_package():
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  code = ("import sys, bpo_jax.sandboxes; print(sorted(m for m in ('gymnasium', 'textworld', "
+          "'jericho', 'bpo_jax.sandboxes.rooms') if m in sys.modules))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env=dict(os.environ, PYTHONPATH=root)).stdout
+  assert out.strip() == "[]"
