@@ -1,0 +1,321 @@
+"""Jitted prefill / decode / fork for many rows at once, with per-token logprob and entropy.
+
+The state of the sampler is a pytree passed in and out, `DecodeState(cache, next_logits)`:
+the KV cache of B rows with a fixed number of slots, and for each row the logits of its next
+token. A host rollout loop drives it:
+
+  sampler = Sampler(graphdef, max_length=512)
+  ds = sampler.prefill(state, [prompt_a, prompt_b])          # rows of different lengths
+  ds, out = sampler.generate(state, ds, key, SamplingParams(temperature=1.0, max_new_tokens=64,
+                                                            stop_token_ids=(eos,)))
+  ds = fork(ds, rows=[0], k=4)                               # row 0 copied into rows 0..3
+  ds = sampler.append(state, ds, {1: observation_tokens})     # continued prefill of row 1
+  ds = take_rows(ds, [0, 2])                                  # drop / compact rows
+
+Layout: rows are right padded. Row b holds its tokens in cache slots `0..lengths[b]-1`, token
+positions equal slot indices, and appended tokens go to the next free slots. Every emitted token
+is written to the cache, so the cache always holds exactly the row's prompt, generations and
+observations, and `next_logits` is ready for the next `generate`.
+
+Numbers returned per generated token (`SampleOutput`): the token id, its log-probability and the
+entropy under the temperature-scaled distribution `softmax(logits / temperature)` before top-k /
+top-p truncation (temperature 0, i.e. greedy, reports `softmax(logits)`), and a mask of the
+tokens actually generated. `bpo_jax.models.token_logprobs_and_entropy` computes the same numbers
+from a full training-mode forward, so the importance ratio starts at 1.
+
+Compiled shapes (bucketing): `append` compiles once per (batch size, padded token length);
+`pad_token_rows` rounds token lengths up to powers of two (at least 16, at most the cache
+length), so a rollout sees O(log max_length) shapes per batch size. `generate` compiles once per
+(batch size, SamplingParams); the decode loop itself is one `lax.while_loop` with no host
+round-trip per token, stopping early when every row is done. Keep batch sizes to a few buckets
+(pad with rows of length 0 and `active=False`).
+"""
+
+import dataclasses
+import functools
+from typing import Mapping, Optional, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bpo_jax.models.config import ModelConfig
+from bpo_jax.models.decoder import forward
+from bpo_jax.models.decoder import KVCache
+from bpo_jax.models.decoder import logprobs_and_entropy_from_logits
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """How tokens are drawn; hashable, a static argument of the jitted decode loop.
+
+  Attributes:
+    temperature: 0 for greedy (argmax), else logits are divided by it.
+    top_p: nucleus mass in (0, 1]; 1 disables it.
+    top_k: keep the k most likely tokens; 0 disables it.
+    max_new_tokens: most tokens generated per row in one `generate` call.
+    stop_token_ids: ids that end a row's generation (the stop token is emitted and cached).
+  """
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  max_new_tokens: int = 32
+  stop_token_ids: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    if not self.temperature >= 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+    if self.max_new_tokens <= 0:
+      raise ValueError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+    object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+
+@flax.struct.dataclass
+class DecodeState:
+  """The KV cache of B rows and the logits [B, V] (float32) of each row's next token."""
+  cache: KVCache
+  next_logits: jax.Array
+
+  @property
+  def lengths(self) -> jax.Array:
+    return self.cache.lengths
+
+  @property
+  def batch_size(self) -> int:
+    return self.cache.batch_size
+
+
+@flax.struct.dataclass
+class SampleOutput:
+  """What one `generate` call produced, [B, max_new_tokens] unless noted.
+
+  Attributes:
+    tokens: int32 token ids (0 where `mask` is False).
+    logprobs: float32 log-probabilities of the tokens (0 where `mask` is False).
+    entropies: float32 entropies of the distributions they were drawn from.
+    mask: bool, True for generated tokens.
+    stopped: [B] bool, the row emitted a stop token.
+    num_tokens: [B] int32, tokens generated per row.
+  """
+  tokens: jax.Array
+  logprobs: jax.Array
+  entropies: jax.Array
+  mask: jax.Array
+  stopped: jax.Array
+  num_tokens: jax.Array
+
+
+def init_decode_state(config: ModelConfig, batch_size: int, max_length: int,
+                      dtype=None) -> DecodeState:
+  """Empty rows (length 0) with `max_length` cache slots each."""
+  return DecodeState(cache=KVCache.init(config, batch_size, max_length, dtype),
+                     next_logits=jnp.zeros((batch_size, config.vocab_size), jnp.float32))
+
+
+def take_rows(tree, rows):
+  """Rows `rows` of a DecodeState / KVCache / SampleOutput: a gather on the batch axis."""
+  rows = jnp.asarray(rows, jnp.int32)
+  if rows.ndim != 1:
+    raise ValueError(f"rows must be a 1-D list of row indices, got shape {rows.shape}")
+  return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), tree)
+
+
+def fork(tree, rows, k: int):
+  """Copies each of `rows` into k consecutive rows: `[r0]*k + [r1]*k + ...`.
+
+  Example: rows `[2, 0]`, k 2 gives a batch of the rows `[2, 2, 0, 0]`.
+  """
+  if k <= 0:
+    raise ValueError(f"k must be positive, got {k}")
+  return take_rows(tree, jnp.repeat(jnp.asarray(rows, jnp.int32), k))
+
+
+def append_tokens(graphdef, state, decode_state: DecodeState, tokens: jax.Array,
+                  lengths: jax.Array) -> DecodeState:
+  """Continued prefill: appends `tokens[b, :lengths[b]]` to row b (pure; jit it).
+
+  Rows with `lengths[b] == 0` keep their cache length and next logits. The caller keeps
+  `decode_state.lengths + lengths <= max_length` (`Sampler.append` checks it).
+  """
+  logits, cache = forward(graphdef, state, tokens, cache=decode_state.cache,
+                          input_lengths=lengths)
+  last = jnp.maximum(lengths - 1, 0)
+  last_logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+  next_logits = jnp.where((lengths > 0)[:, None], last_logits, decode_state.next_logits)
+  return DecodeState(cache=cache, next_logits=next_logits)
+
+
+def sample_logits(logits: jax.Array, key: jax.Array, params: SamplingParams):
+  """Draws one token per row of logits [B, V]; returns (tokens, logprobs, entropies).
+
+  Sampling uses `softmax(logits / T)` restricted to the top-k tokens and then to the smallest
+  set of most likely tokens whose mass reaches top_p; the logprob and entropy reported are those
+  of the untruncated `softmax(logits / T)` (see `logprobs_and_entropy_from_logits`).
+  """
+  if params.temperature == 0:
+    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  else:
+    scaled = logits.astype(jnp.float32) / np.float32(params.temperature)
+    filtered = scaled
+    if 0 < params.top_k < logits.shape[-1]:
+      kth_largest = jax.lax.top_k(scaled, params.top_k)[0][:, -1:]
+      filtered = jnp.where(scaled < kth_largest, -jnp.inf, filtered)
+    if params.top_p < 1.0:
+      descending = -jnp.sort(-filtered, axis=-1)
+      probs = jax.nn.softmax(descending, axis=-1)
+      mass_before = jnp.cumsum(probs, axis=-1) - probs
+      # The most likely token always survives (its mass_before is 0).
+      threshold = jnp.min(jnp.where(mass_before < params.top_p, descending, jnp.inf), axis=-1,
+                          keepdims=True)
+      filtered = jnp.where(filtered < threshold, -jnp.inf, filtered)
+    tokens = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+  logprobs, entropies = logprobs_and_entropy_from_logits(logits, tokens, params.temperature)
+  return tokens, logprobs, entropies
+
+
+def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
+             params: SamplingParams, active: Optional[jax.Array] = None):
+  """Decodes up to `params.max_new_tokens` tokens per active row in one `lax.while_loop`.
+
+  A row stops after emitting a stop token, after `max_new_tokens`, or when its cache is full.
+  Pure: jit it with `graphdef` and `params` static (`Sampler.generate` does).
+
+  Returns:
+    (decode_state with every emitted token cached, SampleOutput).
+  """
+  batch = decode_state.batch_size
+  steps = params.max_new_tokens
+  max_length = decode_state.cache.max_length
+  if active is None:
+    active = jnp.ones((batch,), bool)
+  stop_ids = jnp.asarray(params.stop_token_ids or (-1,), jnp.int32)
+
+  def cond(carry):
+    step, _, _, finished, _ = carry
+    return (step < steps) & ~jnp.all(finished)
+
+  def body(carry):
+    step, ds, key, finished, out = carry
+    key, subkey = jax.random.split(key)
+    tokens, logprobs, entropies = sample_logits(ds.next_logits, subkey, params)
+    emit = ~finished
+    tokens = jnp.where(emit, tokens, 0)
+    out = dict(
+        tokens=out["tokens"].at[:, step].set(tokens),
+        logprobs=out["logprobs"].at[:, step].set(jnp.where(emit, logprobs, 0.0)),
+        entropies=out["entropies"].at[:, step].set(jnp.where(emit, entropies, 0.0)),
+        mask=out["mask"].at[:, step].set(emit),
+        stopped=out["stopped"] | (emit & jnp.isin(tokens, stop_ids)),
+    )
+    ds = append_tokens(graphdef, state, ds, tokens[:, None], emit.astype(jnp.int32))
+    finished = finished | out["stopped"] | (ds.cache.lengths >= max_length)
+    return step + 1, ds, key, finished, out
+
+  out = dict(tokens=jnp.zeros((batch, steps), jnp.int32),
+             logprobs=jnp.zeros((batch, steps), jnp.float32),
+             entropies=jnp.zeros((batch, steps), jnp.float32),
+             mask=jnp.zeros((batch, steps), bool),
+             stopped=jnp.zeros((batch,), bool))
+  finished = ~active.astype(bool) | (decode_state.cache.lengths >= max_length)
+  carry = (jnp.int32(0), decode_state, key, finished, out)
+  _, decode_state, _, _, out = jax.lax.while_loop(cond, body, carry)
+  return decode_state, SampleOutput(num_tokens=jnp.sum(out["mask"], axis=1, dtype=jnp.int32),
+                                    **out)
+
+
+_append_jit = jax.jit(append_tokens, static_argnums=(0,))
+_generate_jit = jax.jit(generate, static_argnums=(0, 4))
+
+
+def bucket_length(n: int, minimum: int = 16, maximum: Optional[int] = None) -> int:
+  """The padded length for n tokens: the next power of two ≥ max(n, minimum), capped.
+
+  Example: `bucket_length(17) == 32`, `bucket_length(3) == 16`, `bucket_length(40, maximum=48)
+  == 48`.
+  """
+  if n < 0:
+    raise ValueError(f"n must be >= 0, got {n}")
+  size = max(minimum, 1 << max(n - 1, 0).bit_length())
+  if maximum is not None:
+    if n > maximum:
+      raise ValueError(f"{n} tokens exceed the maximum length {maximum}")
+    size = min(size, maximum)
+  return size
+
+
+def pad_token_rows(rows: Sequence[Sequence[int]], length: Optional[int] = None,
+                   maximum: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+  """Right-pads token lists into (tokens [B, T] int32, lengths [B] int32).
+
+  T is `length` if given, else `bucket_length` of the longest row (capped at `maximum`).
+  """
+  lengths = np.asarray([len(r) for r in rows], np.int32)
+  longest = int(lengths.max()) if len(rows) else 0
+  if length is None:
+    length = bucket_length(max(longest, 1), maximum=maximum)
+  if longest > length:
+    raise ValueError(f"a row has {longest} tokens, more than the padded length {length}")
+  tokens = np.zeros((len(rows), length), np.int32)
+  for b, row in enumerate(rows):
+    tokens[b, :len(row)] = np.asarray(row, np.int32)
+  return tokens, lengths
+
+
+class Sampler:
+  """Host-side driver of the jitted functions for one model structure (`graphdef`).
+
+  Holds no model state and no cache: parameters (`state`) and `DecodeState`s go in and out of
+  every call, so training can update the parameters between rollouts.
+  """
+
+  def __init__(self, graphdef, config: ModelConfig, max_length: int):
+    self.graphdef = graphdef
+    self.config = config
+    self.max_length = max_length
+
+  def init_state(self, batch_size: int) -> DecodeState:
+    return init_decode_state(self.config, batch_size, self.max_length)
+
+  def _check_tokens(self, tokens: np.ndarray):
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
+      raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range "
+                       f"[{tokens.min()}, {tokens.max()}]")
+
+  def prefill(self, state, rows: Sequence[Sequence[int]]) -> DecodeState:
+    """A new DecodeState with one row per token list (lists may differ in length)."""
+    return self.append(state, self.init_state(len(rows)), dict(enumerate(rows)))
+
+  def append(self, state, decode_state: DecodeState,
+             rows: Mapping[int, Sequence[int]]) -> DecodeState:
+    """Appends `rows[b]` to row b (continued prefill, e.g. an observation); others unchanged."""
+    batch = decode_state.batch_size
+    lists = [[] for _ in range(batch)]
+    for b, row_tokens in rows.items():
+      if not 0 <= b < batch:
+        raise ValueError(f"row {b} is out of range for a batch of {batch}")
+      lists[b] = list(row_tokens)
+    lengths_now = np.asarray(decode_state.lengths)
+    added = np.asarray([len(r) for r in lists])
+    over = np.nonzero(lengths_now + added > self.max_length)[0]
+    if over.size:
+      raise ValueError(f"rows {over.tolist()} would exceed the cache length {self.max_length} "
+                       f"(have {lengths_now[over].tolist()}, adding {added[over].tolist()})")
+    tokens, lengths = pad_token_rows(lists, maximum=self.max_length)
+    self._check_tokens(tokens)
+    return _append_jit(self.graphdef, state, decode_state, jnp.asarray(tokens),
+                       jnp.asarray(lengths))
+
+  def generate(self, state, decode_state: DecodeState, key: jax.Array, params: SamplingParams,
+               active: Optional[Sequence[bool]] = None):
+    """Decodes every active row; returns (DecodeState, SampleOutput)."""
+    if active is not None:
+      active = jnp.asarray(active, bool)
+      if active.shape != (decode_state.batch_size,):
+        raise ValueError(f"active must have shape ({decode_state.batch_size},), got "
+                         f"{active.shape}")
+    return _generate_jit(self.graphdef, state, decode_state, key, params, active)

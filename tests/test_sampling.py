@@ -1,0 +1,221 @@
+"""The sampler: greedy ≡ transformers, logprobs ≡ training forward, forks, stops, distributions."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from bpo_jax import models
+from bpo_jax import sampling
+from bpo_jax.sampling import SamplingParams
+
+VOCAB = 97
+MAX_LENGTH = 48
+score = jax.jit(models.token_logprobs_and_entropy, static_argnums=0,
+                static_argnames="temperature")
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+  """A tiny random Qwen2 model in transformers and the same weights loaded by our loader."""
+  torch.manual_seed(0)
+  hf_model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+      vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2,
+      tie_word_embeddings=True)).eval()
+  path = str(tmp_path_factory.mktemp("policy"))
+  hf_model.save_pretrained(path)
+  model, config = models.load_hf_checkpoint(path)
+  graphdef, state = nnx.split(model)
+  return hf_model, config, graphdef, state, sampling.Sampler(graphdef, config, MAX_LENGTH)
+
+
+PROMPTS = [np.random.RandomState(s).randint(0, VOCAB, n).tolist()
+           for s, n in ((1, 5), (2, 11), (3, 8), (4, 2))]
+
+
+def score_rows(graphdef, state, rows, temperature):
+  """Training-side logprobs / entropies of each row's tokens after the first, one padded batch."""
+  tokens, _ = sampling.pad_token_rows(rows, length=MAX_LENGTH)
+  targets = np.roll(tokens, -1, axis=1)
+  logprobs, entropies = score(graphdef, state, jnp.asarray(tokens), jnp.asarray(targets),
+                              temperature=temperature)
+  return ([np.asarray(logprobs[b, :len(r) - 1]) for b, r in enumerate(rows)],
+          [np.asarray(entropies[b, :len(r) - 1]) for b, r in enumerate(rows)])
+
+
+def generated(out, b):
+  n = int(out.num_tokens[b])
+  assert np.asarray(out.mask[b, :n]).all() and not np.asarray(out.mask[b, n:]).any()
+  return (np.asarray(out.tokens[b, :n]).tolist(), np.asarray(out.logprobs[b, :n]),
+          np.asarray(out.entropies[b, :n]))
+
+
+def test_greedy_equals_transformers_generate(policy):
+  hf_model, _, _, state, sampler = policy
+  ds = sampler.prefill(state, PROMPTS)
+  ds, out = sampler.generate(state, ds, jax.random.key(0),
+                             SamplingParams(temperature=0.0, max_new_tokens=12))
+  for b, prompt in enumerate(PROMPTS):
+    with torch.no_grad():
+      # An explicit mask: generate would otherwise mask prompt tokens equal to pad_token_id.
+      want = hf_model.generate(torch.as_tensor([prompt]),
+                               attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
+                               do_sample=False, max_new_tokens=12, min_new_tokens=12,
+                               pad_token_id=0)
+    assert generated(out, b)[0] == want[0, len(prompt):].tolist()
+  np.testing.assert_array_equal(np.asarray(ds.lengths), [len(p) + 12 for p in PROMPTS])
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0, max_new_tokens=10),
+    SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=10),
+    SamplingParams(temperature=0.0, max_new_tokens=10),
+])
+def test_logprobs_equal_training_forward(policy, params):
+  _, _, graphdef, state, sampler = policy
+  ds = sampler.prefill(state, PROMPTS)
+  _, out = sampler.generate(state, ds, jax.random.key(1), params)
+  rows = [p + generated(out, b)[0] for b, p in enumerate(PROMPTS)]
+  train_logprobs, train_entropies = score_rows(graphdef, state, rows, params.temperature)
+  for b, prompt in enumerate(PROMPTS):
+    _, logprobs, entropies = generated(out, b)
+    start = len(prompt) - 1
+    np.testing.assert_allclose(logprobs, train_logprobs[b][start:], atol=1e-5)
+    np.testing.assert_allclose(entropies, train_entropies[b][start:], atol=1e-5)
+    # The PPO ratio π_train / π_sample therefore starts at 1.
+    np.testing.assert_allclose(np.exp(train_logprobs[b][start:] - logprobs), 1.0, atol=1e-5)
+
+
+def test_fork_and_append_continue_like_a_fresh_prefill(policy):
+  """Multi-turn: generate, fork a row, append a different observation to each fork, generate."""
+  _, _, graphdef, state, sampler = policy
+  greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+  ds = sampler.prefill(state, PROMPTS[:2])
+  ds, first = sampler.generate(state, ds, jax.random.key(0), greedy)
+  forked = sampling.fork(ds, rows=[1, 0], k=2)   # rows: 1, 1, 0, 0
+  np.testing.assert_array_equal(np.asarray(forked.lengths),
+                                np.asarray(ds.lengths)[[1, 1, 0, 0]])
+  observations = {0: [3, 4, 5], 1: [6], 3: [7, 8]}  # row 2 gets no observation
+  forked = sampler.append(state, forked, observations)
+  forked, second = sampler.generate(state, forked, jax.random.key(0), greedy)
+
+  histories = []
+  for b, source in enumerate([1, 1, 0, 0]):
+    histories.append(PROMPTS[source] + generated(first, source)[0] + observations.get(b, []))
+  fresh = sampler.prefill(state, histories)
+  _, reference = sampler.generate(state, fresh, jax.random.key(0), greedy)
+  for b in range(4):
+    got_tokens, got_logprobs, _ = generated(second, b)
+    want_tokens, want_logprobs, _ = generated(reference, b)
+    assert got_tokens == want_tokens
+    np.testing.assert_allclose(got_logprobs, want_logprobs, atol=1e-5)
+  # Compaction: keep rows 3 and 0, in that order.
+  kept = sampling.take_rows(forked, [3, 0])
+  np.testing.assert_array_equal(np.asarray(kept.lengths), np.asarray(forked.lengths)[[3, 0]])
+  np.testing.assert_array_equal(np.asarray(kept.next_logits),
+                                np.asarray(forked.next_logits)[[3, 0]])
+
+
+def test_stop_tokens_limits_and_inactive_rows(policy):
+  _, _, _, state, sampler = policy
+  ds = sampler.prefill(state, PROMPTS)
+  _, free = sampler.generate(state, ds, jax.random.key(0),
+                             SamplingParams(temperature=0.0, max_new_tokens=12))
+  free_tokens = [generated(free, b)[0] for b in range(4)]
+  stop_id = free_tokens[0][4]
+  params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(stop_id,))
+  after, out = sampler.generate(state, ds, jax.random.key(0), params,
+                                active=[True, True, True, False])
+  for b in range(3):
+    tokens = generated(out, b)[0]
+    n = free_tokens[b].index(stop_id) + 1 if stop_id in free_tokens[b] else 12
+    assert tokens == free_tokens[b][:n]
+    assert bool(out.stopped[b]) == (stop_id in free_tokens[b])
+  assert int(out.num_tokens[0]) <= 5 and bool(out.stopped[0])
+  assert int(out.num_tokens[3]) == 0 and not bool(out.stopped[3])   # inactive row untouched
+  np.testing.assert_array_equal(np.asarray(after.lengths),
+                                np.asarray(ds.lengths) + np.asarray(out.num_tokens))
+  np.testing.assert_array_equal(np.asarray(after.next_logits[3]), np.asarray(ds.next_logits[3]))
+
+  # A row whose cache fills up stops there, without a stop token.
+  long_prompt = list(range(MAX_LENGTH - 3))
+  full = sampler.prefill(state, [long_prompt, PROMPTS[0]])
+  full, out = sampler.generate(state, full, jax.random.key(0),
+                               SamplingParams(temperature=0.0, max_new_tokens=12))
+  np.testing.assert_array_equal(np.asarray(out.num_tokens), [3, 12])
+  np.testing.assert_array_equal(np.asarray(out.stopped), [False, False])
+  np.testing.assert_array_equal(np.asarray(full.lengths), [MAX_LENGTH, len(PROMPTS[0]) + 12])
+
+
+def test_sample_logits_draws_from_the_truncated_distribution():
+  logits = np.asarray([2.0, 1.5, 1.0, 0.5, 0.0, -3.0], np.float32)
+  params = SamplingParams(temperature=0.5, top_k=4, top_p=0.9)
+  # By hand: p ∝ exp(logits / 0.5) = e^[4, 3, 2, 1, 0, -6]; top-4 keeps the first four
+  # (masses 0.644, 0.237, 0.087, 0.032); the nucleus keeps tokens whose preceding mass < 0.9:
+  # tokens 0, 1, 2 (0.644 + 0.237 = 0.881 < 0.9, then 0.968).
+  p = np.exp(np.asarray([4.0, 3.0, 2.0]))
+  p /= p.sum()
+  n = 40_000
+  tokens, logprobs, entropies = jax.jit(sampling.sample_logits, static_argnums=2)(
+      jnp.tile(jnp.asarray(logits), (n, 1)), jax.random.key(0), params)
+  counts = np.bincount(np.asarray(tokens), minlength=6)
+  assert counts[3:].sum() == 0
+  sigma = np.sqrt(n * p * (1 - p))
+  assert np.all(np.abs(counts[:3] - n * p) < 5 * sigma), (counts, n * p)
+  # Reported numbers: the untruncated temperature-scaled distribution.
+  full = np.exp(logits / 0.5 - np.log(np.exp(logits / 0.5).sum()))
+  np.testing.assert_allclose(np.asarray(logprobs), np.log(full)[np.asarray(tokens)], rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(entropies), -(full * np.log(full)).sum(), rtol=1e-5)
+
+
+def test_decode_loop_compiles_once_per_shape(policy):
+  _, _, _, state, sampler = policy
+  params = SamplingParams(temperature=1.0, max_new_tokens=4)
+  ds = sampler.prefill(state, PROMPTS)
+  sampler.generate(state, ds, jax.random.key(0), params)
+  before = sampling._generate_jit._cache_size()  # pylint: disable=protected-access
+  ds = sampler.prefill(state, [p[::-1] for p in PROMPTS])
+  for seed in range(3):
+    ds, out = sampler.generate(state, ds, jax.random.key(seed), params)
+  assert sampling._generate_jit._cache_size() == before  # pylint: disable=protected-access
+  np.testing.assert_array_equal(np.asarray(out.num_tokens), [4, 4, 4, 4])
+
+
+def test_bucketing():
+  assert sampling.bucket_length(3) == 16
+  assert sampling.bucket_length(17) == 32
+  assert sampling.bucket_length(64) == 64
+  assert sampling.bucket_length(40, maximum=48) == 48
+  tokens, lengths = sampling.pad_token_rows([[5, 6, 7], [8]])
+  assert tokens.shape == (2, 16)
+  np.testing.assert_array_equal(tokens[:, :3], [[5, 6, 7], [8, 0, 0]])
+  np.testing.assert_array_equal(lengths, [3, 1])
+  with pytest.raises(ValueError, match="exceed the maximum length 48"):
+    sampling.bucket_length(49, maximum=48)
+
+
+def test_bad_inputs_get_clear_errors(policy):
+  _, _, _, state, sampler = policy
+  with pytest.raises(ValueError, match="temperature"):
+    SamplingParams(temperature=-0.5)
+  with pytest.raises(ValueError, match="top_p"):
+    SamplingParams(top_p=0.0)
+  with pytest.raises(ValueError, match="top_k"):
+    SamplingParams(top_k=-1)
+  with pytest.raises(ValueError, match="max_new_tokens"):
+    SamplingParams(max_new_tokens=0)
+  with pytest.raises(ValueError, match=r"token ids must be in \[0, 97\)"):
+    sampler.prefill(state, [[1, 2, 97]])
+  ds = sampler.prefill(state, [list(range(40)), [1]])
+  with pytest.raises(ValueError, match=r"rows \[0\] would exceed the cache length 48"):
+    sampler.append(state, ds, {0: list(range(9)), 1: [2]})
+  with pytest.raises(ValueError, match="row 2 is out of range"):
+    sampler.append(state, ds, {2: [1]})
+  with pytest.raises(ValueError, match="active must have shape"):
+    sampler.generate(state, ds, jax.random.key(0), SamplingParams(), active=[True])
+  with pytest.raises(ValueError, match="k must be positive"):
+    sampling.fork(ds, [0], 0)
