@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 import tempfile
 import uuid
 from typing import Any, Mapping
@@ -112,7 +111,8 @@ class SweSandbox:
   def reset(self, task: tasks_lib.SweTask) -> str:
     if not isinstance(task, tasks_lib.SweTask):
       raise TypeError(f"reset needs a SweTask, got {type(task).__name__}")
-    self._load_task(task)
+    if self._ws is None or task != self._task:
+      self._load_task(task)
     self._ws.checkout_tree(self._base_tree)
     if self.show_tests:
       self._ws.git("apply", "--whitespace=nowarn", "-", input=task.instance["test_patch"].encode())
@@ -184,6 +184,32 @@ class SweSandbox:
       self.close()
     except Exception:  # pylint: disable=broad-except
       pass
+
+  def expert_actions(self) -> list[str] | None:
+    """The reference fix as actions, then `submit`; None once the episode is over.
+
+    Each hunk of the task's reference patch becomes a `replace` of its old lines by its new
+    ones; a new or deleted file, or a hunk whose old text is not unique in the current file,
+    becomes a `write` of the whole fixed file (or an `rm`). Meant for the state after reset:
+    from a state where the agent changed the same lines, the replaces may not apply.
+    """
+    if self._task is None:
+      raise RuntimeError("expert_actions() before reset()")
+    if self._done:
+      return None
+    fixed = dict(_reference_files(self._task))
+    actions = []
+    for path, hunks in _patch_hunks(self._task.instance["patch"]).items():
+      full = os.path.join(self._ws.workdir, path)
+      current = open(full, encoding="utf-8").read() if os.path.isfile(full) else None
+      if fixed[path] is None:
+        actions.append(f"run rm -f -- '{path}'")
+      elif current is not None and all(old and current.count(old) == 1 for old, _ in hunks):
+        actions += [f"replace {path}\n{_SEARCH}\n{old}\n{_DIVIDER}\n{new}\n{_REPLACE}"
+                    for old, new in hunks]
+      else:
+        actions.append(f"write {path}\n{fixed[path].decode('utf-8')}")
+    return actions + ["submit"]
 
   # -- internals --------------------------------------------------------------------------
 
@@ -339,6 +365,50 @@ class SweSandbox:
     return base.Step(observation=text, reward=1.0 if resolved else 0.0, done=True,
                      info={"success": resolved, "report": summary,
                            "model_patch": report["model_patch"]})
+
+
+_REFERENCE_FILES: dict[str, list[tuple[str, bytes | None]]] = {}
+
+
+def _reference_files(task: tasks_lib.SweTask) -> list[tuple[str, bytes | None]]:
+  """(path, fixed content or None if deleted) for each file the reference patch touches."""
+  if task.task_id not in _REFERENCE_FILES:
+    with tempfile.TemporaryDirectory(prefix="bpo_swe_ref_") as parent:
+      ws = workspace_lib.Workspace(parent)
+      tasks_lib.materialize(task, ws)
+      ws.git("apply", "--whitespace=nowarn", "-", input=task.instance["patch"].encode())
+      files = []
+      for path in grading.patched_files(task.instance["patch"]):
+        full = os.path.join(ws.workdir, path)
+        files.append((path, open(full, "rb").read() if os.path.exists(full) else None))
+    _REFERENCE_FILES[task.task_id] = files
+  return _REFERENCE_FILES[task.task_id]
+
+
+def _patch_hunks(patch: str) -> dict[str, list[tuple[str, str]]]:
+  """{path: [(old text, new text) per hunk]} of a unified git diff."""
+  hunks: dict[str, list[tuple[str, str]]] = {}
+  path, old, new = None, None, None
+
+  def flush():
+    if path is not None and old is not None:
+      hunks.setdefault(path, []).append(("\n".join(old), "\n".join(new)))
+
+  for line in patch.split("\n"):
+    if line.startswith("diff --git "):
+      flush()
+      path, old, new = line.split(" b/", 1)[1], None, None
+      hunks.setdefault(path, [])
+    elif line.startswith("@@"):
+      flush()
+      old, new = [], []
+    elif old is not None and line[:1] in (" ", "-", "+"):
+      if line[:1] in (" ", "-"):
+        old.append(line[1:])
+      if line[:1] in (" ", "+"):
+        new.append(line[1:])
+  flush()
+  return hunks
 
 
 def _limits(value, default: confinement.Limits) -> confinement.Limits:

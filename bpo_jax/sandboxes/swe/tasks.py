@@ -24,6 +24,9 @@ TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
 # of the test patch are appended, as SWE-bench's harness does.
 DEFAULT_TEST_COMMAND = "python -m pytest --no-header -rA --tb=no -p no:cacheprovider"
 SPLITS = ("train", "test")
+# SweSandbox's constructor arguments, accepted (and ignored) by make_tasks.
+SANDBOX_OPTIONS = frozenset({"limits", "grading_limits", "max_steps", "show_tests",
+                             "max_view_lines", "root"})
 _REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch",
              "FAIL_TO_PASS", "PASS_TO_PASS")
 
@@ -112,14 +115,17 @@ def make_tasks(split: str, num: int, seed: int, **config) -> list[SweTask]:
   """`num` shipped tasks of `split` ("train": 8 tasks, "test": 4, disjoint) in a seeded order.
 
   The split's tasks are shuffled with `seed` and repeated in that order when `num` exceeds them.
-  `config` is accepted for the environment interface and must be empty.
+  `config` may hold the sandbox's options (one options dict often configures both); they do not
+  change the tasks. Any other key is an error.
   """
   if split not in SPLITS:
     raise ValueError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
   if not isinstance(num, int) or num < 0:
     raise ValueError(f"num must be a non-negative integer, got {num!r}")
-  if config:
-    raise TypeError(f"make_tasks got unknown config keys: {', '.join(sorted(config))}")
+  unknown = set(config) - SANDBOX_OPTIONS
+  if unknown:
+    raise TypeError(f"make_tasks got unknown config keys: {', '.join(sorted(unknown))}; "
+                    f"known (sandbox options): {', '.join(sorted(SANDBOX_OPTIONS))}")
   tasks = [load_shipped_task(name) for name in shipped_task_names()]
   tasks = [t for t in tasks if t.instance.get("split") == split]
   random.Random(seed).shuffle(tasks)
