@@ -373,3 +373,73 @@ def expected_size(batch: OutcomeBatch) -> tuple[float, float]:
   leaves = np.asarray(jax.vmap(estimators.leaf_mask)(trees)).sum(-1)
   steps = np.asarray(batch.trees.valid).sum(-1)
   return float(batch.probability @ leaves), float(batch.probability @ steps)
+
+
+def sample_online_tree(mdp: TabularMDP, rng: np.random.Generator, *, threshold: float,
+                       fork_k: int, max_forks: int) -> Outcome:
+  """One tree grown by the online rule (the sampler `enumerate_online_trees` enumerates)."""
+  pi = mdp.policy()
+  entropy = mdp.entropy()
+  nodes: list = []
+  prob = 1.0
+  forks_used = 0
+  stack = [("expand", 0, -1, 0)]
+  while stack:
+    kind, state, parent, depth = stack.pop()
+    if kind == "expand":
+      fork = bool(branching.online_fork_decision(entropy[state], threshold, forks_used,
+                                                 max_forks))
+      forks_used += int(fork)
+      stack += [("child", state, parent, depth)] * (fork_k if fork else 1)
+      continue
+    action = int(rng.choice(mdp.num_actions, p=pi[state]))
+    prob *= pi[state, action]
+    nodes.append((parent, state, action, float(mdp.rewards[state, action]), depth))
+    if depth + 1 < mdp.horizon:
+      stack.append(("expand", mdp.next_state(state, action, depth), len(nodes) - 1, depth + 1))
+  return Outcome(prob, tuple(nodes))
+
+
+MAX_ENUMERATED_GROUPS = 300_000
+
+
+def variance_table(mdp: TabularMDP, *, threshold: float, fork_k: int, max_forks: int
+                   ) -> list[dict]:
+  """Exact total gradient variance (trace of the covariance) of BPO and RLOO, each unbiased.
+
+  Rows: BPO with one tree and a zero trunk baseline; BPO with two trees of the task and a zero or
+  a leave-one-out-across-trees trunk baseline; RLOO matched to each BPO row at equal expected
+  leaves and at equal expected env steps (rounded to a whole number of episodes ≥ 2).
+  Each row: name, trees/episodes, expected leaves and env steps, variance, and for RLOO the
+  ratio var(BPO row) / var(RLOO).
+  """
+  batch = to_batch(enumerate_online_trees(mdp, threshold=threshold, fork_k=fork_k,
+                                          max_forks=max_forks), mdp)
+  leaves, steps = expected_size(batch)
+  rows = []
+  for num_trees, trunk in ((1, "zero"), (2, "zero"), (2, "loo")):
+    _, var = bpo_gradient_moments(batch, mdp, trunk, num_trees)
+    bpo_row = dict(name=f"BPO {num_trees} tree(s), {trunk} trunk", groups=num_trees,
+                   leaves=num_trees * leaves, env_steps=num_trees * steps, variance=var)
+    rows.append(bpo_row)
+    for matched, k in (("leaves", branching.matched_group_size(num_trees * leaves)),
+                       ("env steps", branching.matched_group_size(num_trees * steps,
+                                                                  mdp.horizon))):
+      if (mdp.num_actions**mdp.horizon)**k > MAX_ENUMERATED_GROUPS:
+        rows.append(dict(name=f"  RLOO K={k} (equal {matched}): too many groups to enumerate",
+                         groups=k, leaves=k, env_steps=k * mdp.horizon, variance=float("nan"),
+                         ratio=float("nan")))
+        continue
+      _, rvar = rloo_gradient_moments(mdp, k)
+      rows.append(dict(name=f"  RLOO K={k} (equal {matched})", groups=k, leaves=k,
+                       env_steps=k * mdp.horizon, variance=rvar, ratio=var / rvar))
+  return rows
+
+
+def format_variance_table(rows: list[dict]) -> str:
+  lines = [f"{'estimator':<40} {'leaves':>7} {'steps':>7} {'Var total':>10} {'BPO/RLOO':>9}"]
+  for r in rows:
+    ratio = f"{r['ratio']:.3f}" if "ratio" in r else ""
+    lines.append(f"{r['name']:<40} {r['leaves']:>7.2f} {r['env_steps']:>7.2f} "
+                 f"{r['variance']:>10.4f} {ratio:>9}")
+  return "\n".join(lines)
