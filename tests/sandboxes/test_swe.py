@@ -156,6 +156,8 @@ def test_actions_view_write_replace_and_bad_actions(lru_sandbox):
   assert sandbox.step("write notes/a.txt\nfirst\nsecond").observation == (
       "Wrote 2 lines to notes/a.txt.")
   assert sandbox.step("run cat notes/a.txt").observation == "first\nsecond\n[exit code 0]"
+  through_file = sandbox.step("write notes/a.txt/b.txt\nx")
+  assert through_file.info["error"] == "Not a directory" and not through_file.done
   not_unique = sandbox.step("replace lrucache/cache.py\n<<<<<<< SEARCH\n        self\n=======\n"
                             "x\n>>>>>>> REPLACE")
   assert not_unique.info["error"] == "search text not unique" and not not_unique.done
@@ -196,9 +198,12 @@ def test_bad_config_and_task_raise_clearly():
 
 # --------------------------------------------------------------------------- determinism
 
-PREFIX = ["run printf 'draft\\n' > notes.txt && mkdir -p scratch/empty"]
+# The state before the forks has an untracked file, an empty directory and a `.git` directory
+# (which git itself never tracks); all three must survive snapshots.
+PREFIX = ["run printf 'draft\\n' > notes.txt && mkdir -p scratch/empty vendor/.git && "
+          "echo '[core]' > vendor/.git/config"]
 FORKS = [LRU_FIX, "run rm -r lrucache/memo.py scratch", "write lrucache/cache.py\nBROKEN = 1"]
-CONTINUATION = ["run ls -R | sort; cat notes.txt; git status 2>&1 | head -1",
+CONTINUATION = ["run ls -R | sort; cat notes.txt vendor/.git/config; pwd",
                 "view lrucache/cache.py 1 3", "submit"]
 
 
@@ -220,6 +225,8 @@ def test_forks_replay_byte_identically_in_a_fresh_sandbox(forked):
   assert [(s[-1].reward, s[-1].info["success"]) for s in expected] == [
       (1.0, True), (0.0, False), (0.0, False)]
   assert len({tuple(s.observation for s in steps) for steps in expected}) == 3
+  listing = expected[0][1].observation
+  assert "draft\n[core]\n" in listing and "./scratch/empty:" in listing
   # A fresh sandbox that never saw the task replays them from the bytes alone, identically.
   fresh = swe.make_sandbox(max_steps=20)
   for i, action in enumerate(FORKS):

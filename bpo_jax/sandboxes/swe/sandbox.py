@@ -152,19 +152,17 @@ class SweSandbox:
       raise RuntimeError("snapshot() before reset()")
     extra = {"task": self._descriptor, "steps": self._steps, "done": self._done,
              "last_observation": self._last_observation}
-    data, tree = self._ws.pack_state(self._base_tree, extra)
-    return base.Snapshot(data=data, handle=(self._ws_token, tree, self._ws.empty_dirs(), extra))
+    data, tree, untracked = self._ws.pack_state(self._base_tree, extra)
+    return base.Snapshot(data=data, handle=(self._ws_token, tree, untracked, extra))
 
   def restore(self, snapshot: base.Snapshot) -> None:
     if not isinstance(snapshot, base.Snapshot):
       raise TypeError(f"restore needs a Snapshot, got {type(snapshot).__name__}")
     handle = snapshot.handle
     if handle is not None and self._ws is not None and handle[0] == self._ws_token:
-      _, tree, empty_dirs, extra = handle
+      _, tree, untracked, extra = handle
       self._ws.checkout_tree(tree)
-      for path in empty_dirs:
-        os.makedirs(self._ws.resolve(path), exist_ok=True)
-      self._ws.fix_ownership()
+      self._ws.restore_untracked(untracked)
     else:
       extra = workspace_lib.read_header(snapshot.data)["extra"]
       task = _task_from_descriptor(extra["task"])
@@ -248,12 +246,16 @@ class SweSandbox:
       info = {"exit_code": result.exit_code, "timed_out": result.timed_out,
               "output_limited": result.output_limited, "disk_limited": result.disk_limited}
       return base.Step(observation=f"{result.output}{report}", reward=0.0, done=False, info=info)
-    if verb == "view":
-      return self._view(argument)
-    if verb == "write":
-      return self._write(argument, rest)
-    if verb == "replace":
-      return self._replace(argument, rest)
+    try:
+      if verb == "view":
+        return self._view(argument)
+      if verb == "write":
+        return self._write(argument, rest)
+      if verb == "replace":
+        return self._replace(argument, rest)
+    except OSError as e:  # e.g. a path through a regular file
+      return base.Step(observation=f"Error: {e.strerror or e}: {argument}", reward=0.0,
+                       done=False, info={"error": e.strerror or str(e)})
     if verb == "submit":
       if argument or rest.strip():
         return base.invalid_action_step("submit takes no arguments", HELP)

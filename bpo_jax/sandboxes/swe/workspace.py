@@ -8,7 +8,8 @@ call uses a private index and ignores user/system configuration and `.gitignore`
 Snapshot bytes (`pack_state` / `unpack_state`) hold the difference from the task's base tree,
 not the whole tree: a header (format version, base tree id, tree id, empty directories) and,
 for every path added or changed relative to the base, its mode and content; deleted paths are
-listed. Any process that can build the base tree (every process holding the task) can restore
+listed. Files git will not track (inside a `.git` directory) are packed the same way, so a
+repository a command creates survives a restore. Any process that can build the base tree (every process holding the task) can restore
 them, and for a repository of thousands of files the snapshot stays as small as the edits.
 The trade-off against sharing one git object store between workers (a snapshot would then be
 just the 40-byte tree id) is a few kilobytes per snapshot and a hash of the changed files at
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import zlib
 from typing import Iterable, Mapping
@@ -140,14 +142,6 @@ class Workspace:
       raise ValueError(f"path {path!r} is outside the task directory")
     return real
 
-  def empty_dirs(self) -> list[str]:
-    """Directories with nothing in them (git does not track them; snapshots do)."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(self.workdir):
-      if not dirnames and not filenames and dirpath != self.workdir:
-        out.append(os.path.relpath(dirpath, self.workdir))
-    return sorted(out)
-
   def _remove_untracked(self) -> None:
     tracked = set(self.git("ls-files", "-z").decode().split("\0")) - {""}
     for dirpath, dirnames, filenames in os.walk(self.workdir, topdown=False):
@@ -175,8 +169,43 @@ class Workspace:
 
   # -- snapshots ------------------------------------------------------------------------------
 
-  def pack_state(self, base_tree: str, extra: Mapping) -> tuple[bytes, str]:
-    """Bytes of the working directory relative to `base_tree` plus `extra`; and the tree id."""
+  def untracked_state(self) -> dict:
+    """What the working directory holds beyond its git tree: empty directories, and files git
+    will not track (anything inside a `.git` directory, a directory git takes for a nested
+    repository). Special files (FIFOs, sockets) are not state and are dropped at restore."""
+    tracked = set(self.git("ls-files", "-z").decode().split("\0")) - {""}
+    empty_dirs, files = [], []
+    for dirpath, dirnames, filenames in os.walk(self.workdir):
+      rel_dir = os.path.relpath(dirpath, self.workdir)
+      if not dirnames and not filenames and dirpath != self.workdir:
+        empty_dirs.append(rel_dir)
+      for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+        full = os.path.join(dirpath, name)
+        rel = os.path.relpath(full, self.workdir)
+        if rel in tracked:
+          continue
+        info = os.lstat(full)
+        if stat.S_ISLNK(info.st_mode):
+          files.append((rel, "120000", os.readlink(full).encode()))
+        elif stat.S_ISREG(info.st_mode):
+          mode = "100755" if info.st_mode & 0o100 else "100644"
+          with open(full, "rb") as f:
+            files.append((rel, mode, f.read()))
+    return {"empty_dirs": sorted(empty_dirs), "files": sorted(files)}
+
+  def restore_untracked(self, untracked: Mapping) -> None:
+    """Puts back what `untracked_state` found (after `checkout_tree` removed it)."""
+    self.write_files(untracked["files"])
+    for path in untracked["empty_dirs"]:
+      os.makedirs(self.resolve(path), exist_ok=True)
+    self.fix_ownership()
+
+  def pack_state(self, base_tree: str, extra: Mapping) -> tuple[bytes, str, dict]:
+    """Bytes of the working directory relative to `base_tree`, plus `extra`.
+
+    Returns the bytes, the tree id and the untracked state (for an in-process fast restore:
+    `checkout_tree(tree)` then `restore_untracked(untracked)`).
+    """
     tree = self.write_tree()
     changes = self.changed_paths(base_tree, tree)
     files, deleted = [], []
@@ -187,14 +216,16 @@ class Workspace:
       full = os.path.join(self.workdir, path)
       content = os.readlink(full).encode() if mode == "120000" else open(full, "rb").read()
       files.append((path, mode, content))
+    untracked = self.untracked_state()
+    files += untracked["files"]
     header = json.dumps({
         "format": _FORMAT, "base": base_tree, "tree": tree, "deleted": deleted,
-        "empty_dirs": self.empty_dirs(), "extra": dict(extra),
+        "empty_dirs": untracked["empty_dirs"], "extra": dict(extra),
         "files": [(path, mode, len(content)) for path, mode, content in files],
     }, sort_keys=True, separators=(",", ":")).encode()
     body = b"".join(content for _, _, content in files)
     raw = len(header).to_bytes(8, "big") + header + body
-    return zlib.compress(raw, 1), tree
+    return zlib.compress(raw, 1), tree, untracked
 
   def unpack_state(self, data: bytes, base_tree: str) -> tuple[dict, str]:
     """Restores bytes from `pack_state`; returns its `extra` and the restored tree id."""
