@@ -12,10 +12,11 @@ to the same worker run in order. Every call has a timeout.
     pool.step_many({"b": "take key", "c": "go west"})
     pool.close("a"); pool.shutdown()
 
-Each result is either the value or a `BranchFailure(branch, op, reason)`. A sandbox that raises
-fails its branch and the worker carries on; one that hangs past `timeout_s` or kills its process
-(`os._exit`, a segfault) fails its branch, and the worker is replaced by a fresh process, so the
-pool keeps its size. Other branches that lived in the replaced worker are not lost: with
+Each result is either the value or a `BranchFailure(branch, op, reason)`. A sandbox that raises,
+hangs past `timeout_s` or kills its process (`os._exit`, a segfault) fails its branch, and the
+worker is replaced by a fresh process, so the pool keeps its size. (After an exception the old
+process still runs, but an exception may leave process-wide state behind, e.g. in an
+interpreter's C library; `replace_worker_on_error=False` keeps such workers.) Other branches that lived in the replaced worker are not lost: with
 `keep_backups=True` (the default) the pool keeps each branch's latest snapshot bytes (taken in the
 worker after every reset, step and restore) and restores them into the new worker. A failed
 branch stays failed (later calls on it return its failure record) until it is reset or restored.
@@ -194,7 +195,8 @@ class SandboxPool:
 
   def __init__(self, factory: Callable[[], base.Sandbox], num_workers: int = 2,
                timeout_s: float = 30.0, start_method: str | None = None,
-               keep_backups: bool = True, startup_timeout_s: float = 120.0):
+               keep_backups: bool = True, startup_timeout_s: float = 120.0,
+               replace_worker_on_error: bool = True):
     if num_workers < 0:
       raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     if not timeout_s > 0:
@@ -206,6 +208,7 @@ class SandboxPool:
     self.timeout_s = float(timeout_s)
     self.keep_backups = keep_backups
     self.startup_timeout_s = float(startup_timeout_s)
+    self.replace_worker_on_error = replace_worker_on_error
     self._counts = collections.Counter()
     self._location: dict[Hashable, int] = {}     # branch -> worker index
     self._backups: dict[Hashable, bytes] = {}
@@ -236,12 +239,13 @@ class SandboxPool:
   @classmethod
   def for_environment(cls, name: str, num_workers: int = 2, timeout_s: float = 30.0,
                       start_method: str | None = None, keep_backups: bool = True,
-                      **config) -> "SandboxPool":
+                      replace_worker_on_error: bool = True, **config) -> "SandboxPool":
     """A pool whose workers build sandboxes with `registry.get_environment(name)`."""
     registry.get_environment(name)  # fail early, in the caller, on an unknown name
     factory = functools.partial(_make_from_registry, name, dict(config))
     return cls(factory, num_workers=num_workers, timeout_s=timeout_s,
-               start_method=start_method, keep_backups=keep_backups)
+               start_method=start_method, keep_backups=keep_backups,
+               replace_worker_on_error=replace_worker_on_error)
 
   # --------------------------------------------------------------------------- introspection
 
@@ -472,13 +476,18 @@ class SandboxPool:
         on_worker_lost(w, f"could not send to worker: {error}")
 
     def on_worker_lost(w: int, reason: str):
-      waiting = sent.pop(w)
-      deadlines.pop(w, None)
-      call = waiting.popleft()
+      call = sent[w].popleft()
       failure = self._fail(call, reason)
       if not call.internal:
         results[call.branch] = failure
-      # The calls sent after it never ran: they go to the replacement, after the recoveries.
+      restart(w)
+
+    def restart(w: int):
+      # The calls sent after the failed one go to the replacement, after the recoveries. If the
+      # old worker already ran some of them, running them again from the backups gives the
+      # same answers: the backups are the states those calls started from.
+      waiting = sent.pop(w, collections.deque())
+      deadlines.pop(w, None)
       queues[w].extendleft(reversed(waiting))
       self._replace_worker(w, queues[w], results)
       send_queued(w)
@@ -509,6 +518,8 @@ class SandboxPool:
         failure = self._fail(call, value)
         if not call.internal:
           results[call.branch] = failure
+        if self.replace_worker_on_error:
+          restart(w)
 
     for w in list(queues):
       send_queued(w)

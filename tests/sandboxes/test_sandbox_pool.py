@@ -48,16 +48,16 @@ def test_every_fault_fails_only_its_branch_and_the_pool_keeps_its_size(pool):
   # The healthy branches finished, with the same Step a local sandbox gives.
   for b in (4, 5):
     assert results[b] == _local_step(tasks[b], actions[b])
-  # Same size, fresh processes where one died or hung (worker 1 twice: the hang and the exit).
+  # Same size, fresh processes (each worker replaced twice: raise then segfault; hang then exit).
   pids_after = pool.worker_pids()
   assert len(pids_after) == 2 and pids_after[0] != pids_before[0]
   assert pids_after[1] != pids_before[1]
   stats = pool.stats()
-  assert stats["failures"] == 4 and stats["replaced_workers"] == 3
+  assert stats["failures"] == 4 and stats["replaced_workers"] == 4
   assert stats["steps"] == 2 and stats["resets"] == 6
-  # Live branches were moved into the replacements from their backups: 4 after the segfault;
-  # 3 and 5 after the hang; 5 again after branch 3's exit.
-  assert stats["recovered_branches"] == 4
+  # Live branches were moved into the replacements from their backups: 2 and 4 after the raise,
+  # 4 again after the segfault; 3 and 5 after the hang, 5 again after branch 3's exit.
+  assert stats["recovered_branches"] == 6
   assert sorted(pool.branches()) == [4, 5]
   assert set(pool.failures) == {0, 1, 2, 3}
   # A failed branch answers with its failure record; resetting it brings it back.
@@ -97,6 +97,18 @@ def test_without_backups_co_located_branches_are_lost_with_a_reason():
     assert results["x"].reason == "worker process was killed by SIGSEGV"
     assert results["y"].reason == "lost with its worker process (no backup snapshot)"
     assert p.stats()["replaced_workers"] == 1 and len(p.worker_pids()) == 1
+
+
+def test_a_raising_sandbox_can_keep_its_worker():
+  with pool_lib.SandboxPool(FACTORY, num_workers=1, timeout_s=30.0,
+                            replace_worker_on_error=False) as p:
+    tasks = _tasks(2)
+    p.reset_many({"x": tasks[0], "y": tasks[1]})
+    pid = p.worker_pids()
+    results = p.step_many({"x": "fault raise", "y": "go north"})
+    assert results["x"].reason == "step raised RuntimeError: injected fault"
+    assert results["y"] == _local_step(tasks[1], "go north")
+    assert p.worker_pids() == pid and p.stats()["replaced_workers"] == 0
 
 
 def test_in_process_mode_has_the_same_api_and_results(pool):
