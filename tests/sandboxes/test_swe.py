@@ -157,7 +157,7 @@ def test_actions_view_write_replace_and_bad_actions(lru_sandbox):
       "Wrote 2 lines to notes/a.txt.")
   assert sandbox.step("run cat notes/a.txt").observation == "first\nsecond\n[exit code 0]"
   through_file = sandbox.step("write notes/a.txt/b.txt\nx")
-  assert through_file.info["error"] == "Not a directory" and not through_file.done
+  assert through_file.info["error"] == "File exists" and not through_file.done
   not_unique = sandbox.step("replace lrucache/cache.py\n<<<<<<< SEARCH\n        self\n=======\n"
                             "x\n>>>>>>> REPLACE")
   assert not_unique.info["error"] == "search text not unique" and not not_unique.done
