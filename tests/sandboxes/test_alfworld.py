@@ -1,0 +1,196 @@
+"""ALFWorld on its own text engine: generated games of all six types are solved by the engine's
+expert, a directory in ALFWorld's game format loads, and forks from a snapshot replay
+byte-identically, in this process and in a worker process."""
+
+import json
+import os
+import pickle
+import random
+import shutil
+
+import pytest
+
+pytest.importorskip("alfworld", reason="the alfworld extra is not installed")
+
+from bpo_jax.sandboxes import alfworld  # noqa: E402
+from bpo_jax.sandboxes import base  # noqa: E402
+from bpo_jax.sandboxes import pool as pool_lib  # noqa: E402
+
+DATA_ROOT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "alfworld",
+                         "json_2.1.1")
+FIXTURE_ID = ("valid_seen/pick_clean_then_place_in_recep-Egg-None-CounterTop-408/"
+              "trial_T38850243_110472_331023")
+
+
+@pytest.fixture(scope="module")
+def generated():
+  # One game of each type, with few distractors to keep the engine's grounding quick.
+  return alfworld.make_tasks("train", 6, seed=0, num_distractors=(2, 5))
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+  sb = alfworld.make_sandbox(max_steps=200)
+  yield sb
+  sb.close()
+
+
+def _play(sb, task, commands):
+  sb.reset(task)
+  return [sb.step(c) for c in commands]
+
+
+def test_all_six_types_are_generated_and_the_expert_solves_each(generated, sandbox):
+  assert sorted(t.task_type for t in generated) == sorted(alfworld.TASK_TYPES)
+  for task in generated:
+    game = task.game_data
+    params = task.pddl_params
+    assert game["solvable"] is True and game["walkthrough"] == task.walkthrough
+    assert "(:domain alfred)" in game["pddl_problem"]
+    # ALFWorld's directory layout: <split>/<type>-<Object>-None-<Parent or Toggle>-<scene>/<trial>.
+    split, task_dir, trial = task.task_id.split("/")
+    kind, obj, mrecep, parent, scene = task_dir.split("-")
+    assert (split, kind, obj, mrecep) == ("train", task.task_type, params["object_target"], "None")
+    assert parent == (params["toggle_target"] or params["parent_target"]) and trial.startswith("trial_T")
+    first = sandbox.reset(task)
+    assert first.startswith("-= Welcome to TextWorld, ALFRED! =-")
+    assert f"Your task is to: {alfworld.task_description(json.loads(task.traj_data), 0)}" in first or (
+        f"Your task is to: {alfworld.task_description(json.loads(task.traj_data), 1)}" in first)
+    assert params["object_target"].lower() in first.split("Your task is to:")[1]
+    steps = [sandbox.step(c) for c in task.walkthrough]
+    # The goal holds only after the expert's last command: reward 1 exactly once, at the end.
+    assert [s.reward for s in steps] == [0.0] * (len(steps) - 1) + [1.0]
+    assert [s.done for s in steps] == [False] * (len(steps) - 1) + [True]
+    assert steps[-1].info["success"] is True and not steps[-1].truncated
+    assert all("Nothing happens" not in s.observation for s in steps)
+
+
+def test_generation_is_deterministic_and_seeds_differ():
+  for task_type in alfworld.TASK_TYPES:
+    a = alfworld.generate_game(random.Random(11), task_type, "trial_T0")
+    b = alfworld.generate_game(random.Random(11), task_type, "trial_T0")
+    c = alfworld.generate_game(random.Random(12), task_type, "trial_T0")
+    assert a == b
+    assert a[alfworld.PDDL_FILE] != c[alfworld.PDDL_FILE]
+  with pytest.raises(ValueError, match="task_type 'make_coffee'"):
+    alfworld.generate_game(random.Random(0), "make_coffee", "trial_T0")
+  with pytest.raises(ValueError, match="task_types"):
+    alfworld.make_tasks("train", 1, 0, task_types=["make_coffee"])
+
+
+def test_a_directory_in_alfworld_game_format_loads(tmp_path):
+  task = alfworld.load_game_dir(os.path.join(DATA_ROOT, FIXTURE_ID))
+  assert task.task_id == FIXTURE_ID and task.task_type == "pick_clean_then_place_in_recep"
+  # The loader ALFWorld's own data goes through: find solvable games under <root>/<split>.
+  assert alfworld.make_tasks("valid_seen", 0, 0, data_path=DATA_ROOT) == [task]
+  sb = alfworld.make_sandbox()
+  steps = _play(sb, task, task.walkthrough)
+  assert steps[-1].info["success"] and steps[-1].reward == 1.0
+  assert steps[-3].observation == "You clean the egg 1 using the sinkbasin 2."
+  # A game file written before its task text was filled in (alfworld-generate's input).
+  raw = tmp_path / "valid_seen" / "pick_x" / "trial_T1"
+  shutil.copytree(os.path.join(DATA_ROOT, FIXTURE_ID), raw)
+  game = json.loads((raw / alfworld.GAME_FILE).read_text())
+  goal = "Your task is to: clean some egg and put it in countertop."
+  assert goal in game["grammar"]
+  game["grammar"] = game["grammar"].replace(goal, "Your task is to: UNKNOWN GOAL.")
+  (raw / alfworld.GAME_FILE).write_text(json.dumps(game))
+  filled = alfworld.load_game_dir(str(raw))
+  assert filled.task_id == "valid_seen/pick_x/trial_T1"
+  # Filled from traj_data with the first template, as ALFWorld's templates read.
+  assert "Your task is to: put a clean egg in countertop." in sb.reset(filled)
+  # Errors name what is wrong.
+  (raw / alfworld.GAME_FILE).unlink()
+  with pytest.raises(FileNotFoundError, match="no game.tw-pddl"):
+    alfworld.load_game_dir(str(raw))
+  with pytest.raises(FileNotFoundError, match="no ALFWorld data directory"):
+    alfworld.make_tasks("valid_unseen", 1, 0, data_path=DATA_ROOT)
+  sb.close()
+
+
+def _forks(generated):
+  """A mid-game state of the clean task and three different actions to fork there."""
+  task = next(t for t in generated if t.task_type == "pick_clean_then_place_in_recep")
+  prefix = task.walkthrough[:len(task.walkthrough) // 2]
+  tail = ["look", "inventory", task.walkthrough[len(prefix)]]
+  return task, prefix, tail
+
+
+def test_three_forks_from_one_snapshot_replay_byte_identically(generated, sandbox):
+  task, prefix, tail = _forks(generated)
+  _play(sandbox, task, prefix)
+  admissible = sandbox.admissible_actions()
+  snap = sandbox.snapshot()
+  forks = [[a] + tail for a in (admissible[0], admissible[len(admissible) // 2], admissible[-1])]
+  assert len({f[0] for f in forks}) == 3
+  first = [base.replay(sandbox, snap, f) for f in forks]
+  assert len({s[0].observation for s in first}) == 3  # the forks really differ
+  for fork, steps in zip(forks, first):
+    # Again in this sandbox (engine-state restore, no replay) ...
+    assert base.first_divergence(steps, base.replay(sandbox, snap, fork)) is None
+    assert sandbox.admissible_actions() != admissible or fork[0] in ("look", "inventory")
+    # ... and from the bytes alone in a fresh sandbox (the portable path: replay).
+    fresh = alfworld.make_sandbox(max_steps=200)
+    assert base.first_divergence(steps, base.replay(fresh, pickle.loads(pickle.dumps(snap)), fork)) is None
+    fresh.close()
+  sandbox.restore(snap)
+  assert sandbox.admissible_actions() == admissible
+  # The same path played from reset gives the same steps as the fork from the snapshot.
+  again = _play(sandbox, task, prefix + forks[1])[len(prefix):]
+  assert base.first_divergence(first[1], again) is None
+
+
+def test_forks_restore_byte_identically_in_another_process(generated, sandbox):
+  task, prefix, tail = _forks(generated)
+  other = next(t for t in generated if t.task_type == "look_at_obj_in_light")
+  _play(sandbox, task, prefix)
+  snap = sandbox.snapshot()
+  admissible = sandbox.admissible_actions()
+  forks = {f"b{i}": [a] + tail for i, a in enumerate(admissible[:3])}
+  expected = {b: base.replay(sandbox, snap, f) for b, f in forks.items()}
+  with pool_lib.SandboxPool.for_environment("alfworld", num_workers=1, timeout_s=60.0,
+                                            max_steps=200) as pool:
+    # The worker's sandbox first plays another game, so the restore must bring the game along.
+    assert not isinstance(pool.reset("warm", other), pool_lib.BranchFailure)
+    results = pool.restore_many({b: snap for b in forks})
+    assert all(r is None for r in results.values()), results
+    got = {b: [] for b in forks}
+    for i in range(len(tail) + 1):
+      for b, s in pool.step_many({b: f[i] for b, f in forks.items()}).items():
+        assert not isinstance(s, pool_lib.BranchFailure), s
+        got[b].append(s)
+  for b in forks:
+    assert base.first_divergence(expected[b], got[b]) is None, b
+
+
+def test_bad_actions_get_an_observation_and_cost_a_turn(generated):
+  task = generated[0]
+  sb = alfworld.make_sandbox(max_steps=7)
+  sb.reset(task)
+  admissible = sb.admissible_actions()
+  for bad, reason in [("", "empty"), ("x" * 300, "300 characters"), (b"\xff\xfe", "UTF-8"),
+                      ("look\x00", "control character"), (None, "must be text")]:
+    step = sb.step(bad)
+    assert step.observation.startswith("Invalid action:") and reason in step.info["invalid_action"]
+    assert (step.reward, step.done, step.info["success"]) == (0.0, False, False)
+    assert sb.admissible_actions() == admissible  # the game did not move
+  # A well-formed command the game does not admit: ALFWorld's "Nothing happens."
+  step = sb.step("fly to the moon")
+  assert step.observation == "Nothing happens." and step.info["steps"] == 6
+  sb.reset(task)
+  # Commands are matched case- and space-insensitively, as ALFWorld's are lower case.
+  assert sb.step("  LOOK ").observation == sb.step("look").observation != "Nothing happens."
+  # max_steps = 7 reached: done and truncated, not a success; later steps say the episode is over.
+  sb.reset(task)
+  steps = [sb.step("look") for _ in range(7)]
+  assert [s.done for s in steps] == [False] * 6 + [True] and steps[-1].truncated
+  assert steps[-1].info["success"] is False and steps[-1].reward == 0.0
+  after = sb.step("look")
+  assert after.done and after.reward == 0.0 and "over" in after.observation
+  with pytest.raises(ValueError, match="magic"):
+    sb.restore(base.Snapshot(b"not a snapshot"))
+  with pytest.raises(TypeError, match="AlfworldTask"):
+    sb.reset("a task id")
+  with pytest.raises(ValueError, match="max_steps"):
+    alfworld.make_sandbox(max_steps=0)
+  sb.close()
