@@ -147,7 +147,8 @@ def _split_micro(batch, num_micro: int):
 
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateConfig,
-                    ref_params: Any = None) -> Callable:
+                    ref_params: Any = None, state_sharding: Any = None,
+                    batch_sharding: Any = None) -> Callable:
   """Returns a jitted `train_step(state, batch, ref=None, num_trees=None) -> (state, metrics)`.
 
   `ref_params` given here only switches the KL term on; the values are passed at call time as
@@ -215,7 +216,19 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateCo
     metrics["skipped"] = (~finite).astype(jnp.float32)
     return new_state, metrics
 
-  return jax.jit(train_step, donate_argnums=(0,))
+  if state_sharding is None:
+    return jax.jit(train_step, donate_argnums=(0,))
+  ref_sharding = state_sharding.params if use_ref else None
+  jitted = jax.jit(train_step, donate_argnums=(0,),
+                   in_shardings=(state_sharding, batch_sharding, ref_sharding, None),
+                   out_shardings=(state_sharding, None))
+
+  def sharded_train_step(state, batch, ref=None, num_trees=None):
+    # in_shardings cover every positional argument, so the optional ones are always passed.
+    return jitted(state, batch, ref, num_trees)
+
+  sharded_train_step.jitted = jitted
+  return sharded_train_step
 
 
 def ppo_update(train_step: Callable, state: TrainState, batch: packing.PackedBatch,
