@@ -461,6 +461,24 @@ def test_host_environment_is_not_visible(jail_dir, monkeypatch):
   assert dict(os.environ) == env_before
 
 
+def test_fallback_without_namespaces_still_limits(jail_dir):
+  # What a host without root gets: rlimits, timeout of the whole process group, scrubbed env.
+  limits = confinement.Limits(wall_seconds=1.5, file_bytes=1 << 16)
+  result = confinement.run_confined("pwd; head -c 1000000 /dev/zero > big; echo $HOME", jail_dir,
+                                    limits, namespaces=False)
+  assert result.output.startswith(os.path.realpath(jail_dir)) and "File too large" in result.output
+  assert os.path.getsize(os.path.join(jail_dir, "big")) == 1 << 16
+  duration = f"30.{secrets.randbelow(10**6):06d}"  # a unique command line to look for
+  start = time.monotonic()
+  result = confinement.run_confined(f"sleep {duration} & sleep {duration}", jail_dir, limits,
+                                    namespaces=False)
+  assert result.timed_out and time.monotonic() - start < 4.0
+  time.sleep(0.1)
+  leftover = subprocess.run(["pgrep", "-f", f"sleep {duration}"], capture_output=True,
+                            text=True).stdout
+  assert leftover == "" and _children() == 0
+
+
 @needs_namespaces
 def test_escape_attempts_through_the_sandbox_are_reported(lru_sandbox):
   sandbox = lru_sandbox

@@ -313,11 +313,13 @@ def protections() -> Mapping[str, bool]:
 
 
 def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
-                 uid: int | None = None, env: Mapping[str, str] | None = None) -> CommandResult:
+                 uid: int | None = None, env: Mapping[str, str] | None = None,
+                 namespaces: bool | None = None) -> CommandResult:
   """Runs `sh -c command` in `cwd` under `limits`; see the module docstring for the confinement.
 
   With namespaces, `cwd` must be writable by `uid` (default `default_uid()`); the caller owns
-  that (the SWE sandbox chowns its task directory).
+  that (the SWE sandbox chowns its task directory). `namespaces=False` forces the fallback that
+  hosts without root get (None: use them when `protections()` found them available).
   """
   if not isinstance(command, str) or not command.strip():
     raise ValueError(f"command must be non-empty text, got {command!r}")
@@ -325,7 +327,10 @@ def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
     raise ValueError("command contains a NUL character")
   if not os.path.isdir(cwd):
     raise ValueError(f"cwd {cwd!r} is not a directory")
-  namespaces = protections()["network_namespace"]
+  available = protections()["network_namespace"]
+  if namespaces and not available:
+    raise ValueError("namespaces were requested but this host does not offer them")
+  namespaces = available if namespaces is None else namespaces
   spec = _spec(["/bin/sh", "-c", command], os.path.realpath(cwd), limits, namespaces,
                default_uid() if uid is None else uid, command_env(env))
   result = _run_spec(spec, limits)
