@@ -53,9 +53,6 @@ from typing import Any, Callable, Hashable, Iterable, Mapping
 from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes import registry
 
-_OPS = ("reset", "step", "snapshot", "restore", "close")
-
-
 @dataclasses.dataclass(frozen=True)
 class BranchFailure:
   """A call that failed its branch: `op` is the call, `reason` says why."""

@@ -236,15 +236,14 @@ def _try_generate(rng: random.Random, level: _Level) -> World | None:
   locked = sorted(rng.sample(path, level.locks), key=path.index)
   colors = rng.sample(COLORS, len(COLORS))
   edge_color = {k: colors[j] for j, k in enumerate(locked)}
-  # The container must be reachable before the last lock is needed to come back through: doors
-  # stay open once opened, so any room works.
+  # Any room may hold the container: opened doors stay open, so every room is reachable once
+  # the keys have been used on the right doors.
   key_rooms = []
   for j, k in enumerate(locked):
     region = _reachable(edges, start, set(locked[j:]))
     key_rooms.append(rng.choice(region))
   one_way_edges = set()
   decoy_edges = set()
-  num_path_rooms = len(cells)
   if level.decoy and locked:
     j = rng.randrange(len(locked))
     k = locked[j]
@@ -279,7 +278,6 @@ def _try_generate(rng: random.Random, level: _Level) -> World | None:
   for j, k in enumerate(locked):
     color = edge_color[k]
     items.append(_Item(name=f"{color} key", room=key_rooms[j], is_key=True, color=color))
-  del num_path_rooms
   return World(rooms=tuple(names), doors=doors, items=tuple(items),
                container=rng.choice(CONTAINERS), container_room=container_room, goal_item=0,
                start_room=start)

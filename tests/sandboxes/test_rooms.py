@@ -1,7 +1,7 @@
 """The built-in rooms world: hand-checked dynamics, optimal experts, traps, vocabulary."""
 
-import collections
 import os
+import pickle
 import random
 import subprocess
 import sys
@@ -68,7 +68,7 @@ def _shortest_by_search(task, limit):
           return depth
         # The step counter is in the snapshot; key the state by everything else.
         child = sandbox.snapshot()
-        key = rooms.pickle.loads(child.data)[:7]
+        key = pickle.loads(child.data)[:7]
         if key not in seen:
           seen.add(key)
           next_frontier.append(child)
@@ -109,7 +109,7 @@ def _fatal_actions(task, depth):
         step = sandbox.step(action)
         if step.done:
           continue
-        key = rooms.pickle.loads(sandbox.snapshot().data)[:7]
+        key = pickle.loads(sandbox.snapshot().data)[:7]
         if sandbox.expert_actions() is None:
           fatal.append((action.split()[0], step.observation))
         elif key not in seen:

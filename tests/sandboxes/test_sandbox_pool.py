@@ -1,7 +1,6 @@
 """The worker pool: faults fail only their own branch, workers are replaced, the rest goes on."""
 
 import functools
-import os
 
 import pytest
 
@@ -166,3 +165,17 @@ class _SlowRooms(rooms.RoomsSandbox):
     import time  # pylint: disable=g-import-not-at-top
     time.sleep(self.delay_s)
     return super().step(action)
+
+
+def test_bad_actions_cross_the_process_boundary_and_come_back_as_observations(pool):
+  tasks = _tasks(4)
+  pool.reset_many(dict(enumerate(tasks)))
+  bad = {0: "", 1: "go " * ((1 << 20) // 3), 2: b"\xc3\x28", 3: "take\x00apple"}
+  results = pool.step_many(bad)
+  reasons = {b: results[b].info["invalid_action"] for b in bad}
+  assert reasons[0] == "action is empty"
+  assert reasons[1].startswith("action is 1048575 characters long")
+  assert reasons[2] == "action is not valid UTF-8"
+  assert reasons[3] == "action contains control character '\\x00'"
+  assert all(r.observation.startswith("Invalid action:") for r in results.values())
+  assert pool.stats()["failures"] == 0
