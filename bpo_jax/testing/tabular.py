@@ -403,15 +403,15 @@ def sample_online_tree(mdp: TabularMDP, rng: np.random.Generator, *, threshold: 
 MAX_ENUMERATED_GROUPS = 300_000
 
 
-def variance_table(mdp: TabularMDP, *, threshold: float, fork_k: int, max_forks: int
-                   ) -> list[dict]:
+def variance_table(mdp: TabularMDP, *, threshold: float, fork_k: int, max_forks: int,
+                   max_groups: int = MAX_ENUMERATED_GROUPS) -> list[dict]:
   """Exact total gradient variance (trace of the covariance) of BPO and RLOO, each unbiased.
 
   Rows: BPO with one tree and a zero trunk baseline; BPO with two trees of the task and a zero or
   a leave-one-out-across-trees trunk baseline; RLOO matched to each BPO row at equal expected
   leaves and at equal expected env steps (rounded to a whole number of episodes ≥ 2).
   Each row: name, trees/episodes, expected leaves and env steps, variance, and for RLOO the
-  ratio var(BPO row) / var(RLOO).
+  ratio var(BPO row) / var(RLOO). RLOO groups with more than `max_groups` outcomes are skipped.
   """
   batch = to_batch(enumerate_online_trees(mdp, threshold=threshold, fork_k=fork_k,
                                           max_forks=max_forks), mdp)
@@ -425,8 +425,8 @@ def variance_table(mdp: TabularMDP, *, threshold: float, fork_k: int, max_forks:
     for matched, k in (("leaves", branching.matched_group_size(num_trees * leaves)),
                        ("env steps", branching.matched_group_size(num_trees * steps,
                                                                   mdp.horizon))):
-      if (mdp.num_actions**mdp.horizon)**k > MAX_ENUMERATED_GROUPS:
-        rows.append(dict(name=f"  RLOO K={k} (equal {matched}): too many groups to enumerate",
+      if (mdp.num_actions**mdp.horizon)**k > max_groups:
+        rows.append(dict(name=f"  RLOO K={k} (equal {matched}): not enumerated",
                          groups=k, leaves=k, env_steps=k * mdp.horizon, variance=float("nan"),
                          ratio=float("nan")))
         continue
