@@ -246,7 +246,9 @@ class Decision:
   `node` is the step that led to the state (-1: the root state); `entropy` the first-token
   entropy there; `eligible` whether the branch may fork at all; `rule` what the fork rule said;
   `affordable` whether the budgets allowed K-1 more branches; `num_siblings` the branches that
-  took an action at the state (1: no fork; fewer than asked if restores failed).
+  took an action at the state (1: no fork; fewer than asked if restores failed; 0 if the
+  branch's snapshot failed). `forks_used`, `leaves_started`, `env_steps_used` and `tokens_used`
+  are the tree's counters the decision saw; `snapshot_digest` identifies the forked state.
   """
 
   node: int
@@ -256,6 +258,10 @@ class Decision:
   rule: bool
   affordable: bool
   num_siblings: int
+  forks_used: int = 0
+  leaves_started: int = 0
+  env_steps_used: int = 0
+  tokens_used: int = 0
   snapshot_digest: str = ""
 
 
@@ -772,6 +778,9 @@ class RolloutEngine:
     for index, branch in enumerate(live):
       state = states[branch.task]
       entropy = float(entropies[branch.row])
+      seen = dict(forks_used=state.compute.forks, leaves_started=state.branches_started,
+                  env_steps_used=state.compute.env_steps,
+                  tokens_used=state.compute.tokens_processed)
       if cfg.topology == "group":
         eligible = branch.node == ROOT and branch.can_fork
         rule = affordable = eligible
@@ -781,7 +790,7 @@ class RolloutEngine:
         rule = eligible and self._rule(entropy, state, threshold, rng)
         affordable = rule and self._affordable(state, live, branch, pending[branch.task])
         extra = cfg.num_siblings - 1 if affordable else 0
-      verdicts[index] = (entropy, eligible, rule, affordable)
+      verdicts[index] = (entropy, eligible, rule, affordable, seen)
       if extra:
         wanted[index] = extra
         # Charge the budget now, so later decisions in this turn see it.
@@ -824,7 +833,7 @@ class RolloutEngine:
           state_id=source.state_id))
     for index, branch in enumerate(live):
       state = states[branch.task]
-      entropy, eligible, rule, affordable = verdicts[index]
+      entropy, eligible, rule, affordable, seen = verdicts[index]
       snap = snapshots.get(branch.branch_id)
       if isinstance(snap, pool_lib.BranchFailure):
         # The branch's sandbox failed at its current state: the branch ends here.
@@ -833,7 +842,7 @@ class RolloutEngine:
         state.branches_started -= wanted[index]
         state.compute.forks -= 1
         state.decisions.append(Decision(branch.node, branch.depth, entropy, eligible, rule,
-                                        affordable, 0))
+                                        affordable, 0, **seen))
         if branch.node != ROOT:
           state.fail_node(branch.node)
         self.pool.close(branch.branch_id)
@@ -842,8 +851,8 @@ class RolloutEngine:
       if cfg.topology == "group" and branch.node == ROOT:
         branch.can_fork = False
       state.decisions.append(Decision(
-          branch.node, branch.depth, entropy, eligible, rule, affordable, len(group),
-          _digest(snap.data) if snap is not None else ""))
+          branch.node, branch.depth, entropy, eligible, rule, affordable, len(group), **seen,
+          snapshot_digest=_digest(snap.data) if snap is not None else ""))
       for member in group:
         new_live.append(member)
         sources.append(branch.row)

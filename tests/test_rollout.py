@@ -351,21 +351,60 @@ def test_failed_branches_are_invalid_and_accounted_for(policy, fmt, tasks):
   assert pool.branches() == []  # every branch, failed or finished, was closed
 
 
-def test_budgets_are_hard_limits(policy, fmt, tasks):
-  # Worst-case accounting: no tree may exceed its env-step or token budget, whatever it samples.
-  batch = grow(policy, fmt, in_process_pool(), tasks, seed=4, threshold=-1.0, num_siblings=2,
-               max_leaves=None, capacity=64, max_env_steps=20, max_tokens=1500)
-  for result in batch.rollouts:
-    assert result.compute.env_steps <= 20
-    assert result.compute.tokens_processed <= 1500
-    assert result.compute.forks >= 1
-  # The turn limit cuts a branch: truncated, not terminal, no observation tokens kept.
+def test_worst_case_budgets_are_hard_limits(policy, fmt, tasks):
+  # Every state is above the threshold, so only the budgets stop the forks; whatever the policy
+  # samples, no tree may exceed its env-step or token budget.
+  for budget in (dict(max_env_steps=20), dict(max_tokens=1500)):
+    batch = grow(policy, fmt, in_process_pool(), tasks, seed=4, threshold=-1.0,
+                 num_siblings=2, max_leaves=None, capacity=64, **budget)
+    for result in batch.rollouts:
+      tree_lib.validate(result.tree)
+      assert result.compute.env_steps <= budget.get("max_env_steps", 10**9)
+      assert result.compute.tokens_processed <= budget.get("max_tokens", 10**9)
+      assert result.compute.forks >= 1
+      refused = [d for d in result.decisions if d.rule and not d.affordable]
+      assert refused  # the budget, not the rule, stopped the forks
+      assert all(d.num_siblings == 1 for d in refused)
+
+
+def test_used_budget_and_sibling_forks_follow_the_audit(policy, fmt, tasks):
+  # "used" accounting: a fork needs only the counters so far to leave room for K-1 more leaves
+  # and steps. Siblings may fork too.
+  batch = grow(policy, fmt, in_process_pool(), tasks[:1], seed=7, threshold=-1.0,
+               num_siblings=2, max_leaves=6, max_env_steps=14, budget_accounting="used",
+               siblings_fork=True)
+  result = batch.rollouts[0]
+  tree_lib.validate(result.tree)
+  assert all(d.eligible for d in result.decisions)
+  forks_seen = 0
+  for d in result.decisions:
+    assert d.forks_used == forks_seen
+    assert d.rule == (d.forks_used < 5)  # max_forks = (6 - 1) // (2 - 1)
+    if d.rule:
+      assert d.affordable == (d.leaves_started + 1 <= 6 and d.env_steps_used + 1 <= 14), d
+    forks_seen += d.affordable
+  assert result.leaves().size == 1 + forks_seen <= 6
+  backbone = set()
+  node = 0
+  while node is not None:
+    backbone.add(node)
+    node = next((c for c in range(result.num_nodes) if result.tree.parent[c] == node), None)
+  forked_states = {d.node for d in result.decisions if d.num_siblings > 1}
+  assert forked_states - backbone - {rollout.ROOT}  # a sibling branch forked too
+  replay_checks(result)
+  check_token_accounting(result)
+
+
+def test_turn_limit_cuts_a_branch(policy, fmt, tasks):
+  # Truncated, not terminal, and no observation tokens kept for the cut step.
   batch = grow(policy, fmt, in_process_pool(), tasks[:1], seed=5, fork_rule="never",
                max_leaves=1, max_turns=3)
   result = batch.rollouts[0]
   assert result.num_nodes == 3
   assert result.tree.truncated[2] and not result.tree.terminal[2]
+  assert not result.tree.truncated[:2].any()
   assert result.tokens.observation_tokens[2].size == 0
+  assert result.observation_texts[2]  # the text is kept for display
 
 
 def test_worker_pool_gives_the_same_trees(policy, fmt, tasks):
