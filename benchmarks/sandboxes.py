@@ -12,6 +12,9 @@ With --json: one object with `<env>_step_ms`, `<env>_snapshot_ms`, `<env>_restor
 `<env>_snapshot_bytes`, `<env>_pool1_steps_per_s`, `<env>_pool2_steps_per_s`, and for
 TextWorld `textworld_env_copy_ms`, `textworld_snapshot_restore_over_step` ((snapshot + restore)
 / step; target <= 1.0) and `textworld_speedup_vs_env_copy` (env.copy() / (snapshot + restore)).
+For ALFWorld the reference is TextWorld's PddlEnv.reset() plus a replay of the prefix (how
+ALFWorld returns to a state): `alfworld_reset_replay_ms`, `alfworld_handle_restore_ms` (the
+in-process restore) and `alfworld_speedup_vs_reset_replay`.
 For SWE the reference is the same shell commands run unconfined (`subprocess.run(["sh", "-c",
 ...])` in a plain copy of the task directory): `swe_unconfined_step_ms`,
 `swe_confined_over_unconfined` (confined step / unconfined command) and
@@ -52,6 +55,10 @@ ENVIRONMENTS = {
                     prefix=["search[black]"], actions=["click[Next >]", "click[Back to Search]"]),
     "swe": dict(sandbox={}, tasks={}, prefix=["write notes.txt\ndraft"],
                 actions=["run ls -R", "run cat rle/codec.py", "run grep -n def rle/codec.py"]),
+    # A generated game (every generated room has a garbage can).
+    "alfworld": dict(sandbox={}, tasks={"num_distractors": (4, 8)},
+                     prefix=["go to garbagecan 1", "examine garbagecan 1"],
+                     actions=["look", "inventory", "examine garbagecan 1", "help"]),
 }
 
 
@@ -149,6 +156,33 @@ def measure_swe_unconfined(spec, repeats):
     return _median_ms(run, repeats)
 
 
+def measure_alfworld_reference(spec, repeats):
+  """ALFWorld's own way back to a state, TextWorld's PddlEnv.reset() and a replay of the prefix,
+  against the sandbox's in-process restore (engine state id and fact copy) of the same state."""
+  from bpo_jax.sandboxes import alfworld  # pylint: disable=g-import-not-at-top
+  aw = alfworld._alfworld()  # pylint: disable=protected-access
+  task = _task("alfworld", spec)
+  env = aw["alfred_tw_env"].AlfredDemangler(
+      aw["PddlEnv"](aw["textworld"].EnvInfos(admissible_commands=True, won=True)))
+  env.load(task.game_data)
+
+  def reset_and_replay():
+    env.reset()
+    for action in spec["prefix"]:
+      env.step(action)
+
+  reset_replay_ms = _median_ms(reset_and_replay, max(5, repeats // 5))
+  env.close()
+  sandbox = alfworld.make_sandbox(**spec["sandbox"])
+  sandbox.reset(task)
+  for action in spec["prefix"]:
+    sandbox.step(action)
+  snap = sandbox.snapshot()  # with its in-process handle
+  handle_restore_ms = _median_ms(lambda: sandbox.restore(snap), repeats)
+  sandbox.close()
+  return reset_replay_ms, handle_restore_ms
+
+
 def main(argv=None):
   parser = common.parser(__doc__.split("\n")[0])
   parser.add_argument("--envs", nargs="*", default=list(ENVIRONMENTS))
@@ -191,6 +225,15 @@ def main(argv=None):
           f"{'':13s} the same commands unconfined (subprocess sh -c) {plain_ms:.3f} ms: "
           f"confinement costs {figures['swe_confined_over_unconfined']:.2f}x; "
           f"snapshot+restore / step = {figures['swe_snapshot_restore_over_step']:.3f}")
+    if name == "alfworld":
+      reset_replay_ms, handle_ms = measure_alfworld_reference(spec, args.repeats)
+      figures["alfworld_reset_replay_ms"] = reset_replay_ms
+      figures["alfworld_handle_restore_ms"] = handle_ms
+      figures["alfworld_speedup_vs_reset_replay"] = reset_replay_ms / handle_ms
+      lines.append(
+          f"{'':13s} PddlEnv.reset() + replay of the prefix {reset_replay_ms:.3f} ms; in-process "
+          f"restore {handle_ms:.4f} ms ({figures['alfworld_speedup_vs_reset_replay']:.0f}x faster)"
+          f"; the bytes restore above replays in the engine")
   common.emit(figures, args.json, lines)
 
 
