@@ -461,6 +461,42 @@ def test_host_environment_is_not_visible(jail_dir, monkeypatch):
   assert dict(os.environ) == env_before
 
 
+def test_command_dies_with_the_process_that_ran_it(jail_dir):
+  # A sandbox worker killed at its timeout must not leave its command running.
+  host = subprocess.Popen(
+      [sys.executable, "-c", "import sys; from bpo_jax.sandboxes.swe import confinement; "
+       "confinement.run_confined('sleep 300', sys.argv[1], "
+       "confinement.Limits(wall_seconds=300, cpu_seconds=300))", jail_dir],
+      cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+  uid = 200_000 + host.pid % 100_000  # confinement.default_uid() of that process
+  deadline = time.monotonic() + 30
+  marker = None
+  while time.monotonic() < deadline and not (marker and marker.stdout.strip()):
+    time.sleep(0.05)
+    marker = subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True, text=True)
+  assert marker.stdout.strip(), "the command never started"
+  host.kill()
+  host.wait()
+  deadline = time.monotonic() + 5
+  while time.monotonic() < deadline and (
+      _jail_processes(uid) or _descendants_running("sleep 300", marker.stdout.split())):
+    time.sleep(0.05)
+  assert _jail_processes(uid) == 0
+  assert not _descendants_running("sleep 300", marker.stdout.split())
+
+
+def _descendants_running(command, pids):
+  alive = []
+  for pid in pids:
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if f.read().replace(b"\0", b" ").strip() == command.encode():
+          alive.append(pid)
+    except FileNotFoundError:
+      pass
+  return alive
+
+
 def test_fallback_without_namespaces_still_limits(jail_dir):
   # What a host without root gets: rlimits, timeout of the whole process group, scrubbed env.
   limits = confinement.Limits(wall_seconds=1.5, file_bytes=1 << 16)

@@ -157,6 +157,11 @@ def _exec(spec):
 
 def main():
   spec = json.loads(sys.argv[1])
+  # If the host process dies (a sandbox worker killed at its timeout), so does this launcher,
+  # and with it the command's namespace; nothing outlives the process that asked for it.
+  _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+  if os.getppid() != spec["host_pid"]:
+    _fail("the host process died before the command started")
   if not spec["namespaces"]:
     _apply_rlimits(spec)
     _exec(spec)

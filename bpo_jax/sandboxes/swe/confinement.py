@@ -157,7 +157,7 @@ def _spec(argv, cwd, limits, namespaces, uid, env) -> dict:
   target = CONFINED_WORKDIR if namespaces else cwd
   return {"argv": list(argv), "cwd": target, "env": env, "namespaces": namespaces,
           "writable": [[cwd, target]], "reachable": _python_paths(), "uid": uid, "gid": uid,
-          "tmp_bytes": int(limits.tmp_bytes), "rlimits": rlimits}
+          "tmp_bytes": int(limits.tmp_bytes), "rlimits": rlimits, "host_pid": os.getpid()}
 
 
 def _truncate(data: bytes, max_chars: int) -> str:

@@ -45,6 +45,7 @@ HELP = """Commands (one per action):
   write <path>            (new file content on the following lines)
   replace <path>          (then <<<<<<< SEARCH / old / ======= / new / >>>>>>> REPLACE)
   submit"""
+_MAX_LISTED_FILES = 100  # files named in the first observation
 _SEARCH, _DIVIDER, _REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
 
 
@@ -118,7 +119,9 @@ class SweSandbox:
       self._ws.git("apply", "--whitespace=nowarn", "-", input=task.instance["test_patch"].encode())
       self._ws.fix_ownership()
     self._steps, self._done = 0, False
-    files = self._ws.git("ls-files").decode().split()
+    files = self._ws.git("ls-files").decode().splitlines()
+    if len(files) > _MAX_LISTED_FILES:
+      files = files[:_MAX_LISTED_FILES] + [f"... and {len(files) - _MAX_LISTED_FILES} more"]
     self._last_observation = (
         f"Fix the issue below in the repository in your working directory.\n\n"
         f"Issue:\n{task.problem_statement.strip()}\n\nFiles:\n" + "\n".join(files) +
