@@ -53,6 +53,7 @@ except ImportError as error:  # pragma: no cover - depends on the optional extra
   ) from error
 
 _STATUS_LINE = re.compile(r"\n>[^\n]*$")
+_RESTART_PROMPT = re.compile(r"\s*Would you like to RESTART, RESTORE[^\n]*$")
 _WON = "*** The End ***"
 _LOST = "*** You lost! ***"
 
@@ -126,8 +127,13 @@ def _game_data(game_file: str) -> _GameData:
 
 
 def clean_text(raw: str) -> str:
-  """Game output without the trailing prompt and status line, whitespace trimmed."""
-  return _STATUS_LINE.sub("", raw).strip()
+  """Game output without the trailing prompt and status line (or the interpreter's question
+  after the end), whitespace trimmed.
+
+  >>> clean_text("You take the key.\n\n>   -= Kitchen =-0/2")
+  'You take the key.'
+  """
+  return _RESTART_PROMPT.sub("", _STATUS_LINE.sub("", raw)).strip()
 
 
 class TextWorldSandbox:

@@ -29,6 +29,10 @@ def test_every_fixture_game_is_won_by_its_winning_policy():
     assert [s.done for s in steps] == [False] * (len(plan) - 1) + [True]
     assert sum(s.reward for s in steps) == game.max_score == 1
     assert steps[-1].info["success"] is True and not steps[-1].truncated
+    # Ends with the score line (no status line or restart question); the game counts the
+    # tw-trace-actions command sent at reset as a turn.
+    assert steps[-1].observation.endswith(f"in {len(plan) + 1} turns.")
+    assert "*** The End ***" in steps[-1].observation
     assert sandbox.step("look").observation == "The game is over."
   sandbox.close()
 
