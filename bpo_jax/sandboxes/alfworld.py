@@ -39,13 +39,14 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import struct
 import sys
 import tempfile
 import zlib
 from typing import Any, Iterable, Mapping, Sequence
 
-from bpo_jax.sandboxes.base import Snapshot, Step, check_action, invalid_action_step
+from bpo_jax.sandboxes.base import MAX_ACTION_CHARS, Snapshot, Step, check_action, invalid_action_step
 
 # The six ALFWorld task types, in ALFWorld's numbering (1..6).
 TASK_TYPES = (
@@ -196,12 +197,15 @@ def find_game_dirs(data_path: str, split: str | None = None, solvable_only: bool
       continue
     if "movable" in root or "Sliced" in root:
       continue
-    if solvable_only:
-      with open(os.path.join(root, GAME_FILE), encoding="utf-8") as f:
-        if not json.load(f).get("solvable"):
-          continue
+    if solvable_only and not _read_json(root, GAME_FILE).get("solvable"):
+      continue
     found.append(root)
   return sorted(found)
+
+
+def _read_json(directory: str, name: str) -> Any:
+  with open(os.path.join(directory, name), encoding="utf-8") as f:
+    return json.load(f)
 
 
 def task_description(traj_data: Mapping[str, Any], template_index: int) -> str:
@@ -503,21 +507,26 @@ def expert_walkthrough(game_dir: str, max_steps: int = 150, seed: int = 0) -> li
   env = tw_env.AlfredExpert(tw_env.AlfredInfos(tw_env.AlfredDemangler(aw["PddlEnv"](infos))),
                             expert_type=tw_env.AlfredExpertType.HANDCODED)
   commands = []
-  try:
-    with _seeded_global_random(seed):
+  with _seeded_global_random(seed):
+    try:
+      # A game the engine cannot load is a bug, not an unsolved game: that raises.
       env.load(os.path.join(game_dir, GAME_FILE))
       state = env.reset()
       done = False
       while not done and len(commands) < max_steps:
         command = state["extra.expert_plan"][0]
-        state, _, done = env.step(command)
+        try:
+          state, _, done = env.step(command)
+        except Exception as e:  # pylint: disable=broad-except
+          # The expert gives up by raising: HandCodedAgentFailed (a NameError), or ALFWorld's
+          # wrapper turns its timeout into Exception("Timeout"). Then the game is unsolved.
+          if isinstance(e, NameError) or e.args == ("Timeout",):
+            return None
+          raise
         commands.append(command)
-      return commands if state["won"] else None
-  except Exception:  # pylint: disable=broad-except
-    # The expert signals failure by raising (HandCodedAgentFailed / timeout): unsolved.
-    return None
-  finally:
-    env.close()
+    finally:
+      env.close()
+  return commands if state["won"] else None
 
 
 def _trial_name(rng: random.Random) -> str:
@@ -568,9 +577,10 @@ def generate_game_dirs(out_dir: str, split: str, num: int, seed: int,
           json.dump(game, f)
         written.append(game_dir)
         break
-      for name in (PDDL_FILE, TRAJ_FILE, GAME_FILE):
-        os.remove(os.path.join(game_dir, name))
-      os.removedirs(game_dir) if not os.listdir(game_dir) else None
+      shutil.rmtree(game_dir)
+      task_dir = os.path.dirname(game_dir)
+      if not os.listdir(task_dir):
+        os.rmdir(task_dir)
     else:
       raise RuntimeError(f"the expert failed 20 drawn {task_type} games in a row")
   return written
@@ -585,8 +595,7 @@ def make_tasks(split: str, num: int, seed: int, data_path: str | None = None,
   generates `num` expert-checked games (see `generate_game_dirs`) through the same loader.
   """
   if data_path is not None:
-    dirs = find_game_dirs(data_path, split)
-    dirs = [d for d in dirs if json.load(open(os.path.join(d, TRAJ_FILE)))["task_type"] in task_types]
+    dirs = [d for d in find_game_dirs(data_path, split) if _read_json(d, TRAJ_FILE)["task_type"] in task_types]
     random.Random(seed).shuffle(dirs)
     if num > 0:
       dirs = dirs[:num]
@@ -645,7 +654,7 @@ def _install_engine_caches() -> None:
 
   translate = fast_downward.pddl2sas
 
-  @functools.lru_cache(maxsize=32)
+  @functools.lru_cache(maxsize=16)
   def pddl2sas(domain, problem, verbose=False, optimize=False):
     # The translator overwrites sys.argv for its option parser; give the caller's back.
     argv = list(sys.argv)
@@ -704,7 +713,7 @@ class AlfworldSandbox:
     assert step.info["success"] and step.reward == 1.0
   """
 
-  def __init__(self, max_steps: int = 50, max_action_chars: int = 256):
+  def __init__(self, max_steps: int = 50, max_action_chars: int = MAX_ACTION_CHARS):
     if max_steps < 1:
       raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     if max_action_chars < 1:
@@ -783,11 +792,9 @@ class AlfworldSandbox:
       self._set_engine_state(handle[0])
       self._progress = handle[1]
       return
-    header, task = _decode_snapshot(snapshot.data)
+    header, game_blob = _decode_snapshot(snapshot.data)
     if self._task is None or self._task.digest.hex() != header["digest"]:
-      if task is None:
-        raise ValueError("the snapshot's game is not included and differs from the loaded one")
-      self._load(task)
+      self._load(AlfworldTask(**json.loads(zlib.decompress(game_blob).decode("utf-8"))))
     else:
       self._set_engine_state(self._initial)
     # The portable path: replay the commands on the deterministic engine.
@@ -860,17 +867,15 @@ class AlfworldSandbox:
     env._last_action = saved.last_action  # pylint: disable=protected-access
 
 
-def _decode_snapshot(data: bytes) -> tuple[dict, AlfworldTask | None]:
-  """Splits a snapshot's bytes into its header and its game (see AlfworldSandbox.snapshot)."""
+def _decode_snapshot(data: bytes) -> tuple[dict, bytes]:
+  """Splits a snapshot's bytes into its header and its zlib'd game (see AlfworldSandbox.snapshot)."""
   if not isinstance(data, (bytes, bytearray)) or data[:len(_SNAPSHOT_MAGIC)] != _SNAPSHOT_MAGIC:
     raise ValueError("not an ALFWorld sandbox snapshot (bad magic bytes)")
   offset = len(_SNAPSHOT_MAGIC)
   (header_len,) = struct.unpack_from("<I", data, offset)
   offset += 4
   header = json.loads(bytes(data[offset:offset + header_len]).decode("utf-8"))
-  blob = bytes(data[offset + header_len:])
-  task = AlfworldTask(**json.loads(zlib.decompress(blob).decode("utf-8"))) if blob else None
-  return header, task
+  return header, bytes(data[offset + header_len:])
 
 
 def make_sandbox(**config) -> AlfworldSandbox:

@@ -128,7 +128,6 @@ def test_three_forks_from_one_snapshot_replay_byte_identically(generated, sandbo
   for fork, steps in zip(forks, first):
     # Again in this sandbox (engine-state restore, no replay) ...
     assert base.first_divergence(steps, base.replay(sandbox, snap, fork)) is None
-    assert sandbox.admissible_actions() != admissible or fork[0] in ("look", "inventory")
     # ... and from the bytes alone in a fresh sandbox (the portable path: replay).
     fresh = alfworld.make_sandbox(max_steps=200)
     assert base.first_divergence(steps, base.replay(fresh, pickle.loads(pickle.dumps(snap)), fork)) is None
@@ -168,7 +167,7 @@ def test_bad_actions_get_an_observation_and_cost_a_turn(generated):
   sb = alfworld.make_sandbox(max_steps=7)
   sb.reset(task)
   admissible = sb.admissible_actions()
-  for bad, reason in [("", "empty"), ("x" * 300, "300 characters"), (b"\xff\xfe", "UTF-8"),
+  for bad, reason in [("", "empty"), ("x" * 5000, "5000 characters"), (b"\xff\xfe", "UTF-8"),
                       ("look\x00", "control character"), (None, "must be text")]:
     step = sb.step(bad)
     assert step.observation.startswith("Invalid action:") and reason in step.info["invalid_action"]
