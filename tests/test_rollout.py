@@ -405,6 +405,17 @@ def test_turn_limit_cuts_a_branch(policy, fmt, tasks):
   assert not result.tree.truncated[:2].any()
   assert result.tokens.observation_tokens[2].size == 0
   assert result.observation_texts[2]  # the text is kept for display
+  # The cache length cuts a branch too: after a step, the next observation and a full action
+  # must fit, else the branch ends there (truncated) instead of overflowing the cache.
+  prompt = len(fmt.prompt_tokens(result.first_observation))
+  batch = grow(policy, fmt, in_process_pool(), tasks[:1], seed=5, fork_rule="never",
+               max_leaves=1, max_length=prompt + 6 + 20, batch_buckets=(4,))
+  result = batch.rollouts[0]
+  first_observation = len(fmt.observation_tokens(result.observation_texts[0]))
+  assert prompt + len(result.tokens.action_tokens[0]) + first_observation + 6 > prompt + 6 + 20
+  assert result.num_nodes == 1
+  assert result.tree.truncated[0] and not result.tree.terminal[0]
+  check_token_accounting(result)
 
 
 def test_worker_pool_gives_the_same_trees(policy, fmt, tasks):
