@@ -144,8 +144,9 @@ def command_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def default_uid() -> int:
-  """An unprivileged uid private to this process, so process-count limits are per worker."""
-  return 200_000 + os.getpid() % 100_000
+  """An unprivileged uid private to this process (1e6 + pid: unique among live processes), so
+  process-count limits, and the clean-up that kills what is left of a command, are per worker."""
+  return 1_000_000 + os.getpid()
 
 
 def _spec(argv, cwd, limits, namespaces, uid, env) -> dict:
