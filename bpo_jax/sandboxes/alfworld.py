@@ -69,26 +69,32 @@ _SNAPSHOT_MAGIC = b"BPOALFW1"
 # ---------------------------------------------------------------------------------------------
 
 
-def _alfworld():
-  """Imports the pieces of alfworld/textworld used here, with an install hint if missing."""
+def _alfworld(engine: bool = True):
+  """The pieces of alfworld (and, with `engine`, of textworld) used here, imported on first use.
+
+  The generator needs only ALFWorld's data modules (milliseconds to import); the engine needs
+  textworld, whose import takes seconds.
+  """
   try:
     import alfworld.gen.constants as constants  # pylint: disable=g-import-not-at-top
     import alfworld.gen.goal_library as goal_library  # pylint: disable=g-import-not-at-top
     import alfworld.info as info  # pylint: disable=g-import-not-at-top
-    import textworld  # pylint: disable=g-import-not-at-top
-    from alfworld.agents.environment import alfred_tw_env  # pylint: disable=g-import-not-at-top
-    from textworld.envs import PddlEnv  # pylint: disable=g-import-not-at-top
+    modules = dict(constants=constants, goal_library=goal_library, info=info)
+    if engine:
+      import textworld  # pylint: disable=g-import-not-at-top
+      from alfworld.agents.environment import alfred_tw_env  # pylint: disable=g-import-not-at-top
+      from textworld.envs import PddlEnv  # pylint: disable=g-import-not-at-top
+      modules.update(textworld=textworld, alfred_tw_env=alfred_tw_env, PddlEnv=PddlEnv)
   except ImportError as e:
     raise ImportError(
         "The ALFWorld sandbox needs the `alfworld` package (and textworld[pddl]); install it "
         'with `pip install -e ".[alfworld]"`.') from e
-  return dict(constants=constants, goal_library=goal_library, info=info, textworld=textworld,
-              alfred_tw_env=alfred_tw_env, PddlEnv=PddlEnv)
+  return modules
 
 
 def alfred_logic() -> tuple[str, str]:
   """The ALFRED PDDL domain and the TextWorld grammar shipped in the alfworld wheel."""
-  info = _alfworld()["info"]
+  info = _alfworld(engine=False)["info"]
   with open(info.ALFRED_PDDL_PATH, encoding="utf-8") as f:
     domain = f.read()
   with open(info.ALFRED_TWL2_PATH, encoding="utf-8") as f:
@@ -210,7 +216,7 @@ def _read_json(directory: str, name: str) -> Any:
 
 def task_description(traj_data: Mapping[str, Any], template_index: int) -> str:
   """The templated goal text ALFWorld shows ("put a clean mug in cabinet")."""
-  glib = _alfworld()["goal_library"]
+  glib = _alfworld(engine=False)["goal_library"]
   params = traj_data["pddl_params"]
   templates = glib.gdict[traj_data["task_type"]]["templates"]
   template = templates[template_index % len(templates)]
@@ -288,7 +294,7 @@ def _layout_problem(rng: random.Random, task_type: str, problem_name: str, num_d
   Returns (initial_state.pddl text, pddl_params, room kind), or None when the sampled room
   cannot host the task (the caller draws again).
   """
-  c = _alfworld()["constants"]
+  c = _alfworld(engine=False)["constants"]
   room = rng.choice(sorted(c.GOALS_VALID[task_type]))
   counts = {cls: rng.randint(lo, hi) for cls, (lo, hi) in sorted(ROOM_RECEPTACLES[room].items())}
   if task_type == "look_at_obj_in_light" and not any(counts.get(r, 0) for r in LAMP_RECEPTACLES):
@@ -432,7 +438,7 @@ def _layout_problem(rng: random.Random, task_type: str, problem_name: str, num_d
   if lamp:
     init.append(f"(objectAtLocation {lamp.pddl_id} {recep_loc[lamp_on.pddl_id]})")
 
-  glib = _alfworld()["goal_library"]
+  glib = _alfworld(engine=False)["goal_library"]
   goal = glib.gdict[task_type]["pddl"].format(obj=obj_cls, recep=parent_cls, toggle=params["toggle_target"],
                                              mrecep="")
   goal = goal.replace("#", "-")
