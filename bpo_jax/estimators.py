@@ -87,6 +87,9 @@ def sibling_counts(tree: RolloutTree) -> Array:
 def _solve_affine_down(tree: RolloutTree, a: Array, c: Array, x_root: Array | float) -> Array:
   """Solves x_i = a_i · x_{parent(i)} + c_i (x_{−1} = x_root) by pointer jumping.
 
+  `a` and `c` may carry leading axes ([..., N]: several recurrences over one tree at once, with
+  x_root broadcast against them).
+
   After pass k every node knows x_i = A_i · x_{J_i} + C_i with J_i its 2^k-th ancestor (or −1),
   so ⌈log2 N⌉ passes reach the root for every node. Requires parent(i) < i or −1.
   """
@@ -97,8 +100,8 @@ def _solve_affine_down(tree: RolloutTree, a: Array, c: Array, x_root: Array | fl
     mult, add, jump = carry
     has_parent = jump >= 0
     safe = jnp.maximum(jump, 0)
-    add = jnp.where(has_parent, mult * add[safe] + add, add)
-    mult = jnp.where(has_parent, mult * mult[safe], mult)
+    add = jnp.where(has_parent, mult * add[..., safe] + add, add)
+    mult = jnp.where(has_parent, mult * mult[..., safe], mult)
     jump = jnp.where(has_parent, jump[safe], -1)
     return mult, add, jump
 
@@ -108,11 +111,6 @@ def _solve_affine_down(tree: RolloutTree, a: Array, c: Array, x_root: Array | fl
                                     lambda carry: jump_once(0, carry),
                                     (a.astype(jnp.float32), c.astype(jnp.float32), jump))
   return mult * x_root + add
-
-
-def _num_jumps(n: int) -> int:
-  """Pointer-jumping passes that cover any path in a tree of n nodes: 2^passes ≥ n."""
-  return max(1, math.ceil(math.log2(max(n, 2))))
 
 
 def node_values(tree: RolloutTree, gamma: float = 1.0) -> Array:
@@ -158,9 +156,15 @@ def path_weights(tree: RolloutTree) -> Array:
   Example: parent = [-1, 0, 0, 1, 1] → w = [1, 1/2, 1/2, 1/4, 1/4].
   """
   _check_tree(tree)
+  a, c = _weight_recurrence(tree)
+  return _solve_affine_down(tree, a, c, 1.0)
+
+
+def _weight_recurrence(tree: RolloutTree) -> tuple[Array, Array]:
+  """w_i = (1 / n_i) · w_parent(i): the (a, c) of the affine recurrence."""
   n_sib = sibling_counts(tree)
   inv = jnp.where(tree.valid, 1.0 / jnp.maximum(n_sib, 1).astype(jnp.float32), 0.0)
-  return _solve_affine_down(tree, inv, jnp.zeros_like(inv), 1.0)
+  return inv, jnp.zeros_like(inv)
 
 
 def sibling_baselines(tree: RolloutTree, values: Array, gamma: float = 1.0,
@@ -177,6 +181,13 @@ def sibling_baselines(tree: RolloutTree, values: Array, gamma: float = 1.0,
 
   Example: parent = [-1, 0, 0], reward = [0, 1, 3], γ = 1, trunk 0.5 → b = [0.5, 3, 1].
   """
+  a, c = _baseline_recurrence(tree, values, gamma, trunk_baseline)
+  return _solve_affine_down(tree, a, c, 0.0)
+
+
+def _baseline_recurrence(tree: RolloutTree, values: Array, gamma: float,
+                         trunk_baseline: Array | float) -> tuple[Array, Array]:
+  """The (a, c) of b_i = a_i · b_parent(i) + c_i (module docstring)."""
   n = _check_tree(tree)
   chex.assert_shape(values, (n,))
   if isinstance(gamma, (int, float)) and not 0.0 < gamma <= 1.0:
@@ -191,9 +202,9 @@ def sibling_baselines(tree: RolloutTree, values: Array, gamma: float = 1.0,
   is_trunk_start = (n_sib == 1) & (tree.parent < 0)
   a = jnp.where(is_fork | is_trunk_start, 0.0, 1.0 / gamma)
   c = jnp.where(is_fork, loo, jnp.where(is_trunk_start, trunk_baseline, -parent_reward / gamma))
-  a = jnp.where(tree.valid, a, 0.0)
+  a = jnp.where(tree.valid, a, 0.0).astype(jnp.float32)
   c = jnp.where(tree.valid, c, 0.0).astype(jnp.float32)
-  return _solve_affine_down(tree, a.astype(jnp.float32), c, 0.0)
+  return a, c
 
 
 def bpo_advantages(tree: RolloutTree, *, gamma: float = 1.0,
@@ -215,8 +226,12 @@ def bpo_advantages(tree: RolloutTree, *, gamma: float = 1.0,
   """
   _check_tree(tree)
   values = node_values(tree, gamma)
-  baselines = sibling_baselines(tree, values, gamma, trunk_baseline)
-  weights = path_weights(tree)
+  # Baselines and weights are both affine recurrences down the tree: solve them in one pass.
+  base_a, base_c = _baseline_recurrence(tree, values, gamma, trunk_baseline)
+  weight_a, weight_c = _weight_recurrence(tree)
+  solved = _solve_affine_down(tree, jnp.stack([base_a, weight_a]), jnp.stack([base_c, weight_c]),
+                              jnp.array([[0.0], [1.0]], jnp.float32))
+  baselines, weights = solved[0], solved[1]
   advantages = jnp.where(tree.valid, values - baselines, 0.0)
   return BPOOutput(advantages, weights, values, jnp.where(tree.valid, baselines, 0.0))
 
@@ -361,8 +376,8 @@ def prefix_explained_variance(tree: RolloutTree, gamma: float = 1.0) -> Array:
   mean of Q̂ over f's siblings estimates E[G | s_f]. With the leaves weighted by w,
   the result is Var_w(m) / Var_w(G) (0 when Var_w(G) = 0). Sibling advantages remove this share
   of the variance that independent-trajectory baselines keep (law of total variance).
-  Example: a root fork into [chain with returns 0 then fork {0, 2}] and [leaf 4]:
-  see tests/test_estimators.py.
+  Example: parent = [-1, 0, 0, 1, 1], reward = [0, 0, 1, 2, 4]: path returns 1, 2, 4 with
+  weights 1/2, 1/4, 1/4 (variance 1.5); last-fork means 2, 3, 3 (variance 0.5) → 1/3.
   """
   n = _check_tree(tree)
   values = node_values(tree, gamma)
