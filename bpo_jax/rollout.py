@@ -350,8 +350,9 @@ class RolloutBatch:
   rollouts: list[TaskRollout]
   compute: Compute
   phase_seconds: dict[str, float]
-  device_row_tokens: int
+  device_row_tokens: int  # rows x decode steps the device ran, padding included
   turns: int
+  threshold: float        # the entropy threshold the rule used
 
   def stacked_trees(self) -> tree_lib.RolloutTree:
     return tree_lib.stack_trees([r.tree for r in self.rollouts])
@@ -359,10 +360,27 @@ class RolloutBatch:
   def tree_tokens(self) -> list[packing.TreeTokens]:
     return [r.tokens for r in self.rollouts]
 
-  def entropies(self) -> tuple[np.ndarray, np.ndarray]:
-    """(entropy [T, N], valid mask [T, N]) for `branching.update_quantile_threshold`."""
-    trees = self.stacked_trees()
-    return np.asarray(trees.entropy), np.asarray(trees.valid)
+  def state_entropies(self) -> np.ndarray:
+    """float32[S]: the first-token entropy of every state a fork decision was made at, once per
+    state (the siblings of a fork share their state's entropy, so the nodes would repeat it)."""
+    return np.asarray([d.entropy for r in self.rollouts for d in r.decisions], np.float32)
+
+  def update_threshold(self, threshold: branching.QuantileThreshold, quantile: float,
+                       decay: float = 0.9) -> branching.QuantileThreshold:
+    """The running entropy threshold for the NEXT batch (`branching.update_quantile_threshold`
+    over this batch's state entropies); pass its `.threshold` to the next `rollout` call.
+
+    Example:
+      running = branching.init_quantile_threshold(1.0)
+      batch = engine.rollout(params, tasks, key, threshold=float(running.threshold))
+      running = batch.update_threshold(running, quantile=0.8)
+    """
+    entropy = self.state_entropies()
+    if not entropy.size:
+      return threshold
+    return branching.update_quantile_threshold(threshold, jnp.asarray(entropy),
+                                               jnp.ones(entropy.shape, bool),
+                                               quantile=quantile, decay=decay)
 
   def summary(self) -> dict[str, Any]:
     out = self.compute.as_dict()
@@ -370,6 +388,7 @@ class RolloutBatch:
     out["leaves"] = int(sum(r.leaves().size for r in self.rollouts))
     out["success_rate"] = float(np.mean([r.success_rate() for r in self.rollouts]))
     out["turns"] = self.turns
+    out["threshold"] = self.threshold
     out["device_row_tokens"] = self.device_row_tokens
     out.update({f"seconds_{k}": v for k, v in self.phase_seconds.items()})
     return out
@@ -601,7 +620,6 @@ class RolloutEngine:
     backbone_ids = {i: new_branch_id(i) for i in range(len(tasks))}
     observations = self.pool.reset_many({backbone_ids[i]: t for i, t in enumerate(tasks)})
     live: list[_Branch] = []
-    prompts = {}
     for i, state in enumerate(states):
       state.branches_started = 1
       first = observations[backbone_ids[i]]
@@ -745,7 +763,7 @@ class RolloutEngine:
       total.add(state.compute)
     return RolloutBatch(rollouts=[s.result() for s in states], compute=total,
                         phase_seconds=seconds, device_row_tokens=device_row_tokens,
-                        turns=turns)
+                        turns=turns, threshold=threshold)
 
   # --------------------------------------------------------------------------- pieces
 

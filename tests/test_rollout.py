@@ -182,8 +182,7 @@ def bpo_batch(policy, fmt, tasks):
   """A BPO batch with the entropy rule at the median entropy of a forkless probe batch."""
   probe = grow(policy, fmt, in_process_pool(), tasks, seed=1, fork_rule="never",
                max_leaves=1)
-  entropy, valid = probe.entropies()
-  threshold = float(np.median(entropy[valid]))
+  threshold = float(np.median(probe.state_entropies()))
   batch = grow(policy, fmt, in_process_pool(), tasks, seed=0, threshold=threshold,
                num_siblings=3, max_leaves=7, state_ids="snapshot")
   return threshold, batch
@@ -242,6 +241,12 @@ def test_forks_happen_exactly_where_the_rule_says(bpo_batch):
     # Each state decided once, at a fork or not; no state has children without a decision.
     assert sorted(d.node for d in result.decisions) == sorted(kids)
   assert fired and declined  # the threshold splits the states: the check is not vacuous
+  assert batch.threshold == threshold
+  # The running threshold for the next batch: one entropy per state, siblings not repeated.
+  entropies = batch.state_entropies()
+  assert entropies.size == sum(len(r.decisions) for r in batch.rollouts)
+  running = batch.update_threshold(branching.init_quantile_threshold(1.0), quantile=0.5)
+  np.testing.assert_allclose(float(running.threshold), np.quantile(entropies, 0.5), rtol=1e-6)
 
 
 def test_restored_siblings_see_exactly_the_backbones_state(bpo_batch):
