@@ -592,15 +592,32 @@ def generate_game_dirs(out_dir: str, split: str, num: int, seed: int,
   return written
 
 
-def make_tasks(split: str, num: int, seed: int, data_path: str | None = None,
-               task_types: Sequence[str] = TASK_TYPES, **generator_config) -> list[AlfworldTask]:
+# Keyword options of make_sandbox and of make_tasks (each accepts, and ignores, the other's).
+SANDBOX_OPTIONS = ("max_steps", "max_action_chars")
+TASK_OPTIONS = ("data_path", "task_types", "num_distractors", "max_expert_steps")
+# ALFWorld's data has no "test" split: its held-out games are valid_unseen (unseen rooms).
+DATA_SPLIT_ALIASES = {"test": "valid_unseen"}
+
+
+def make_tasks(split: str, num: int, seed: int, **config) -> list[AlfworldTask]:
   """ALFWorld tasks for `split`.
 
   With `data_path` (an ALFWorld data root such as $ALFWORLD_DATA/json_2.1.1), loads the first
-  `num` solvable games of `split` after a seeded shuffle (num <= 0: all of them). Without it,
-  generates `num` expert-checked games (see `generate_game_dirs`) through the same loader.
+  `num` solvable games of `split` after a seeded shuffle (num <= 0: all of them); "test" reads
+  valid_unseen when the data has no test directory. Without it, generates `num` expert-checked
+  games (see `generate_game_dirs`) through the same loader; different splits draw from
+  independent seeds, and their task ids differ by the split prefix.
+
+  Options: data_path, task_types (default: all six), num_distractors, max_expert_steps; the
+  sandbox's options (max_steps, max_action_chars) are accepted and ignored.
   """
+  _, task_config = _split_options(config)
+  data_path = task_config.pop("data_path", None)
+  task_types = tuple(task_config.pop("task_types", TASK_TYPES))
+  generator_config = task_config
   if data_path is not None:
+    if not os.path.isdir(os.path.join(data_path, split)) and split in DATA_SPLIT_ALIASES:
+      split = DATA_SPLIT_ALIASES[split]
     dirs = [d for d in find_game_dirs(data_path, split) if _read_json(d, TRAJ_FILE)["task_type"] in task_types]
     random.Random(seed).shuffle(dirs)
     if num > 0:
@@ -616,6 +633,7 @@ def make_tasks(split: str, num: int, seed: int, data_path: str | None = None,
 # ---------------------------------------------------------------------------------------------
 
 _ENGINE_CACHES_INSTALLED = False
+_ENGINE_ORIGINALS: dict[str, Any] = {}
 
 
 def _install_engine_caches() -> None:
@@ -669,10 +687,29 @@ def _install_engine_caches() -> None:
     finally:
       sys.argv[:] = argv
 
+  _ENGINE_ORIGINALS.update(symbols=parse_symbols, logic=parse_logic, pddl2sas=translate)
   textgen._parse_and_convert = symbols  # pylint: disable=protected-access
   tw_logic._parse_and_convert = logic  # pylint: disable=protected-access
   fast_downward.pddl2sas = pddl2sas
   _ENGINE_CACHES_INSTALLED = True
+
+
+@contextlib.contextmanager
+def _engine_caches_disabled():
+  """Runs the engine's own, uncached functions inside the block (to check the caches change
+  nothing: the tests compare a game played both ways)."""
+  import fast_downward  # pylint: disable=g-import-not-at-top
+  import textworld.envs.pddl.textgen as textgen  # pylint: disable=g-import-not-at-top
+  import textworld.logic as tw_logic  # pylint: disable=g-import-not-at-top
+  _install_engine_caches()
+  cached = (textgen._parse_and_convert, tw_logic._parse_and_convert, fast_downward.pddl2sas)  # pylint: disable=protected-access
+  textgen._parse_and_convert = _ENGINE_ORIGINALS["symbols"]  # pylint: disable=protected-access
+  tw_logic._parse_and_convert = _ENGINE_ORIGINALS["logic"]  # pylint: disable=protected-access
+  fast_downward.pddl2sas = _ENGINE_ORIGINALS["pddl2sas"]
+  try:
+    yield
+  finally:
+    textgen._parse_and_convert, tw_logic._parse_and_convert, fast_downward.pddl2sas = cached  # pylint: disable=protected-access
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -816,6 +853,23 @@ class AlfworldSandbox:
 
   # -- extras --------------------------------------------------------------------------------
 
+  def expert_actions(self) -> list[str]:
+    """Commands that reach the goal from the current state; [] once the episode is over.
+
+    Fast Downward's plan on the game's PDDL from the engine's current state (ALFWorld's
+    "planner" expert: it knows where everything is, so its plans are short). When the planner
+    finds no plan at the start of a game, the game file's walkthrough (the hand-coded expert's
+    episode) is returned instead.
+    """
+    progress = self._require_progress()
+    if progress.done:
+      return []
+    env = self._pddl_env
+    plan = env._pddl_state.replan(env._entity_infos)  # pylint: disable=protected-access
+    if not plan and not progress.commands and progress.steps == 0:
+      plan = list(self._task.walkthrough or [])
+    return list(plan)
+
   def admissible_actions(self) -> list[str]:
     """The commands the game accepts now (sorted, as the engine lists them)."""
     self._require_progress()
@@ -884,6 +938,21 @@ def _decode_snapshot(data: bytes) -> tuple[dict, bytes]:
   return header, bytes(data[offset + header_len:])
 
 
+def _split_options(config: Mapping[str, Any]) -> tuple[dict, dict]:
+  """Splits one options dict into the sandbox's and the task source's keyword arguments.
+
+  An experiment passes the same options to make_sandbox and make_tasks; each takes its own.
+  """
+  unknown = sorted(set(config) - set(SANDBOX_OPTIONS) - set(TASK_OPTIONS))
+  if unknown:
+    raise TypeError(f"unknown ALFWorld options {unknown}; sandbox options: {list(SANDBOX_OPTIONS)}, "
+                    f"task options: {list(TASK_OPTIONS)}")
+  return ({k: v for k, v in config.items() if k in SANDBOX_OPTIONS},
+          {k: v for k, v in config.items() if k in TASK_OPTIONS})
+
+
 def make_sandbox(**config) -> AlfworldSandbox:
-  """A fresh ALFWorld sandbox; `config` goes to AlfworldSandbox (max_steps, max_action_chars)."""
-  return AlfworldSandbox(**config)
+  """A fresh ALFWorld sandbox (max_steps, max_action_chars); task options are accepted and
+  ignored, so one options dict serves make_sandbox and make_tasks."""
+  sandbox_config, _ = _split_options(config)
+  return AlfworldSandbox(**sandbox_config)

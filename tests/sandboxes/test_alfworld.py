@@ -211,3 +211,55 @@ def test_bad_actions_get_an_observation_and_cost_a_turn(generated):
   with pytest.raises(ValueError, match="max_steps"):
     alfworld.make_sandbox(max_steps=0)
   sb.close()
+
+
+def test_the_engine_caches_change_nothing():
+  """The sandbox against ALFWorld's stock engine (TextWorld's PddlEnv with ALFWorld's
+  demangler, no caches) on the same commands: same observations, admissible commands, wins."""
+  task = alfworld.load_game_dir(os.path.join(DATA_ROOT, FIXTURE_ID))
+  commands = ["look", "inventory", "go to cabinet 1", "open cabinet 1", "examine cabinet 1",
+              "help", "take egg 1 from garbagecan 1"] + task.walkthrough
+  sb = alfworld.make_sandbox(max_steps=100)
+  ours = [(sb.reset(task), sb.admissible_actions(), False)]
+  for c in commands:
+    step = sb.step(c)
+    ours.append((step.observation, sb.admissible_actions(), step.info["success"]))
+  sb.close()
+  aw = alfworld._alfworld()
+  with alfworld._engine_caches_disabled():
+    env = aw["alfred_tw_env"].AlfredDemangler(
+        aw["PddlEnv"](aw["textworld"].EnvInfos(admissible_commands=True, won=True)))
+    env.load(os.path.join(DATA_ROOT, FIXTURE_ID, alfworld.GAME_FILE))
+    state = env.reset()
+    stock = [(state.feedback, state["admissible_commands"], False)]
+    for c in commands:
+      state, _, _ = env.step(c)
+      stock.append((state.feedback, state["admissible_commands"], bool(state["won"])))
+    env.close()
+  assert ours == stock
+  assert ours[-1][2] and "Nothing happens." in [o for o, _, _ in ours]
+
+
+def test_expert_actions_win_from_the_start_and_from_a_restored_state(generated):
+  sb = alfworld.make_sandbox(max_steps=50, num_distractors=(1, 2))  # task options are ignored
+  for task in generated:
+    sb.reset(task)
+    plan = sb.expert_actions()
+    assert plan and len(plan) <= len(task.walkthrough)
+    steps = [sb.step(a) for a in plan]
+    assert steps[-1].info["success"] and [s.done for s in steps].count(True) == 1
+    assert sb.expert_actions() == []
+  task = next(t for t in generated if t.task_type == "pick_two_obj_and_place")
+  sb.reset(task)
+  for command in task.walkthrough[:3]:
+    sb.step(command)
+  snap = sb.snapshot()
+  sb.step(sb.admissible_actions()[0])
+  sb.restore(snap)
+  plan = sb.expert_actions()
+  assert base.replay(sb, snap, plan)[-1].info["success"]
+  with pytest.raises(TypeError, match="unknown ALFWorld options \\['colour'\\]"):
+    alfworld.make_sandbox(colour="red")
+  with pytest.raises(TypeError, match="unknown ALFWorld options"):
+    alfworld.make_tasks("train", 1, 0, colour="red")
+  sb.close()
