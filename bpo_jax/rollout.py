@@ -855,7 +855,8 @@ class RolloutEngine:
       snap = snapshots.get(branch.branch_id)
       if isinstance(snap, pool_lib.BranchFailure):
         # The branch's sandbox failed at its current state: the branch ends here.
-        state.failures.append(Failure(branch.node, branch.node, snap.op, snap.reason))
+        parent = state.parent[branch.node] if branch.node != ROOT else ROOT
+        state.failures.append(Failure(branch.node, parent, snap.op, snap.reason))
         state.compute.failed_branches += 1
         state.branches_started -= wanted[index]
         state.compute.forks -= 1

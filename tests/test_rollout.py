@@ -285,9 +285,10 @@ def test_group_topology_forks_n_at_the_root_only(policy, fmt, tasks):
 class _FaultyRooms:
   """Rooms that raises on chosen step and restore calls, counted over all sandboxes."""
 
-  def __init__(self, counter, fail_steps, fail_restores):
+  def __init__(self, counter, fail_steps, fail_restores, fail_snapshots=()):
     self.inner = rooms.make_sandbox(max_steps=SANDBOX_MAX_STEPS)
     self.counter, self.fail_steps, self.fail_restores = counter, fail_steps, fail_restores
+    self.fail_snapshots = fail_snapshots
 
   def reset(self, task):
     return self.inner.reset(task)
@@ -299,6 +300,9 @@ class _FaultyRooms:
     return self.inner.step(action)
 
   def snapshot(self):
+    self.counter["snapshot"] += 1
+    if self.counter["snapshot"] in self.fail_snapshots:
+      raise RuntimeError(f"injected snapshot fault {self.counter['snapshot']}")
     return self.inner.snapshot()
 
   def restore(self, snapshot):
@@ -354,6 +358,27 @@ def test_failed_branches_are_invalid_and_accounted_for(policy, fmt, tasks):
   # Failed work was still done, so the policy processed more than the valid tree holds.
   assert result.compute.tokens_processed > result.tokens.num_unique_tokens()
   assert pool.branches() == []  # every branch, failed or finished, was closed
+
+
+def test_a_failed_snapshot_ends_the_branch_at_its_state(policy, fmt, tasks):
+  # The root fork's snapshot works; the backbone's second one (at its next state) fails, so the
+  # backbone's first step is invalid and the two root siblings go on alone.
+  counter = collections.Counter()
+  pool = pool_lib.SandboxPool(functools.partial(_FaultyRooms, counter, (), (), {2}),
+                              num_workers=0)
+  batch = grow(policy, fmt, pool, tasks[:1], seed=3, threshold=-1.0, num_siblings=3,
+               max_leaves=5)
+  result = batch.rollouts[0]
+  tree_lib.validate(result.tree)
+  assert [(f.node, f.parent, f.op) for f in result.failures] == [(0, -1, "snapshot")]
+  assert "injected snapshot fault" in result.failures[0].reason
+  assert result.decisions[1].node == 0 and result.decisions[1].num_siblings == 0
+  assert result.compute.forks == 1 and result.compute.failed_branches == 1
+  kids = valid_children(result)
+  assert kids[rollout.ROOT] == [1, 2]
+  assert not result.tree.valid[0] and result.leaves().size == 2
+  replay_checks(result)
+  assert pool.branches() == []
 
 
 def test_worst_case_budgets_are_hard_limits(policy, fmt, tasks):
