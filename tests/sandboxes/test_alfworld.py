@@ -96,6 +96,21 @@ def test_generation_is_deterministic_across_processes_and_seeds_differ():
     alfworld.make_tasks("train", 1, 0, task_types=["make_coffee"])
 
 
+def test_generated_games_are_kept_in_the_cache_dir_and_reloaded(tmp_path, monkeypatch):
+  config = dict(cache_dir=str(tmp_path), task_types=["pick_cool_then_place_in_recep"],
+                num_distractors=(1, 2), max_steps=9)
+  first = alfworld.make_tasks("test", 1, 3, **config)
+  (folder,) = os.listdir(tmp_path)
+  assert os.path.isfile(tmp_path / folder / "manifest.json")
+
+  def no_generation(*args, **kwargs):
+    raise AssertionError("generated again instead of loading the cache")
+
+  monkeypatch.setattr(alfworld, "generate_game_dirs", no_generation)
+  again = alfworld.make_tasks("test", 1, 3, **config)
+  assert again == first and again[0].task_id.startswith("test/pick_cool_then_place_in_recep-")
+
+
 def test_a_directory_in_alfworld_game_format_loads(tmp_path):
   task = alfworld.load_game_dir(os.path.join(DATA_ROOT, FIXTURE_ID))
   assert task.task_id == FIXTURE_ID and task.task_type == "pick_clean_then_place_in_recep"
