@@ -397,7 +397,7 @@ def test_fork_bomb_is_contained(jail_dir):
   limits = confinement.Limits(wall_seconds=2.0, max_processes=32)
   start = time.monotonic()
   result = confinement.run_confined("bomb() { bomb | bomb & }; bomb; sleep 30", jail_dir, limits)
-  assert result.timed_out and time.monotonic() - start < 8.0
+  assert result.timed_out and time.monotonic() - start < 10.0  # else: 30 s of sleep
   assert "fork" in result.output.lower()  # forks were refused at the process limit
   assert _jail_processes(confinement.default_uid()) == 0
   assert _children() == children
@@ -407,7 +407,8 @@ def test_infinite_loop_is_killed(jail_dir):
   start = time.monotonic()
   result = confinement.run_confined(
       "while :; do :; done", jail_dir, confinement.Limits(wall_seconds=2.0, cpu_seconds=1))
-  assert result.exit_code < 0 and time.monotonic() - start < 4.0
+  # Unconfined, the loop never ends; the bound leaves room for a loaded machine.
+  assert result.exit_code < 0 and time.monotonic() - start < 10.0
   assert result.report().startswith("[")
 
 
@@ -509,7 +510,7 @@ def test_fallback_without_namespaces_still_limits(jail_dir):
   start = time.monotonic()
   result = confinement.run_confined(f"sleep {duration} & sleep {duration}", jail_dir, limits,
                                     namespaces=False)
-  assert result.timed_out and time.monotonic() - start < 4.0
+  assert result.timed_out and time.monotonic() - start < 10.0  # else: 30 s of sleep
   time.sleep(0.1)
   leftover = subprocess.run(["pgrep", "-f", f"sleep {duration}"], capture_output=True,
                             text=True).stdout

@@ -1,4 +1,8 @@
-"""Starts one confined command; run as `python -I -S _jail.py SPEC_JSON` by `confinement.py`.
+"""Starts confined commands for `confinement.py`.
+
+Run as `python -I -S _jail.py SPEC_JSON` it launches one command; as `python -I -S _jail.py
+--serve FD HOST_PID` it stays up and launches one command per request received on socket FD
+(see `_serve`), which saves an interpreter start-up per command.
 
 A fresh, single-threaded interpreter does the namespace, mount, credential and rlimit set-up and
 then `execve`s the command, because doing this in a `preexec_fn` of a multi-threaded host (JAX
@@ -155,13 +159,8 @@ def _exec(spec):
   os.execve(spec["argv"][0], spec["argv"], spec["env"])
 
 
-def main():
-  spec = json.loads(sys.argv[1])
-  # If the host process dies (a sandbox worker killed at its timeout), so does this launcher,
-  # and with it the command's namespace; nothing outlives the process that asked for it.
-  _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
-  if os.getppid() != spec["host_pid"]:
-    _fail("the host process died before the command started")
+def _launch(spec):
+  """Becomes the launcher of one command: confines and execs it (never returns)."""
   if not spec["namespaces"]:
     _apply_rlimits(spec)
     _exec(spec)
@@ -186,6 +185,68 @@ def main():
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
   os._exit(os.WEXITSTATUS(status))
+
+
+def _die_with(host_pid):
+  # If the host process dies (a sandbox worker killed at its timeout), so does this process,
+  # and with it the command's namespace; nothing outlives the process that asked for it.
+  _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+  if os.getppid() != host_pid:
+    _fail("the host process died before the command started")
+
+
+def _serve(sock_fd, host_pid):
+  """Launches commands on request, one at a time, so each avoids an interpreter start-up.
+
+  Protocol on a SOCK_SEQPACKET socket: the host sends a spec (JSON) with the write end of the
+  output pipe attached (SCM_RIGHTS); the server forks a launcher in its own session with that
+  pipe as stdout and stderr, replies with its pid (8 bytes), reaps it, kills what is left of
+  its process group and replies with the wait status (8 + 4 bytes).
+  """
+  import socket  # pylint: disable=g-import-not-at-top
+  import struct  # pylint: disable=g-import-not-at-top
+  _die_with(host_pid)
+  sock = socket.socket(fileno=sock_fd)
+  while True:
+    try:
+      message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
+    except OSError:
+      os._exit(0)
+    if not message:
+      os._exit(0)
+    spec = json.loads(message)
+    out_fd = fds[0]
+    pid = os.fork()
+    if pid == 0:
+      try:
+        sock.close()
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
+        os.close(null)
+        _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+        _launch(spec)
+      except OSError as e:
+        _fail(str(e))
+    os.close(out_fd)
+    sock.sendall(struct.pack("!q", pid))
+    _, status = os.waitpid(pid, 0)
+    try:
+      os.killpg(pid, signal.SIGKILL)  # background processes left in its group (no namespaces)
+    except OSError:
+      pass
+    sock.sendall(struct.pack("!qi", pid, status))
+
+
+def main():
+  if sys.argv[1] == "--serve":
+    _serve(int(sys.argv[2]), int(sys.argv[3]))
+  spec = json.loads(sys.argv[1])
+  _die_with(spec["host_pid"])
+  _launch(spec)
 
 
 if __name__ == "__main__":

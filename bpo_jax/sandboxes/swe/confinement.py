@@ -30,11 +30,14 @@ import json
 import os
 import select
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 _JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jail.py")
 # Where the writable directory appears inside the namespaces: one fixed path, so that anything a
@@ -169,19 +172,102 @@ def _truncate(data: bytes, max_chars: int) -> str:
   return f"{head}\n[... {len(text) - len(head) - len(tail)} characters truncated ...]\n{tail}"
 
 
-def _run_spec(spec: dict, limits: Limits) -> CommandResult:
-  start = time.monotonic()
+class _LaunchServer:
+  """This process's `_jail.py --serve` process: launches commands without an interpreter
+  start-up each. Started on first use; restarted if it died. One command at a time."""
+
+  def __init__(self):
+    self.lock = threading.Lock()
+    self.owner_pid = None
+    self.proc = None
+    self.sock = None
+
+  def _start(self):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    self.proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", _JAIL, "--serve", str(theirs.fileno()), str(os.getpid())],
+        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, close_fds=True,
+        env={"PATH": "/usr/bin:/bin"})
+    theirs.close()
+    self.sock, self.owner_pid = ours, os.getpid()
+
+  def launch(self, spec: dict) -> tuple[int, int, Callable[[], int]]:
+    """Starts a command; returns (pid, output fd, wait() -> raw wait status)."""
+    for attempt in range(2):
+      if self.owner_pid != os.getpid() or self.proc is None or self.proc.poll() is not None:
+        self._start()
+      read_fd, write_fd = os.pipe()
+      try:
+        socket.send_fds(self.sock, [json.dumps(spec).encode()], [write_fd])
+        reply = self.sock.recv(64)
+      except OSError:
+        reply = b""
+      finally:
+        os.close(write_fd)
+      if len(reply) == 8:
+        pid = struct.unpack("!q", reply)[0]
+        return pid, read_fd, functools.partial(self._wait, pid)
+      os.close(read_fd)
+      self.proc = None  # the server died: start a new one and try once more
+    raise RuntimeError("the command launcher does not answer")
+
+  def _wait(self, pid: int) -> int:
+    reply = self.sock.recv(64)
+    if len(reply) != 12:
+      self.proc = None
+      return signal.SIGKILL  # the server died with the command: report it killed
+    got, status = struct.unpack("!qi", reply)
+    assert got == pid, (got, pid)
+    return status
+
+
+_SERVER = _LaunchServer()
+
+
+def _launch_once(spec: dict) -> tuple[int, int, Callable[[], int]]:
+  """The slow path (another command is running in this process): one interpreter per command."""
   proc = subprocess.Popen(
       [sys.executable, "-I", "-S", _JAIL, json.dumps(spec)],
       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       start_new_session=True, close_fds=True, env={"PATH": "/usr/bin:/bin"})
+  read_fd = os.dup(proc.stdout.fileno())
+  proc.stdout.close()
+
+  def wait():
+    proc.wait()
+    _kill_group(proc.pid)  # background processes left in its group (no namespaces)
+    return _raw_status(proc.returncode)
+
+  return proc.pid, read_fd, wait
+
+
+def _raw_status(returncode: int) -> int:
+  return -returncode if returncode < 0 else returncode << 8
+
+
+def _exit_code(status: int) -> int:
+  return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _run_spec(spec: dict, limits: Limits) -> CommandResult:
+  start = time.monotonic()
+  if _SERVER.lock.acquire(blocking=False):
+    try:
+      return _watch(spec, limits, start, *_SERVER.launch(spec))
+    finally:
+      _SERVER.lock.release()
+  return _watch(spec, limits, start, *_launch_once(spec))
+
+
+def _watch(spec: dict, limits: Limits, start: float, pid: int, fd: int,
+           wait: Callable[[], int]) -> CommandResult:
+  """Reads a started command's output under the limits; kills it when one is passed."""
   keep = limits.max_output_chars * 4 + 4
   head, tail, total = bytearray(), b"", 0
   timed_out = output_limited = disk_limited = False
   watched = spec["writable"][0][0]
   next_disk_check = start + limits.disk_check_seconds
   deadline = start + limits.wall_seconds
-  fd = proc.stdout.fileno()
   try:
     while True:
       remaining = deadline - time.monotonic()
@@ -212,10 +298,9 @@ def _run_spec(spec: dict, limits: Limits) -> CommandResult:
         break
   finally:
     if timed_out or output_limited or disk_limited:
-      _kill_group(proc.pid)
-    proc.stdout.close()
-    exit_code = proc.wait()
-    _kill_group(proc.pid)  # background processes left in the group (non-namespace mode)
+      _kill_group(pid)
+    os.close(fd)
+    exit_code = _exit_code(wait())
     if spec["namespaces"]:
       _wait_until_gone(spec["uid"])
   disk_limited = disk_limited or disk_usage(watched) > limits.disk_bytes
@@ -277,11 +362,13 @@ def _wait_until_gone(uid: int, timeout: float = 5.0) -> None:
     time.sleep(0.01)
 
 
-def _kill_group(pgid: int) -> None:
-  try:
-    os.killpg(pgid, signal.SIGKILL)
-  except (ProcessLookupError, PermissionError):
-    pass
+def _kill_group(pid: int) -> None:
+  """Kills a launcher and its process group (the launcher leads its own session)."""
+  for kill in (os.kill, os.killpg):
+    try:
+      kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+      pass
 
 
 @functools.lru_cache(maxsize=None)
