@@ -126,7 +126,8 @@ class CommandResult:
     return "[" + "; ".join(notes) + "]"
 
 
-def _python_paths() -> list[str]:
+@functools.lru_cache(maxsize=None)
+def _python_paths() -> tuple[str, ...]:
   """Directories the interpreter (and its pytest) needs to be reachable in the confinement."""
   paths = {os.path.dirname(os.path.realpath(sys.executable)), os.path.realpath(sys.prefix),
            os.path.realpath(sys.base_prefix)}
@@ -134,7 +135,7 @@ def _python_paths() -> list[str]:
     path = sysconfig.get_paths().get(key)
     if path:
       paths.add(os.path.realpath(path))
-  return sorted(p for p in paths if os.path.isdir(p))
+  return tuple(sorted(p for p in paths if os.path.isdir(p)))
 
 
 def command_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -160,7 +161,7 @@ def _spec(argv, cwd, limits, namespaces, uid, env) -> dict:
     rlimits["NPROC"] = int(limits.max_processes)
   target = CONFINED_WORKDIR if namespaces else cwd
   return {"argv": list(argv), "cwd": target, "env": env, "namespaces": namespaces,
-          "writable": [[cwd, target]], "reachable": _python_paths(), "uid": uid, "gid": uid,
+          "writable": [[cwd, target]], "reachable": list(_python_paths()), "uid": uid, "gid": uid,
           "tmp_bytes": int(limits.tmp_bytes), "rlimits": rlimits, "host_pid": os.getpid()}
 
 
