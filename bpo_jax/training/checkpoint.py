@@ -50,8 +50,11 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     if not create and not os.path.isdir(self.directory):
       raise FileNotFoundError(f"no checkpoint directory at {self.directory!r}")
+    # Synchronous saves: the loop goes on only once a checkpoint is complete. A save cut short
+    # (the process killed) leaves a temporary directory, which is removed on the next start.
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
-                                           enable_async_checkpointing=False)
+                                           enable_async_checkpointing=False,
+                                           cleanup_tmp_directories=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
 
   def latest_step(self) -> int | None:

@@ -63,28 +63,28 @@ def default_config() -> ml_collections.ConfigDict:
   c.env.num_train_tasks = 256      # the training split's size; tasks are drawn from it in order
   c.env.num_eval_tasks = 64        # the held-out split's size
   c.env.task_seed = 0              # which worlds the splits hold
-  c.env.max_turns = 6              # steps per episode before truncation
+  c.env.max_turns = 5              # steps per episode before truncation
   c.env.num_workers = 0            # sandbox worker processes; 0 runs sandboxes in-process
   c.env.timeout_s = 30.0           # per sandbox call (worker processes only)
-  c.env.max_observation_tokens = 56  # observations cut to this many tokens; 0 = no limit
+  c.env.max_observation_tokens = 40  # observations cut to this many tokens; 0 = no limit
   # Environment-specific keyword arguments for make_sandbox / make_tasks (e.g. rooms'
   # `difficulty`, TextWorld's `games_dir`); checked per environment in `_check_env_options`.
   c.env.options = ml_collections.ConfigDict({"difficulty": 1})
 
   c.model = ml_collections.ConfigDict()
   c.model.architecture = "qwen2"
-  c.model.hidden_size = 64
-  c.model.intermediate_size = 192
-  c.model.num_layers = 2
+  c.model.hidden_size = 128
+  c.model.intermediate_size = 384
+  c.model.num_layers = 3
   c.model.num_heads = 4
   c.model.num_kv_heads = 2
-  c.model.head_dim = 16
-  c.model.max_length = 512         # context = KV cache slots per row
+  c.model.head_dim = 32
+  c.model.max_length = 288         # context = KV cache slots per row
   c.model.dtype = "float32"
 
   c.warm_start = ml_collections.ConfigDict()
   c.warm_start.num_trajectories = 64  # expert episodes on training tasks; 0 = no warm start
-  c.warm_start.steps = 100
+  c.warm_start.steps = 150
   c.warm_start.batch_size = 16
   c.warm_start.learning_rate = 3e-3
 
@@ -92,12 +92,16 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.estimator = "bpo"
   c.rollout.tasks_per_iteration = 8
   c.rollout.trees_per_task = 1     # >= 2 for the leave-one-out trunk baseline
-  c.rollout.k = 4                  # siblings per fork (BPO); group size (baselines)
+  c.rollout.k = 2                  # siblings per fork (BPO); group size (baselines)
   c.rollout.fork_rule = "entropy"
   c.rollout.entropy_threshold = 0.5  # fork where the first-token entropy exceeds this (nats)
+  # > 0: after each iteration the threshold moves to this quantile of the iteration's state
+  # entropies (an average over iterations, `branching.update_quantile_threshold`); the
+  # threshold an iteration uses depends only on earlier iterations, so forks stay unbiased.
+  c.rollout.entropy_quantile = 0.0
   c.rollout.fork_probability = 0.3   # the random rule's chance of forking at a step
-  c.rollout.max_leaves = 8         # per tree
-  c.rollout.max_tree_tokens = 4096  # per tree, prompt + actions + observations
+  c.rollout.max_leaves = 4         # per tree
+  c.rollout.max_tree_tokens = 512  # per tree, prompt + actions + observations
   c.rollout.max_env_steps = 64     # per tree
   c.rollout.max_action_tokens = 5
   c.rollout.temperature = 1.0
@@ -165,6 +169,7 @@ _RANGES = (
     ("rollout.k", 2, None, "a fork needs at least two siblings"),
     ("rollout.entropy_threshold", 0.0, None, ""),
     ("rollout.fork_probability", 0.0, 1.0, ""),
+    ("rollout.entropy_quantile", 0.0, 1.0, "0 = a fixed threshold"),
     ("rollout.max_leaves", 1, None, ""),
     ("rollout.max_tree_tokens", 1, None, ""),
     ("rollout.max_env_steps", 1, None, ""),
@@ -300,6 +305,9 @@ def _check_budgets(config, problems: list[str]):
   if r.max_env_steps < r.k:
     problems.append(f"rollout.max_env_steps = {r.max_env_steps}: cannot hold one step of each of "
                     f"rollout.k = {r.k} branches; set max_env_steps >= k")
+  if path_tokens is not None and r.max_tree_tokens < path_tokens:
+    problems.append(f"rollout.max_tree_tokens = {r.max_tree_tokens}: cannot hold one path of "
+                    f"env.max_turns = {config.env.max_turns} steps (up to {path_tokens} tokens)")
   min_tree_tokens = r.k * (config.rollout.max_action_tokens + 1) + 8
   if r.max_tree_tokens < min_tree_tokens:
     problems.append(f"rollout.max_tree_tokens = {r.max_tree_tokens}: cannot hold one step of "

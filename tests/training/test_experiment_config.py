@@ -99,17 +99,33 @@ def test_context_cannot_hold_one_path():
   config = config_lib.default_config()
   config.model.max_length = 128
   (problem,) = _problems(config)
-  assert problem.startswith("model.max_length = 128: cannot hold one path of env.max_turns = 6")
+  assert problem.startswith("model.max_length = 128: cannot hold one path of env.max_turns = 5")
 
 
 def test_env_step_and_token_budgets():
   config = config_lib.default_config()
+  config.rollout.k = 4
   config.rollout.max_env_steps = 3
   config.rollout.max_tree_tokens = 10
   problems = _problems(config)
   assert problems[0].startswith("rollout.max_env_steps = 3: cannot hold one step of each of "
                                 "rollout.k = 4")
-  assert problems[1].startswith("rollout.max_tree_tokens = 10: cannot hold one step of each")
+  assert problems[1].startswith("rollout.max_tree_tokens = 10: cannot hold one path of "
+                                "env.max_turns = 5 steps")
+  assert problems[2].startswith("rollout.max_tree_tokens = 10: cannot hold one step of each")
+
+
+def test_tree_token_budget_must_hold_one_path():
+  config = config_lib.default_config()
+  bound = config_lib.path_token_bound(config)
+  # 43 prompt tokens (40 + <bos> <obs> <act>), then 5 turns of 5 action + 42 observation tokens.
+  assert bound == 43 + 5 * (5 + 42) == 278
+  config.rollout.max_tree_tokens = bound - 1
+  assert _problems(config) == [
+      f"rollout.max_tree_tokens = {bound - 1}: cannot hold one path of env.max_turns = 5 steps "
+      f"(up to {bound} tokens)"]
+  config.rollout.max_tree_tokens = bound
+  config_lib.validate(config)
 
 
 def test_loo_trunk_baseline_needs_two_trees_per_task():

@@ -1,0 +1,1 @@
+"""Experiment entry point and configuration files (not part of the installed library)."""

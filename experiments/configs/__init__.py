@@ -1,0 +1,1 @@
+"""Configuration files: `get_config()` each, on top of `base.py`."""

@@ -1,0 +1,10 @@
+"""BPO on the built-in world (see base.py for the shared settings and the matched compute).
+
+    python experiments/run.py --config=experiments/configs/rooms_bpo.py --workdir=workdirs/rooms_bpo
+"""
+
+from experiments.configs import base
+
+
+def get_config():
+  return base.rooms("bpo")

@@ -1,0 +1,10 @@
+"""RLOO on the built-in world (see base.py for the shared settings and the matched compute).
+
+    python experiments/run.py --config=experiments/configs/rooms_rloo.py --workdir=workdirs/rooms_rloo
+"""
+
+from experiments.configs import base
+
+
+def get_config():
+  return base.rooms("rloo")

@@ -1,0 +1,10 @@
+"""BPO on TextWorld (see base.py for the shared settings and the matched compute).
+
+    python experiments/run.py --config=experiments/configs/textworld_bpo.py --workdir=workdirs/textworld_bpo
+"""
+
+from experiments.configs import base
+
+
+def get_config():
+  return base.textworld("bpo")

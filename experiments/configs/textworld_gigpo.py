@@ -1,0 +1,10 @@
+"""GIGPO on TextWorld (see base.py for the shared settings and the matched compute).
+
+    python experiments/run.py --config=experiments/configs/textworld_gigpo.py --workdir=workdirs/textworld_gigpo
+"""
+
+from experiments.configs import base
+
+
+def get_config():
+  return base.textworld("gigpo")

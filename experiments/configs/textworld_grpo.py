@@ -1,0 +1,10 @@
+"""GRPO on TextWorld (see base.py for the shared settings and the matched compute).
+
+    python experiments/run.py --config=experiments/configs/textworld_grpo.py --workdir=workdirs/textworld_grpo
+"""
+
+from experiments.configs import base
+
+
+def get_config():
+  return base.textworld("grpo")

@@ -1,0 +1,10 @@
+"""RLOO on TextWorld (see base.py for the shared settings and the matched compute).
+
+    python experiments/run.py --config=experiments/configs/textworld_rloo.py --workdir=workdirs/textworld_rloo
+"""
+
+from experiments.configs import base
+
+
+def get_config():
+  return base.textworld("rloo")
