@@ -387,6 +387,9 @@ def test_writes_outside_the_task_directory_are_contained(jail_dir, tmp_path):
     assert (sorted(os.listdir(outside)), sorted(os.listdir(near_repo))) == before
     assert not os.path.exists("/etc/bpo_probe") and not os.path.exists("/var/tmp/bpo_probe")
     assert open(os.path.join(jail_dir, "inside.txt")).read() == "ok\n"
+    # Host daemons' sockets (under /run) are hidden: a read-only mount alone would not stop
+    # connecting to them.
+    assert confinement.run_confined("ls -A /run | wc -l", jail_dir).output == "0\n"
   finally:
     os.rmdir(near_repo)
 

@@ -14,7 +14,8 @@ With `"namespaces": true` (root only) the order is:
      PID namespace (when it exits the kernel kills every process left in it);
   2. make every mount private, cover directories the unprivileged user cannot traverse (e.g. a
      0700 home holding the interpreter) with a tmpfs and bind back only the needed child;
-  3. remount every mount read-only, mount a private size-capped tmpfs on /tmp, bind each
+  3. remount every mount read-only, mount a private size-capped tmpfs on /tmp, hide /run (host
+     daemons' sockets) behind an empty read-only tmpfs, bind each
      writable directory read-write at its target path (the task directory always appears at
      the same path, so what commands print does not depend on where the host keeps it), mount
      a fresh /proc (only this namespace's processes);
@@ -129,6 +130,12 @@ def _confine_filesystem(spec):
     _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
   _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
          f"size={spec['tmp_bytes']},mode=1777")
+  # Host daemons' sockets live under /run; a read-only mount does not stop connecting to a
+  # socket, so hide them behind an empty, read-only tmpfs.
+  for run_dir in ("/run", "/var/run"):
+    if os.path.isdir(run_dir) and not os.path.islink(run_dir):
+      _mount("tmpfs", run_dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+             "size=4k,mode=0755")
   for (_, target), fd in zip(spec["writable"], writable_fds):
     os.makedirs(target, mode=0o755, exist_ok=True)
     _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)

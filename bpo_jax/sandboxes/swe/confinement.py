@@ -8,7 +8,8 @@ its output truncated (the process group is killed once it has printed `kill_outp
 Where the host allows it (running as root with namespaces available, which `protections()`
 probes once per process) the command also runs in fresh mount, network, PID, IPC and UTS
 namespaces as an unprivileged uid with no capabilities and a process-count limit: every mount is
-read-only except the writable directory and a private, size-capped /tmp; the network namespace
+read-only except the writable directory and a private, size-capped /tmp; /run (where host
+daemons keep their sockets) is hidden; the network namespace
 has no usable interface; /proc shows only the command's own processes, so the host's
 environment variables cannot be read through it; when the command ends the kernel kills what it
 left behind. The writable directory appears at the fixed path `CONFINED_WORKDIR`, so what
