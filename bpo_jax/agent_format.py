@@ -28,8 +28,9 @@ Example:
   chain = expert_tree_tokens(fmt, sandbox, task, rooms.expert_actions(task))
 
 A tokenizer is anything with `encode(text) -> list[int]` and `decode(ids) -> str` that adds no
-special tokens of its own (wrap a Hugging Face tokenizer so `encode` passes
-`add_special_tokens=False`).
+special tokens of its own. For a Hugging Face model, `AgentFormat.for_chat_template(tokenizer)`
+reads the pieces off the tokenizer's chat template (observations as user turns, actions as
+assistant turns ending with the end-of-turn token) and wraps the tokenizer in `HuggingFaceText`.
 """
 
 from __future__ import annotations
@@ -134,6 +135,24 @@ class WordTokenizer:
     return join_words(words)
 
 
+class HuggingFaceText:
+  """A Hugging Face tokenizer behind the `Tokenizer` protocol: `encode` adds no special tokens
+  (no BOS), `decode` drops them, so a generated end-of-turn token never reaches the sandbox."""
+
+  def __init__(self, tokenizer):
+    self.hf_tokenizer = tokenizer
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.hf_tokenizer)
+
+  def encode(self, text: str) -> list[int]:
+    return list(self.hf_tokenizer.encode(text, add_special_tokens=False))
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self.hf_tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class AgentFormat:
   """The token layout of an episode (see the module docstring).
@@ -171,6 +190,56 @@ class AgentFormat:
                prompt_prefix=(tokenizer.token_id(BOS), tokenizer.token_id(OBSERVATION)),
                observation_prefix=(tokenizer.token_id(OBSERVATION),),
                action_cue=(tokenizer.token_id(ACTION),),
+               max_observation_tokens=max_observation_tokens)
+
+  @classmethod
+  def for_chat_template(cls, tokenizer, system_prompt: str | None = None,
+                        max_observation_tokens: int | None = None) -> "AgentFormat":
+    """The layout of a Hugging Face tokenizer's chat template (Qwen2.5, Llama 3, ...).
+
+    Observations are user turns and actions assistant turns. The pieces are read off the
+    template by rendering placeholder conversations: `prompt_prefix` is everything before the
+    first user message, `action_cue` what follows a user message up to the assistant's text
+    (the generation prompt), the stop token is the first token after an assistant message (the
+    end-of-turn token, e.g. `<|im_end|>`), and `observation_prefix` the rest of the way to the
+    next user message. Each piece is tokenized on its own, so rollout and training agree token
+    for token even where the template's full rendering would merge differently.
+
+    Raises:
+      ValueError: the template does not render the placeholders in the expected places, or
+        no special end-of-turn token follows an assistant message.
+    """
+    first, action, second = "@@observation1@@", "@@action@@", "@@observation2@@"
+    head = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    one_turn = head + [{"role": "user", "content": first}]
+    two_turns = one_turn + [{"role": "assistant", "content": action},
+                            {"role": "user", "content": second}]
+
+    def render(messages):
+      return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    text = render(one_turn)
+    if text.count(first) != 1:
+      raise ValueError(f"the chat template does not render the user message once: {text!r}")
+    prefix, cue = text.split(first)
+    text = render(two_turns)
+    if not (text.count(first) == text.count(action) == text.count(second) == 1
+            and text.index(first) < text.index(action) < text.index(second)):
+      raise ValueError(f"the chat template does not render a user/assistant/user "
+                       f"conversation in order: {text!r}")
+    if not text.startswith(prefix) or not text.endswith(cue):
+      raise ValueError(f"the chat template's prefix or generation prompt changes with the "
+                       f"conversation: {text!r}")
+    between = text[text.index(action) + len(action):text.index(second)]
+    text_codec = HuggingFaceText(tokenizer)
+    between_ids = text_codec.encode(between)
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    if not between_ids or between_ids[0] not in special:
+      raise ValueError(f"no special end-of-turn token follows an assistant message in the "
+                       f"chat template (found {between!r})")
+    return cls(tokenizer=text_codec, stop_token_id=between_ids[0],
+               prompt_prefix=text_codec.encode(prefix),
+               observation_prefix=between_ids[1:], action_cue=text_codec.encode(cue),
                max_observation_tokens=max_observation_tokens)
 
   @property

@@ -103,3 +103,54 @@ def test_expert_chain_stops_when_the_episode_ends(fmt):
   assert episode.actions == actions and episode.tokens.num_nodes == len(actions)
   with pytest.raises(ValueError, match="at least one action"):
     agent_format.expert_tree_tokens(fmt, rooms.make_sandbox(), task, [])
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chat_tokenizer(template=CHATML):
+  """A word-level Hugging Face tokenizer with ChatML special tokens and a ChatML template."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  words = ["<unk>", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "You", "are",
+           "an", "agent", "see", "nothing", "take", "key", "go", "north", "won", ".", "!"]
+  core = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+      vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+  core.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
+      tokenizers.pre_tokenizers.WhitespaceSplit(), tokenizers.pre_tokenizers.Punctuation()])
+  tok = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=core, unk_token="<unk>",
+      additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+  tok.chat_template = template
+  return tok
+
+
+def test_chat_template_layout_matches_the_rendered_conversation():
+  tok = chat_tokenizer()
+  fmt = agent_format.AgentFormat.for_chat_template(tok, system_prompt="You are an agent.")
+  ids = tok.convert_tokens_to_ids
+  assert fmt.stop_token_id == ids("<|im_end|>")
+  assert fmt.prompt_prefix == tuple(ids(["<|im_start|>", "system", "You", "are", "an", "agent",
+                                         ".", "<|im_end|>", "<|im_start|>", "user"]))
+  assert fmt.action_cue == tuple(ids(["<|im_end|>", "<|im_start|>", "assistant"]))
+  assert fmt.observation_prefix == tuple(ids(["<|im_start|>", "user"]))
+  # A whole episode in the format equals the template's own rendering, token for token.
+  episode = fmt.prompt_tokens("You see nothing.") + fmt.action_tokens("take key")
+  episode += fmt.observation_tokens("You see key.") + fmt.action_tokens("go north")
+  messages = [{"role": "system", "content": "You are an agent."},
+              {"role": "user", "content": "You see nothing."},
+              {"role": "assistant", "content": "take key"},
+              {"role": "user", "content": "You see key."},
+              {"role": "assistant", "content": "go north"}]
+  rendered = tok.apply_chat_template(messages, tokenize=False)
+  assert episode == tok.encode(rendered, add_special_tokens=False)
+  assert fmt.decode_action(fmt.action_tokens("take key")) == "take key"
+  assert fmt.decode_action(ids(["go", "north", "<|im_end|>", "key"])) == "go north"
+
+
+def test_chat_template_without_assistant_turns_is_rejected():
+  tok = chat_tokenizer("{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}"
+                       "{% endif %}{% endfor %}")
+  with pytest.raises(ValueError, match="user/assistant/user"):
+    agent_format.AgentFormat.for_chat_template(tok)
