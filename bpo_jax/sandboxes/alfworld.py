@@ -23,11 +23,28 @@ directories load through the same function, `load_game_dir`.
     step = sb.step("go to countertop 1")
     snap = sb.snapshot(); sb.restore(snap)
 
+Generated games. A room kind is drawn among those ALFRED allows for the task type (heat and cool:
+kitchens; examine in light: living rooms and bedrooms; ...), then its receptacles (each at its own
+location, ids in ALFRED's "Class|x|y|z" form), the task's object class (one with the ability the
+task needs: Cleanable, Heatable, Coolable, from ALFRED's tables) and goal receptacle class (one
+that can contain it, never the appliance), the target instances (never already in a goal-class
+receptacle, so the goal cannot hold at the start; two in one receptacle for pick-two), a desk
+lamp for examine-in-light, and distractor objects where ALFRED's affordances allow them. The goal
+is ALFWorld's own PDDL goal for the type (`alfworld.gen.goal_library`) and the task text one of
+its templates. A game is kept only if ALFWorld's hand-coded expert solves it on the engine; its
+commands are stored as the game's walkthrough.
+
 Snapshots. In-process, a snapshot's `handle` is the engine state itself: the Fast Downward state
 id (its state registry keeps every visited state), a copy of the Python-side fact set and the last
 game state, so `restore` costs no replay. `Snapshot.data` is the portable form: the game (zlib) and
 the commands taken since reset; another process restores it by replaying those commands on the
-deterministic engine. Observations, rewards and done flags are identical either way.
+deterministic engine (it has no randomness: the grammar has one production per rule and the
+demangler's numbering is not shuffled). Observations, rewards and done flags are identical
+either way.
+
+Speed. The engine re-parses its grammar at every step and translates a game's PDDL at every
+load and reset; this module memoises both process-wide (`_install_engine_caches`, checked against
+the uncached engine by the tests), which brings a step from ~150 ms to ~40 ms.
 """
 
 from __future__ import annotations
@@ -44,7 +61,7 @@ import struct
 import sys
 import tempfile
 import zlib
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from bpo_jax.sandboxes.base import MAX_ACTION_CHARS, Snapshot, Step, check_action, invalid_action_step
 
@@ -796,10 +813,12 @@ class AlfworldSandbox:
     self._epoch = 0
     self._initial: _EngineState | None = None
     self._progress: _Progress | None = None
+    self._closed = False
 
   # -- the protocol --------------------------------------------------------------------------
 
   def reset(self, task: AlfworldTask) -> str:
+    self._require_open()
     if not isinstance(task, AlfworldTask):
       raise TypeError(f"reset expects an AlfworldTask, got {type(task).__name__}")
     if self._task is None or self._task.digest != task.digest:
@@ -851,6 +870,7 @@ class AlfworldSandbox:
     return Snapshot(data=data, handle=(self._engine_state(), progress, self._task))
 
   def restore(self, snapshot: Snapshot) -> None:
+    self._require_open()
     if not isinstance(snapshot, Snapshot):
       raise TypeError(f"restore expects a Snapshot, got {type(snapshot).__name__}")
     handle = snapshot.handle
@@ -871,7 +891,14 @@ class AlfworldSandbox:
                                success=header["success"], observation=header["observation"])
 
   def close(self) -> None:
+    """Unloads this sandbox's copy of the Fast Downward library (each sandbox loads its own,
+    about 4 MB); the sandbox cannot be used afterwards. Closing twice is a no-op."""
+    if self._closed:
+      return
+    import fast_downward  # pylint: disable=g-import-not-at-top
     self._env.close()
+    fast_downward.close_lib(self._pddl_env.downward_lib)
+    self._closed = True
     self._progress = None
 
   # -- extras --------------------------------------------------------------------------------
@@ -905,9 +932,14 @@ class AlfworldSandbox:
   # -- internals -----------------------------------------------------------------------------
 
   def _require_progress(self) -> _Progress:
+    self._require_open()
     if self._progress is None:
       raise RuntimeError("call reset(task) or restore(snapshot) before using the sandbox")
     return self._progress
+
+  def _require_open(self) -> None:
+    if self._closed:
+      raise RuntimeError("the ALFWorld sandbox is closed")
 
   def _load(self, task: AlfworldTask) -> None:
     self._env.load(task.game_data)

@@ -158,13 +158,15 @@ def test_three_forks_from_one_snapshot_replay_byte_identically(generated, sandbo
   assert len({f[0] for f in forks}) == 3
   first = [base.replay(sandbox, snap, f) for f in forks]
   assert len({s[0].observation for s in first}) == 3  # the forks really differ
+  fresh = alfworld.make_sandbox(max_steps=200)
+  portable = pickle.loads(pickle.dumps(snap))
+  assert portable.handle is None and portable == snap
   for fork, steps in zip(forks, first):
     # Again in this sandbox (engine-state restore, no replay) ...
     assert base.first_divergence(steps, base.replay(sandbox, snap, fork)) is None
-    # ... and from the bytes alone in a fresh sandbox (the portable path: replay).
-    fresh = alfworld.make_sandbox(max_steps=200)
-    assert base.first_divergence(steps, base.replay(fresh, pickle.loads(pickle.dumps(snap)), fork)) is None
-    fresh.close()
+    # ... and from the bytes alone in another sandbox (the portable path: replay).
+    assert base.first_divergence(steps, base.replay(fresh, portable, fork)) is None
+  fresh.close()
   sandbox.restore(snap)
   assert sandbox.admissible_actions() == admissible
   # The same path played from reset gives the same steps as the fork from the snapshot.
@@ -225,7 +227,12 @@ def test_bad_actions_get_an_observation_and_cost_a_turn(generated):
     sb.reset("a task id")
   with pytest.raises(ValueError, match="max_steps"):
     alfworld.make_sandbox(max_steps=0)
+  snap = sb.snapshot()
   sb.close()
+  sb.close()
+  for call in (lambda: sb.step("look"), lambda: sb.reset(task), lambda: sb.restore(snap)):
+    with pytest.raises(RuntimeError, match="closed"):
+      call()
 
 
 def test_the_engine_caches_change_nothing():
