@@ -2,19 +2,28 @@
 
 Every command gets, in all modes: its own session and process group (killed as a whole at the
 wall-clock timeout), CPU-time / address-space / file-size / open-file rlimits, an environment
-rebuilt from a short whitelist (nothing of the host's is inherited), stdin from /dev/null, and
-its output truncated (the process group is killed once it has printed `kill_output_bytes`).
+rebuilt from a short whitelist (nothing of the host's is inherited), stdin from /dev/null, its
+output truncated (the process group is killed once it has printed `kill_output_bytes`), and a
+disk limit on the writable directory (watched while it runs). The command dies with the process
+that started it.
 
 Where the host allows it (running as root with namespaces available, which `protections()`
 probes once per process) the command also runs in fresh mount, network, PID, IPC and UTS
 namespaces as an unprivileged uid with no capabilities and a process-count limit: every mount is
 read-only except the writable directory and a private, size-capped /tmp; /run (where host
-daemons keep their sockets) is hidden; the network namespace
-has no usable interface; /proc shows only the command's own processes, so the host's
-environment variables cannot be read through it; when the command ends the kernel kills what it
-left behind. The writable directory appears at the fixed path `CONFINED_WORKDIR`, so what
-commands print about paths does not depend on where the host keeps the directory. Without root
-the namespace protections are off (and paths are the host's), and `protections()` says so.
+daemons keep their sockets) is hidden; the network namespace has no usable interface; /proc
+shows only the command's own processes, so the host's environment variables cannot be read
+through it; when the command ends the kernel kills what it left behind. The writable directory
+appears at the fixed path `CONFINED_WORKDIR`, so what commands print about paths does not depend
+on where the host keeps it. Without root the namespace protections are off (paths are then the
+host's, and other processes of the same user are visible), and `protections()` says so.
+
+Memory is bounded per process (RLIMIT_AS); all of a command's processes together stay under
+`max_processes * memory_bytes`, not a single total (that would need a cgroup).
+
+Commands are launched by a small server process (`_jail.py --serve`, one per host process,
+started on first use), which forks a launcher per command; the set-up happens in that
+single-threaded process, never in the host, which may run JAX's threads.
 
 Example:
 
@@ -119,9 +128,11 @@ class CommandResult:
     if self.output_limited:
       notes.append(f"printed more than the output limit ({self.output_bytes} bytes); killed")
     if self.exit_code < 0:
-      notes.append(f"killed by signal {signal.Signals(-self.exit_code).name}"
-                   if -self.exit_code in signal.Signals._value2member_map_ else
-                   f"killed by signal {-self.exit_code}")
+      try:
+        name = signal.Signals(-self.exit_code).name
+      except ValueError:
+        name = str(-self.exit_code)
+      notes.append(f"killed by signal {name}")
     else:
       notes.append(f"exit code {self.exit_code}")
     return "[" + "; ".join(notes) + "]"
@@ -377,12 +388,12 @@ def _kill_group(pid: int) -> None:
 def protections() -> Mapping[str, bool]:
   """Which protections commands get on this host (probed once per process by running one).
 
-  Always on: process_group_timeout, rlimits, scrubbed_env, output_truncation. With root and
-  namespaces: network_namespace, read_only_filesystem, private_tmp, pid_namespace,
-  unprivileged_uid, process_limit.
+  Always on: process_group_timeout, rlimits, scrubbed_env, output_truncation, disk_limit.
+  With root and namespaces: network_namespace, read_only_filesystem, private_tmp,
+  pid_namespace, unprivileged_uid, process_limit.
   """
   always = {"process_group_timeout": True, "rlimits": True, "scrubbed_env": True,
-            "output_truncation": True}
+            "output_truncation": True, "disk_limit": True}
   namespaced = ("network_namespace", "read_only_filesystem", "private_tmp", "pid_namespace",
                 "unprivileged_uid", "process_limit")
   available = False
@@ -390,15 +401,19 @@ def protections() -> Mapping[str, bool]:
     import tempfile
     with tempfile.TemporaryDirectory(prefix="bpo_probe_") as probe_dir:
       os.chown(probe_dir, default_uid(), default_uid())
-      probe = ("echo $$ > pid && id -u > uid && cat /proc/net/dev | wc -l > net && "
-               "(touch /probe_root_write 2>/dev/null && echo rw || echo ro) > root")
+      # Reads only: the process id (1 in a new PID namespace), the uid, the network interfaces
+      # (2 header lines + loopback), and the flags of the root mount.
+      probe = ("echo $$ > pid && id -u > uid && wc -l < /proc/net/dev > net && "
+               "awk '$5 == \"/\" {split($6, o, \",\"); print o[1]}' /proc/self/mountinfo "
+               "> root")
       spec = _spec(["/bin/sh", "-c", probe], probe_dir, Limits(wall_seconds=10.0), True,
                    default_uid(), command_env())
       result = _run_spec(spec, Limits(wall_seconds=10.0))
       read = lambda name: open(os.path.join(probe_dir, name)).read().strip() if os.path.exists(
           os.path.join(probe_dir, name)) else ""
-      available = (result.exit_code == 0 and read("pid") == "1" and read("uid") == str(
-          default_uid()) and read("root") == "ro")
+      available = (result.exit_code == 0 and read("pid") == "1" and
+                   read("uid") == str(default_uid()) and read("net") == "3" and
+                   read("root") == "ro")
   return {**always, **{name: available for name in namespaced}}
 
 
