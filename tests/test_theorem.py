@@ -89,7 +89,7 @@ def test_sibling_variance_reduction_is_prefix_explained_variance(fork_depth, num
   # Var(E[G | s_t]) from backward induction: G's conditional mean is prefix rewards + V(s_t).
   values = T.state_values(mdp)
   cond = [(p, sum(r for _, _, r in steps) + values[T.state_after(mdp, steps)])
-          for p, steps in T._prefixes(mdp, fork_depth)]
+          for p, steps in T.prefixes(mdp, fork_depth)]
   p = np.array([c[0] for c in cond])
   m = np.array([c[1] for c in cond])
   var_cond = p @ m**2 - (p @ m)**2

@@ -212,7 +212,7 @@ def enumerate_independent(mdp: TabularMDP, num_episodes: int) -> list[Outcome]:
 def enumerate_sibling_fork(mdp: TabularMDP, fork_depth: int, num_siblings: int) -> list[Outcome]:
   """Every tree made of a policy prefix to depth t, then K sibling episodes from s_t."""
   out = []
-  for p_prefix, prefix in _prefixes(mdp, fork_depth):
+  for p_prefix, prefix in prefixes(mdp, fork_depth):
     nodes: list = []
     _chain(nodes, -1, 0, prefix)
     state = state_after(mdp, prefix)
@@ -227,7 +227,7 @@ def enumerate_sibling_fork(mdp: TabularMDP, fork_depth: int, num_siblings: int) 
   return out
 
 
-def _prefixes(mdp: TabularMDP, length: int) -> Iterator[tuple[float, list]]:
+def prefixes(mdp: TabularMDP, length: int) -> Iterator[tuple[float, list]]:
   """Every action sequence of `length` steps from the root with its probability."""
   pi = mdp.policy()
   seqs = [(1.0, [], 0)]
