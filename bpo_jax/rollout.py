@@ -75,7 +75,7 @@ from bpo_jax.sandboxes import pool as pool_lib
 
 ROOT = tree_lib.ROOT
 TOPOLOGIES = ("tree", "group")
-FORK_RULES = ("entropy", "random", "never")
+FORK_RULES = ("entropy", "random", "never", "top_k_after")
 BUDGET_ACCOUNTING = ("worst_case", "used")
 STATE_IDS = ("none", "observation", "snapshot")
 PHASES = ("reset", "prefill", "fork", "decode", "env", "append", "host")
@@ -91,7 +91,11 @@ class RolloutConfig:
     num_siblings: K, the actions tried at a fork (the branch itself plus K-1 new ones).
     group_size: N for the group topology.
     fork_rule: "entropy" (fork when the first-token entropy exceeds the threshold), "random"
-      (fork with probability `fork_prob`) or "never" (a single backbone).
+      (fork with probability `fork_prob`), "never" (a single backbone), or "top_k_after": once
+      the backbone has finished, fork at its `max_forks` highest-entropy states
+      (`branching.top_k_fork_steps`). The last is BIASED (where the forks go depends on the
+      backbone's own later actions) and is kept only to measure that bias against the online
+      rule; it snapshots every backbone state and supports only the leaf budget.
     entropy_threshold: the threshold of the entropy rule, in nats (`rollout(threshold=...)`
       overrides it per call, e.g. with a running quantile from earlier batches).
     fork_prob: the probability of the random rule.
@@ -163,6 +167,13 @@ class RolloutConfig:
     object.__setattr__(self, "batch_buckets", buckets)
     if self.topology == "tree" and self.capacity is None and self.max_leaves is None:
       raise ValueError("RolloutConfig: a tree needs max_leaves or an explicit capacity")
+    if self.topology == "tree" and self.fork_rule == "top_k_after":
+      if self.max_leaves is None or self.max_env_steps is not None or self.max_tokens is not None:
+        raise ValueError("RolloutConfig: fork_rule 'top_k_after' takes its forks from "
+                         "max_leaves and supports no env-step or token budget")
+      if self.siblings_fork:
+        raise ValueError("RolloutConfig: fork_rule 'top_k_after' forks the backbone only "
+                         "(siblings_fork must be False)")
     if self.node_capacity < self.max_turns:
       raise ValueError(f"RolloutConfig.capacity {self.node_capacity} cannot hold one branch of "
                        f"max_turns={self.max_turns} steps")
@@ -418,6 +429,17 @@ def matched_group_size(rollout: TaskRollout, by: str = "leaves") -> int:
 # ----------------------------------------------------------------------------- host state
 
 
+@dataclasses.dataclass(frozen=True)
+class _PastState:
+  """A backbone state kept for forking after the fact ("top_k_after")."""
+
+  decision: Decision   # as it would be logged without a fork
+  snapshot: Any        # the sandbox at the state
+  state_id: int
+  cue_token: int       # the last token before the action there
+  length: int          # the row's length at the state
+
+
 @dataclasses.dataclass
 class _Branch:
   """A live branch: a sandbox in the pool and a row of the decode state."""
@@ -430,6 +452,12 @@ class _Branch:
   can_fork: bool
   state_id: int = -1
   row: int = -1
+  # "top_k_after": the backbone's states so far (`_PastState`), forked once it finishes.
+  history: list = dataclasses.field(default_factory=list)
+  # A branch started after the fact at an earlier state of a finished backbone: its row is a
+  # copy of the backbone's row, to be cut back to `length` (the state's entropy is known).
+  rewind_token: int | None = None
+  state_entropy: float | None = None
 
 
 class _TreeState:
@@ -672,6 +700,7 @@ class RolloutEngine:
         decode_state = sampling.take_rows(decode_state, sources)
       for row, branch in enumerate(live):
         branch.row = row
+      decode_state = self._rewind(params, decode_state, live, states)
       active = np.zeros((batch,), bool)
       active[:len(live)] = True
       jax.block_until_ready(decode_state.next_logits)
@@ -711,6 +740,7 @@ class RolloutEngine:
       appends = {}
       going_on = []
       finished = []
+      after_the_fact = []  # "top_k_after": backbones that just finished
       for branch in live:
         state = states[branch.task]
         node = nodes[branch.branch_id]
@@ -721,6 +751,8 @@ class RolloutEngine:
           state.compute.failed_branches += 1
           state.fail_node(node)
           finished.append(branch.branch_id)
+          # A failed backbone leaves no valid state to fork after the fact.
+          state.decisions.extend(past.decision for past in branch.history)
           continue
         done = bool(step.done)
         truncated = bool(step.truncated)
@@ -736,6 +768,8 @@ class RolloutEngine:
         state.observation_tokens[node] = np.asarray(observation, np.int32)
         if done or cut:
           finished.append(branch.branch_id)
+          if branch.history:
+            after_the_fact.append(branch)
           continue
         branch.node = node
         branch.depth += 1
@@ -745,10 +779,11 @@ class RolloutEngine:
         appends[branch.row] = observation
         state.compute.tokens_prefilled += len(observation)
         going_on.append(branch)
-      if finished:
-        self.pool.close_many(finished)
       if cfg.state_ids == "snapshot":
         self._snapshot_state_ids(going_on, states)
+      going_on += self._fork_after_the_fact(after_the_fact, states, new_branch_id)
+      if finished:
+        self.pool.close_many(finished)
       lap("host")
 
       # 5. Continued prefill of the new observations.
@@ -766,6 +801,92 @@ class RolloutEngine:
                         turns=turns, threshold=threshold)
 
   # --------------------------------------------------------------------------- pieces
+
+  @staticmethod
+  def _cue_token(state: _TreeState, node: int) -> int:
+    """The last token before an action at the state after `node` (-1: the root state)."""
+    tokens = state.prompt if node == ROOT else state.observation_tokens[node]
+    return int(tokens[-1])
+
+  def _fork_after_the_fact(self, backbones: Sequence[_Branch], states: list[_TreeState],
+                           new_branch_id) -> list[_Branch]:
+    """"top_k_after": forks each finished backbone at its highest-entropy states.
+
+    The new branches restore the state's snapshot and start from a copy of the backbone's cache
+    row, cut back to the state by `_rewind`. Logs the backbone's decisions; returns the new
+    branches.
+    """
+    cfg = self.config
+    requests = {}  # new branch id -> (backbone, index into its history, the new branch)
+    for backbone in backbones:
+      state = states[backbone.task]
+      history = backbone.history
+      k = min(cfg.max_forks, len(history))
+      if not k:
+        continue
+      entropy = jnp.asarray([past.decision.entropy for past in history], jnp.float32)
+      picked = branching.top_k_fork_steps(entropy, jnp.ones(len(history), bool), k)
+      for index in sorted(int(i) for i in np.asarray(picked) if i >= 0):
+        past = history[index]
+        state.compute.forks += 1
+        state.branches_started += cfg.num_siblings - 1
+        for _ in range(cfg.num_siblings - 1):
+          branch_id = new_branch_id(backbone.task)
+          requests[branch_id] = (backbone, index, _Branch(
+              task=backbone.task, branch_id=branch_id, node=past.decision.node,
+              depth=past.decision.depth, length=past.length, can_fork=False,
+              state_id=past.state_id, row=backbone.row, rewind_token=past.cue_token,
+              state_entropy=past.decision.entropy))
+    restored = self.pool.restore_many(
+        {b: backbone.history[index].snapshot for b, (backbone, index, _) in requests.items()})
+    siblings = collections.Counter()
+    out = []
+    for branch_id, (backbone, index, branch) in requests.items():
+      state = states[backbone.task]
+      state.compute.restores += 1
+      if isinstance(restored[branch_id], pool_lib.BranchFailure):
+        state.failures.append(Failure(ROOT, branch.node, "restore", restored[branch_id].reason))
+        state.compute.failed_branches += 1
+        self.pool.close(branch_id)
+        continue
+      siblings[(backbone.branch_id, index)] += 1
+      out.append(branch)
+    forked = {(backbone.branch_id, index) for backbone, index, _ in requests.values()}
+    for backbone in backbones:
+      for index, past in enumerate(backbone.history):
+        decision = past.decision
+        if (backbone.branch_id, index) in forked:
+          decision = dataclasses.replace(
+              decision, rule=True, affordable=True,
+              num_siblings=1 + siblings[(backbone.branch_id, index)],
+              snapshot_digest=_digest(past.snapshot.data))
+        states[backbone.task].decisions.append(decision)
+      backbone.history = []
+    return out
+
+  def _rewind(self, params, decode_state: sampling.DecodeState, live: Sequence[_Branch],
+              states: list[_TreeState]) -> sampling.DecodeState:
+    """Cuts the rows of branches started after the fact back to their state.
+
+    Such a row is a copy of the finished backbone's row, whose first `length` slots hold the
+    path to the state. Its length is set to `length - 1` and the state's last token (the action
+    cue) is appended again, which recomputes the next-token logits there; later appends
+    overwrite the stale slots, which no query attends before then.
+    """
+    rewinds = {b.row: b for b in live if b.rewind_token is not None}
+    if not rewinds:
+      return decode_state
+    lengths = np.asarray(decode_state.cache.lengths).copy()
+    for row, branch in rewinds.items():
+      lengths[row] = branch.length - 1
+    cache = decode_state.cache.replace(lengths=jnp.asarray(lengths, jnp.int32))
+    decode_state = decode_state.replace(cache=cache)
+    decode_state = self.sampler.append(params, decode_state,
+                                       {row: [b.rewind_token] for row, b in rewinds.items()})
+    for branch in rewinds.values():
+      states[branch.task].compute.tokens_prefilled += 1
+      branch.rewind_token = None
+    return decode_state
 
   def _initial_state_id(self, observation: str) -> int:
     return text_state_id(observation) if self.config.state_ids == "observation" else -1
@@ -793,13 +914,20 @@ class RolloutEngine:
     wanted: dict[int, int] = {}   # index into live -> siblings to add
     verdicts = {}
     pending = collections.defaultdict(lambda: (0, 0))  # task -> worst-case (steps, tokens) added
+    history_wanted = []  # "top_k_after": backbones whose state is snapshotted for later
     for index, branch in enumerate(live):
       state = states[branch.task]
       entropy = float(entropies[branch.row])
       seen = dict(forks_used=state.compute.forks, leaves_started=state.branches_started,
                   env_steps_used=state.compute.env_steps,
                   tokens_used=state.compute.tokens_processed)
-      if cfg.topology == "group":
+      if branch.state_entropy is not None:
+        # Started after the fact at an already decided state: no second decision there.
+        verdicts[index] = (branch.state_entropy, False, False, False, None)
+      elif cfg.fork_rule == "top_k_after" and branch.can_fork:
+        verdicts[index] = (entropy, True, False, False, seen)  # decided when it finishes
+        history_wanted.append(index)
+      elif cfg.topology == "group":
         eligible = branch.node == ROOT and branch.can_fork
         rule = affordable = eligible
         extra = cfg.group_size - 1 if eligible else 0
@@ -808,6 +936,8 @@ class RolloutEngine:
         rule = eligible and self._rule(entropy, state, threshold, rng)
         affordable = rule and self._affordable(state, live, branch, pending[branch.task])
         extra = cfg.num_siblings - 1 if affordable else 0
+      if index in verdicts:
+        continue
       verdicts[index] = (entropy, eligible, rule, affordable, seen)
       if extra:
         wanted[index] = extra
@@ -819,8 +949,9 @@ class RolloutEngine:
                                 tokens + extra * (cfg.max_length - branch.length))
 
     snapshots = {}
-    if wanted:
-      snapshots = self.pool.snapshot_many([live[i].branch_id for i in wanted])
+    if wanted or history_wanted:
+      snapshots = self.pool.snapshot_many([live[i].branch_id for i in [*wanted,
+                                                                          *history_wanted]])
     restore_requests = {}
     for index, extra in wanted.items():
       branch = live[index]
@@ -853,13 +984,31 @@ class RolloutEngine:
       state = states[branch.task]
       entropy, eligible, rule, affordable, seen = verdicts[index]
       snap = snapshots.get(branch.branch_id)
+      if index in history_wanted:
+        state.compute.snapshots += 1
+        if not isinstance(snap, pool_lib.BranchFailure):
+          branch.history.append(_PastState(
+              Decision(branch.node, branch.depth, entropy, True, False, False, 1, **seen),
+              snap, branch.state_id, self._cue_token(state, branch.node), branch.length))
+          new_live.append(branch)
+          sources.append(branch.row)
+          row_entropy.append(entropy)
+          continue
+      if branch.state_entropy is not None:
+        branch.state_entropy = None
+        new_live.append(branch)
+        sources.append(branch.row)
+        row_entropy.append(entropy)
+        continue
       if isinstance(snap, pool_lib.BranchFailure):
         # The branch's sandbox failed at its current state: the branch ends here.
         parent = state.parent[branch.node] if branch.node != ROOT else ROOT
         state.failures.append(Failure(branch.node, parent, snap.op, snap.reason))
         state.compute.failed_branches += 1
-        state.branches_started -= wanted[index]
-        state.compute.forks -= 1
+        if index in wanted:
+          state.branches_started -= wanted[index]
+          state.compute.forks -= 1
+        state.decisions.extend(past.decision for past in branch.history)
         state.decisions.append(Decision(branch.node, branch.depth, entropy, eligible, rule,
                                         affordable, 0, **seen))
         if branch.node != ROOT:

@@ -448,6 +448,37 @@ def test_turn_limit_cuts_a_branch(policy, fmt, tasks):
   check_token_accounting(result)
 
 
+def test_top_k_after_the_fact_forks_at_the_backbones_highest_entropies(policy, fmt, tasks):
+  # The biased comparison rule: the backbone runs to the end, then forks at its 2 highest-
+  # entropy states; the siblings start from its cache row cut back to each state.
+  batch = grow(policy, fmt, in_process_pool(), tasks[:2], seed=8, fork_rule="top_k_after",
+               num_siblings=3, max_leaves=5)
+  for result in batch.rollouts:
+    tree_lib.validate(result.tree)
+    kids = valid_children(result)
+    backbone = [d for d in result.decisions if d.eligible]
+    assert backbone[0].node == rollout.ROOT  # the root state first, then down the backbone
+    for a, b in zip(backbone, backbone[1:]):
+      assert result.tree.parent[b.node] == a.node and b.depth == a.depth + 1
+    entropy = np.asarray([d.entropy for d in backbone], np.float32)
+    top = sorted(np.argsort(-entropy, kind="stable")[:2].tolist())
+    assert [i for i, d in enumerate(backbone) if d.rule] == top
+    for d in backbone:
+      assert len(kids[d.node]) == (3 if d.rule else 1)
+      for child in kids[d.node]:
+        assert result.tree.entropy[child] == np.float32(d.entropy)
+    assert result.leaves().size == 5 and result.compute.forks == 2
+    check_against_full_forward(policy, result)  # the cut-back rows are the states' caches
+    assert replay_checks(result) == 2
+    # Each sibling re-ran one token (the cue) to recover the state's next-token logits.
+    tokens = result.tokens
+    assert result.compute.tokens_prefilled == 4 + tokens.prompt.size + sum(
+        len(o) for o in tokens.observation_tokens)
+    assert result.compute.tokens_processed == tokens.num_unique_tokens() + 4
+  with pytest.raises(ValueError, match="top_k_after"):
+    rollout.RolloutConfig(fork_rule="top_k_after", max_env_steps=10)
+
+
 def test_worker_pool_gives_the_same_trees(policy, fmt, tasks):
   config = dict(seed=6, threshold=-1.0, num_siblings=2, max_leaves=3)
   local = grow(policy, fmt, in_process_pool(), tasks[:2], **config)
