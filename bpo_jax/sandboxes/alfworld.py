@@ -49,6 +49,7 @@ the uncached engine by the tests), which brings a step from ~150 ms to ~40 ms.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -63,7 +64,8 @@ import tempfile
 import zlib
 from typing import Any, Mapping, Sequence
 
-from bpo_jax.sandboxes.base import MAX_ACTION_CHARS, Snapshot, Step, check_action, invalid_action_step
+from bpo_jax.sandboxes.base import (MAX_ACTION_CHARS, Snapshot, Step, check_action,
+                                    invalid_action_step)
 
 # The six ALFWorld task types, in ALFWorld's numbering (1..6).
 TASK_TYPES = (
@@ -205,7 +207,8 @@ def load_game_dir(path: str, root: str | None = None) -> AlfworldTask:
                       traj_data=traj_text)
 
 
-def find_game_dirs(data_path: str, split: str | None = None, solvable_only: bool = True) -> list[str]:
+def find_game_dirs(data_path: str, split: str | None = None,
+                   solvable_only: bool = True) -> list[str]:
   """Sorted game directories under `data_path[/split]`, as ALFWorld's loader collects them.
 
   Like ALFWorld, skips movable-receptacle and sliced tasks and (by default) games whose
@@ -304,8 +307,8 @@ class _Thing:
   pddl_id: str
 
 
-def _layout_problem(rng: random.Random, task_type: str, problem_name: str, num_distractors: Sequence[int],
-                    ) -> tuple[str, dict, str] | None:
+def _layout_problem(rng: random.Random, task_type: str, problem_name: str,
+                    num_distractors: Sequence[int]) -> tuple[str, dict, str] | None:
   """Samples one household and a task of `task_type` in it.
 
   Returns (initial_state.pddl text, pddl_params, room kind), or None when the sampled room
@@ -322,7 +325,8 @@ def _layout_problem(rng: random.Random, task_type: str, problem_name: str, num_d
     for _ in range(n):
       while True:
         coords = "|".join(_coord(rng) for _ in range(3))
-        rid = (f"{_BASIN_FIXTURE[cls]}|{coords}|{cls}" if cls in _BASIN_FIXTURE else f"{cls}|{coords}")
+        rid = (f"{_BASIN_FIXTURE[cls]}|{coords}|{cls}" if cls in _BASIN_FIXTURE
+               else f"{cls}|{coords}")
         if rid not in used_ids:
           used_ids.add(rid)
           break
@@ -401,7 +405,8 @@ def _layout_problem(rng: random.Random, task_type: str, problem_name: str, num_d
 
   def new_location():
     while True:
-      loc = "loc|%d|%d|%d|%d" % (rng.randint(-12, 12), rng.randint(-12, 12), rng.choice((0, 1, 2, 3)),
+      loc = "loc|%d|%d|%d|%d" % (rng.randint(-12, 12), rng.randint(-12, 12),
+                                 rng.choice((0, 1, 2, 3)),
                                  rng.choice((0, 15, 30, 45, 60)))
       if loc not in loc_ids:
         loc_ids.add(loc)
@@ -440,12 +445,15 @@ def _layout_problem(rng: random.Random, task_type: str, problem_name: str, num_d
       if ocls in otypes:
         init.append(f"(canContain {rcls}Type {ocls}Type)")
   init += [f"(pickupable {o.pddl_id})" for o in all_objects]
-  init += [f"(isReceptacleObject {o.pddl_id})" for o in all_objects if o.cls in c.MOVABLE_RECEPTACLES_SET]
+  init += [f"(isReceptacleObject {o.pddl_id})" for o in all_objects
+           if o.cls in c.MOVABLE_RECEPTACLES_SET]
   init += [f"(openable {r.pddl_id})" for r in receptacles if r.cls in c.OPENABLE_CLASS_LIST]
   init.append(f"(atLocation agent1 {agent_loc})")
-  for fact, ability_name in (("cleanable", "Cleanable"), ("heatable", "Heatable"), ("coolable", "Coolable"),
+  for fact, ability_name in (("cleanable", "Cleanable"), ("heatable", "Heatable"),
+                             ("coolable", "Coolable"),
                              ("sliceable", "Sliceable")):
-    init += [f"({fact} {o.pddl_id})" for o in all_objects if o.cls in c.VAL_ACTION_OBJECTS[ability_name]]
+    init += [f"({fact} {o.pddl_id})" for o in all_objects
+             if o.cls in c.VAL_ACTION_OBJECTS[ability_name]]
   if lamp:
     init.append(f"(toggleable {lamp.pddl_id})")
     init.append(f"(inReceptacle {lamp.pddl_id} {lamp_on.pddl_id})")
@@ -456,7 +464,8 @@ def _layout_problem(rng: random.Random, task_type: str, problem_name: str, num_d
     init.append(f"(objectAtLocation {lamp.pddl_id} {recep_loc[lamp_on.pddl_id]})")
 
   glib = _alfworld(engine=False)["goal_library"]
-  goal = glib.gdict[task_type]["pddl"].format(obj=obj_cls, recep=parent_cls, toggle=params["toggle_target"],
+  goal = glib.gdict[task_type]["pddl"].format(obj=obj_cls, recep=parent_cls,
+                                             toggle=params["toggle_target"],
                                              mrecep="")
   goal = goal.replace("#", "-")
   indent = "\n        "
@@ -526,7 +535,8 @@ def expert_walkthrough(game_dir: str, max_steps: int = 150, seed: int = 0) -> li
   aw = _alfworld()
   _install_engine_caches()
   tw_env = aw["alfred_tw_env"]
-  infos = aw["textworld"].EnvInfos(admissible_commands=True, won=True, extras=["gamefile", "expert_plan"])
+  infos = aw["textworld"].EnvInfos(admissible_commands=True, won=True,
+                                   extras=["gamefile", "expert_plan"])
   env = tw_env.AlfredExpert(tw_env.AlfredInfos(tw_env.AlfredDemangler(aw["PddlEnv"](infos))),
                             expert_type=tw_env.AlfredExpertType.HANDCODED)
   commands = []
@@ -554,7 +564,8 @@ def expert_walkthrough(game_dir: str, max_steps: int = 150, seed: int = 0) -> li
 
 def _trial_name(rng: random.Random) -> str:
   # ALFRED trial ids read "trial_T<date>_<time>_<micros>"; ours are drawn, not dated.
-  return "trial_T%08d_%06d_%06d" % (rng.randrange(10**8), rng.randrange(10**6), rng.randrange(10**6))
+  return "trial_T%08d_%06d_%06d" % (rng.randrange(10**8), rng.randrange(10**6),
+                                    rng.randrange(10**6))
 
 
 def _split_seed(split: str, seed: int) -> int:
@@ -577,7 +588,8 @@ def generate_game_dirs(out_dir: str, split: str, num: int, seed: int,
     raise ValueError(f"num must be >= 0, got {num}")
   bad = [t for t in task_types if t not in TASK_TYPES]
   if bad or not task_types:
-    raise ValueError(f"task_types must be a non-empty subset of {TASK_TYPES}, got {list(task_types)}")
+    raise ValueError(f"task_types must be a non-empty subset of {TASK_TYPES}, "
+                     f"got {list(task_types)}")
   rng = random.Random(_split_seed(split, seed))
   written = []
   for i in range(num):
@@ -592,7 +604,8 @@ def generate_game_dirs(out_dir: str, split: str, num: int, seed: int,
       game = files[GAME_FILE]
       with open(os.path.join(game_dir, GAME_FILE), "w", encoding="utf-8") as f:
         json.dump(game, f)
-      walkthrough = expert_walkthrough(game_dir, max_steps=max_expert_steps, seed=rng.getrandbits(32))
+      walkthrough = expert_walkthrough(game_dir, max_steps=max_expert_steps,
+                                       seed=rng.getrandbits(32))
       if walkthrough is not None:
         game["solvable"] = True
         game["walkthrough"] = walkthrough
@@ -640,7 +653,8 @@ def make_tasks(split: str, num: int, seed: int, **config) -> list[AlfworldTask]:
   if data_path is not None:
     if not os.path.isdir(os.path.join(data_path, split)) and split in DATA_SPLIT_ALIASES:
       split = DATA_SPLIT_ALIASES[split]
-    dirs = [d for d in find_game_dirs(data_path, split) if _read_json(d, TRAJ_FILE)["task_type"] in task_types]
+    dirs = [d for d in find_game_dirs(data_path, split)
+            if _read_json(d, TRAJ_FILE)["task_type"] in task_types]
     random.Random(seed).shuffle(dirs)
     if num > 0:
       dirs = dirs[:num]
@@ -742,14 +756,15 @@ def _engine_caches_disabled():
   import textworld.envs.pddl.textgen as textgen  # pylint: disable=g-import-not-at-top
   import textworld.logic as tw_logic  # pylint: disable=g-import-not-at-top
   _install_engine_caches()
-  cached = (textgen._parse_and_convert, tw_logic._parse_and_convert, fast_downward.pddl2sas)  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  cached = (textgen._parse_and_convert, tw_logic._parse_and_convert, fast_downward.pddl2sas)
   textgen._parse_and_convert = _ENGINE_ORIGINALS["symbols"]  # pylint: disable=protected-access
   tw_logic._parse_and_convert = _ENGINE_ORIGINALS["logic"]  # pylint: disable=protected-access
   fast_downward.pddl2sas = _ENGINE_ORIGINALS["pddl2sas"]
   try:
     yield
   finally:
-    textgen._parse_and_convert, tw_logic._parse_and_convert, fast_downward.pddl2sas = cached  # pylint: disable=protected-access
+    textgen._parse_and_convert, tw_logic._parse_and_convert, fast_downward.pddl2sas = cached
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -874,7 +889,8 @@ class AlfworldSandbox:
     if not isinstance(snapshot, Snapshot):
       raise TypeError(f"restore expects a Snapshot, got {type(snapshot).__name__}")
     handle = snapshot.handle
-    if (handle is not None and handle[0].engine is self._pddl_env and handle[0].epoch == self._epoch):
+    if (handle is not None and handle[0].engine is self._pddl_env
+        and handle[0].epoch == self._epoch):
       self._set_engine_state(handle[0])
       self._progress = handle[1]
       return
@@ -949,41 +965,47 @@ class AlfworldSandbox:
     self._task_blob = zlib.compress(json.dumps(dataclasses.asdict(task)).encode("utf-8"), 6)
     self._initial = self._engine_state()
 
+  # The engine keeps its state in private attributes of TextWorld's PddlEnv and PddlState;
+  # reading and writing them is what makes a restore free of replay.
+  # pylint: disable=protected-access
+
   def _engine_state(self) -> _EngineState:
     env = self._pddl_env
-    pddl_state = env._pddl_state  # pylint: disable=protected-access
+    pddl_state = env._pddl_state
     facts = (
-        {k: set(v) for k, v in pddl_state._facts.items()},  # pylint: disable=protected-access
-        dict(pddl_state._vars_by_name),  # pylint: disable=protected-access
-        {k: set(v) for k, v in pddl_state._vars_by_type.items()},  # pylint: disable=protected-access
-        dict(pddl_state._var_counts),  # pylint: disable=protected-access
+        {k: set(v) for k, v in pddl_state._facts.items()},
+        dict(pddl_state._vars_by_name),
+        {k: set(v) for k, v in pddl_state._vars_by_type.items()},
+        dict(pddl_state._var_counts),
     )
-    return _EngineState(
-        engine=env, epoch=self._epoch, state_id=int(env.downward_lib.get_state_id()), facts=facts,
-        game_state=env.state, prev_state=env.prev_state,
-        operators=getattr(pddl_state, "_operators", None),
-        moves=env._moves, last_action=env._last_action)  # pylint: disable=protected-access
+    return _EngineState(engine=env, epoch=self._epoch,
+                        state_id=int(env.downward_lib.get_state_id()), facts=facts,
+                        game_state=env.state, prev_state=env.prev_state,
+                        operators=getattr(pddl_state, "_operators", None), moves=env._moves,
+                        last_action=env._last_action)
 
   def _set_engine_state(self, saved: _EngineState) -> None:
-    import collections  # pylint: disable=g-import-not-at-top
     env = self._pddl_env
-    pddl_state = env._pddl_state  # pylint: disable=protected-access
+    pddl_state = env._pddl_state
     env.downward_lib.set_state_id(saved.state_id)
     facts, by_name, by_type, counts = saved.facts
     # Fresh copies: the engine updates these in place as the game goes on.
-    pddl_state._facts = collections.defaultdict(set, {k: set(v) for k, v in facts.items()})  # pylint: disable=protected-access
-    pddl_state._vars_by_name = dict(by_name)  # pylint: disable=protected-access
-    pddl_state._vars_by_type = collections.defaultdict(set, {k: set(v) for k, v in by_type.items()})  # pylint: disable=protected-access
-    pddl_state._var_counts = collections.Counter(counts)  # pylint: disable=protected-access
-    pddl_state._operators = saved.operators  # pylint: disable=protected-access
+    pddl_state._facts = collections.defaultdict(set, {k: set(v) for k, v in facts.items()})
+    pddl_state._vars_by_name = dict(by_name)
+    pddl_state._vars_by_type = collections.defaultdict(set,
+                                                       {k: set(v) for k, v in by_type.items()})
+    pddl_state._var_counts = collections.Counter(counts)
+    pddl_state._operators = saved.operators
     env.state = saved.game_state
     env.prev_state = saved.prev_state
-    env._moves = saved.moves  # pylint: disable=protected-access
-    env._last_action = saved.last_action  # pylint: disable=protected-access
+    env._moves = saved.moves
+    env._last_action = saved.last_action
+
+  # pylint: enable=protected-access
 
 
 def _decode_snapshot(data: bytes) -> tuple[dict, bytes]:
-  """Splits a snapshot's bytes into its header and its zlib'd game (see AlfworldSandbox.snapshot)."""
+  """Splits a snapshot's bytes into its header and zlib'd game (see AlfworldSandbox.snapshot)."""
   if not isinstance(data, (bytes, bytearray)) or data[:len(_SNAPSHOT_MAGIC)] != _SNAPSHOT_MAGIC:
     raise ValueError("not an ALFWorld sandbox snapshot (bad magic bytes)")
   offset = len(_SNAPSHOT_MAGIC)
@@ -1000,7 +1022,8 @@ def _split_options(config: Mapping[str, Any]) -> tuple[dict, dict]:
   """
   unknown = sorted(set(config) - set(SANDBOX_OPTIONS) - set(TASK_OPTIONS))
   if unknown:
-    raise TypeError(f"unknown ALFWorld options {unknown}; sandbox options: {list(SANDBOX_OPTIONS)}, "
+    raise TypeError(f"unknown ALFWorld options {unknown}; "
+                    f"sandbox options: {list(SANDBOX_OPTIONS)}, "
                     f"task options: {list(TASK_OPTIONS)}")
   return ({k: v for k, v in config.items() if k in SANDBOX_OPTIONS},
           {k: v for k, v in config.items() if k in TASK_OPTIONS})
