@@ -21,6 +21,12 @@ task's first observation. The host loop then repeats, for all live branches of a
 The group topology of the baselines (RLOO, GRPO, GiGPO) is the same loop with the decision
 "fork N at the root state, never after": N independent rollouts sharing only the prompt prefill.
 
+For comparison only, `fork_rule="top_k_after"` forks after the fact: the backbone runs to the
+end (its states snapshotted), then forks at its highest-entropy states; the new siblings start
+from a copy of its cache row cut back to the state (one token re-run to recover the logits
+there). Where those forks go depends on the backbone's own later actions, which biases the
+estimator (DESIGN.md §3).
+
 Budgets (per tree): leaves, env steps and tokens, plus `max_turns` per branch (a branch that
 reaches it is cut and marked truncated) and the cache length (a branch whose next observation
 would leave no room for an action is cut too). A fork happens only if the budgets can afford
@@ -48,7 +54,8 @@ Example:
                          RolloutConfig(num_siblings=4, entropy_threshold=2.0, max_leaves=8))
   batch = engine.rollout(params, tasks, jax.random.key(0))
   trees = batch.stacked_trees()              # RolloutTree with a leading task axis
-  tokens = [r.tokens for r in batch.rollouts]
+  tokens = batch.tree_tokens()               # for packing.pack_trees
+  batch.summary()                            # compute counters, seconds per phase
 """
 
 from __future__ import annotations
@@ -219,7 +226,8 @@ class Compute:
   """What growing one tree (or a batch of trees) cost.
 
   Attributes:
-    tokens_prefilled: prompt and observation tokens run through the policy.
+    tokens_prefilled: prompt and observation tokens run through the policy (plus, with
+      "top_k_after", the one token each after-the-fact sibling re-runs).
     tokens_decoded: action tokens the policy generated (each runs through it once).
     env_steps: sandbox steps taken (failed ones included).
     snapshots: sandbox snapshots taken.
