@@ -146,6 +146,17 @@ def _split_micro(batch, num_micro: int):
   return jax.tree.map(lambda x: x.reshape((num_micro, rows // num_micro) + x.shape[1:]), batch)
 
 
+def _gradient_accumulator(params):
+  """Zero gradients in at least float32: summing micro-batch gradients of bfloat16 parameters
+  in bfloat16 would round each partial sum to 8 significant bits."""
+  return jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)),
+                      params)
+
+
+def _accumulate(acc, grads):
+  return jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
+
+
 def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateConfig,
                     ref_params: Any = None, state_sharding: Any = None,
                     batch_sharding: Any = None) -> Callable:
@@ -186,12 +197,12 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateCo
   def train_step(state: TrainState, batch: packing.PackedBatch, ref=None, num_trees=None):
     denominator = _denominator(batch, config.normalization, num_trees)
     micro = _split_micro(batch, config.num_micro_batches)
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    zeros = _gradient_accumulator(state.params)
 
     def body(acc, mb):
       (loss, sums), grads = grad_fn(state.params, mb, denominator, ref)
       norm = optax.tree.norm(grads) * config.num_micro_batches
-      return jax.tree.map(jnp.add, acc, grads), (loss, norm, sums)
+      return _accumulate(acc, grads), (loss, norm, sums)
 
     grads, (micro_losses, micro_norms, sums) = jax.lax.scan(body, zeros, micro)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -260,9 +271,9 @@ def make_sft_step(graphdef, tx: optax.GradientTransformation, num_micro_batches:
 
     def body(acc, mb):
       loss, grads = jax.value_and_grad(micro_loss)(state.params, mb, denominator)
-      return (jax.tree.map(jnp.add, acc[0], grads), acc[1] + loss), None
+      return (_accumulate(acc[0], grads), acc[1] + loss), None
 
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    zeros = _gradient_accumulator(state.params)
     (grads, loss), _ = jax.lax.scan(body, (zeros, jnp.zeros(())), micro)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
