@@ -172,6 +172,26 @@ def test_actions_view_write_replace_and_bad_actions(lru_sandbox):
   assert "outside the task directory" in sandbox.step("write host\nx").info["invalid_action"]
 
 
+@needs_namespaces
+def test_commands_see_the_repository_read_only(lru_sandbox):
+  sandbox = lru_sandbox
+  sandbox.reset(swe.load_shipped_task("lru"))
+  head = sandbox.step("run git log --format='%H %s'").observation
+  # HEAD is the state after reset: the shipped base commit plus the test patch.
+  assert head.endswith(" base\n[exit code 0]") and head.count("\n") == 1
+  sandbox.step(LRU_FIX)
+  diff = sandbox.step("run git diff --stat; git status --short").observation
+  assert diff == (" lrucache/cache.py | 1 +\n 1 file changed, 1 insertion(+)\n"
+                  " M lrucache/cache.py\n[exit code 0]")
+  assert sandbox.step("run git checkout -- lrucache/cache.py && git status --short").observation \
+      == "[exit code 0]"
+  commit = sandbox.step("run git -c user.name=a -c user.email=a@b commit -qam x")
+  assert commit.info["exit_code"] != 0
+  tamper = sandbox.step("run touch /tmp/task.git/refs/heads/x")
+  assert "Read-only file system" in tamper.observation
+  assert sandbox.step("run git log --format='%H %s'").observation == head
+
+
 def test_step_limit_ends_the_episode_graded():
   sandbox = swe.make_sandbox(max_steps=2)
   sandbox.reset(swe.load_shipped_task("lru"))
@@ -203,7 +223,8 @@ def test_bad_config_and_task_raise_clearly():
 PREFIX = ["run printf 'draft\\n' > notes.txt && mkdir -p scratch/empty vendor/.git && "
           "echo '[core]' > vendor/.git/config"]
 FORKS = [LRU_FIX, "run rm -r lrucache/memo.py scratch", "write lrucache/cache.py\nBROKEN = 1"]
-CONTINUATION = ["run ls -R | sort; cat notes.txt vendor/.git/config; pwd",
+CONTINUATION = ["run ls -R | sort; cat notes.txt vendor/.git/config; pwd; hostname; "
+                "git status --short; git log --oneline",
                 "view lrucache/cache.py 1 3", "submit"]
 
 

@@ -17,7 +17,8 @@ With `"namespaces": true` (root only) the order is:
   3. remount every mount read-only, mount a private size-capped tmpfs on /tmp, hide /run (host
      daemons' sockets) behind an empty read-only tmpfs, bind each
      writable directory read-write at its target path (the task directory always appears at
-     the same path, so what commands print does not depend on where the host keeps it), mount
+     the same path, so what commands print does not depend on where the host keeps it), bind
+     the read-only directories (the task's git directory), copy in private files, mount
      a fresh /proc (only this namespace's processes);
   4. drop to an unprivileged uid/gid with no supplementary groups, set no_new_privs and a
      parent-death SIGKILL, apply the rlimits, exec.
@@ -123,8 +124,15 @@ def _cover_closed_ancestors(paths):
 
 
 def _confine_filesystem(spec):
+  # The UTS namespace is private: a fixed host name keeps outputs the same on every host.
+  _check(_libc.sethostname(b"sandbox", 7), "sethostname")
   _mount(None, "/", None, MS_REC | MS_PRIVATE)
   writable_fds = [os.open(source, os.O_PATH | os.O_DIRECTORY) for source, _ in spec["writable"]]
+  readonly_fds = [os.open(source, os.O_PATH | os.O_DIRECTORY) for source, _ in spec["readonly"]]
+  copies = []
+  for source, target in spec["copy_in"]:
+    with open(source, "rb") as f:
+      copies.append((target, f.read()))
   _cover_closed_ancestors(spec["reachable"])
   for point, flags in _mount_points():
     _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
@@ -141,6 +149,15 @@ def _confine_filesystem(spec):
     _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)
     _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
     os.close(fd)
+  for (_, target), fd in zip(spec["readonly"], readonly_fds):
+    os.makedirs(target, mode=0o755, exist_ok=True)
+    _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.close(fd)
+  for target, content in copies:  # private copies the command may change (in the private /tmp)
+    with open(target, "wb") as f:
+      f.write(content)
+    os.chown(target, spec["uid"], spec["gid"])
   _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 

@@ -165,7 +165,7 @@ def default_uid() -> int:
   return 1_000_000 + os.getpid()
 
 
-def _spec(argv, cwd, limits, namespaces, uid, env) -> dict:
+def _spec(argv, cwd, limits, namespaces, uid, env, readonly=None, copy_in=None) -> dict:
   rlimits = {"CPU": int(limits.cpu_seconds), "AS": int(limits.memory_bytes),
              "FSIZE": int(limits.file_bytes), "NOFILE": int(limits.max_open_files),
              "CORE": 0}
@@ -174,7 +174,9 @@ def _spec(argv, cwd, limits, namespaces, uid, env) -> dict:
   target = CONFINED_WORKDIR if namespaces else cwd
   return {"argv": list(argv), "cwd": target, "env": env, "namespaces": namespaces,
           "writable": [[cwd, target]], "reachable": list(_python_paths()), "uid": uid, "gid": uid,
-          "tmp_bytes": int(limits.tmp_bytes), "rlimits": rlimits, "host_pid": os.getpid()}
+          "tmp_bytes": int(limits.tmp_bytes), "rlimits": rlimits, "host_pid": os.getpid(),
+          "readonly": [[source, target] for target, source in (readonly or {}).items()],
+          "copy_in": [[source, target] for target, source in (copy_in or {}).items()]}
 
 
 def _truncate(data: bytes, max_chars: int) -> str:
@@ -419,12 +421,16 @@ def protections() -> Mapping[str, bool]:
 
 def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
                  uid: int | None = None, env: Mapping[str, str] | None = None,
-                 namespaces: bool | None = None) -> CommandResult:
+                 namespaces: bool | None = None, readonly: Mapping[str, str] | None = None,
+                 copy_in: Mapping[str, str] | None = None) -> CommandResult:
   """Runs `sh -c command` in `cwd` under `limits`; see the module docstring for the confinement.
 
   With namespaces, `cwd` must be writable by `uid` (default `default_uid()`); the caller owns
   that (the SWE sandbox chowns its task directory). `namespaces=False` forces the fallback that
   hosts without root get (None: use them when `protections()` found them available).
+
+  Only with namespaces: `readonly` maps paths under /tmp to host directories bound there
+  read-only; `copy_in` maps paths under /tmp to host files copied there, owned by `uid`.
   """
   if not isinstance(command, str) or not command.strip():
     raise ValueError(f"command must be non-empty text, got {command!r}")
@@ -436,8 +442,13 @@ def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
   if namespaces and not available:
     raise ValueError("namespaces were requested but this host does not offer them")
   namespaces = available if namespaces is None else namespaces
+  for target in list(readonly or {}) + list(copy_in or {}):
+    if not namespaces:
+      raise ValueError("readonly and copy_in need namespaces")
+    if not target.startswith("/tmp/") or ".." in target.split("/"):
+      raise ValueError(f"readonly and copy_in targets must be under /tmp, got {target!r}")
   spec = _spec(["/bin/sh", "-c", command], os.path.realpath(cwd), limits, namespaces,
-               default_uid() if uid is None else uid, command_env(env))
+               default_uid() if uid is None else uid, command_env(env), readonly, copy_in)
   result = _run_spec(spec, limits)
   if result.exit_code == SETUP_FAILED and "confinement set-up failed" in result.output:
     raise RuntimeError(f"could not confine the command: {result.output.strip()}")

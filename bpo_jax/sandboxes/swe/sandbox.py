@@ -46,6 +46,15 @@ HELP = """Commands (one per action):
   replace <path>          (then <<<<<<< SEARCH / old / ======= / new / >>>>>>> REPLACE)
   submit"""
 _MAX_LISTED_FILES = 100  # files named in the first observation
+# Commands see the task's repository read-only: HEAD is the state after reset, so `git diff`,
+# `git status`, `git log` and `git checkout -- <file>` work; commits and `git add` do not.
+_GIT_DIR, _GIT_INDEX = "/tmp/task.git", "/tmp/task.index"
+_GIT_ENV = {
+    "GIT_DIR": _GIT_DIR, "GIT_WORK_TREE": confinement.CONFINED_WORKDIR,
+    "GIT_INDEX_FILE": _GIT_INDEX, "GIT_PAGER": "cat", "PAGER": "cat",
+    # The repository belongs to the host's user; git would refuse it as "dubious ownership".
+    "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*",
+}
 _SEARCH, _DIVIDER, _REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
 
 
@@ -78,6 +87,7 @@ class SweSandbox:
     max_steps: steps before the episode ends truncated (and is graded).
     show_tests: apply the task's test patch at reset, so the failing tests are in the task
       directory (grading resets and re-applies it either way, as SWE-bench does).
+      Snapshots restore only into sandboxes with the same setting.
     max_view_lines: most lines one `view` shows.
     root: where task directories are made (default: the system temp directory).
   """
@@ -103,6 +113,7 @@ class SweSandbox:
     self._task: tasks_lib.SweTask | None = None
     self._descriptor: dict[str, Any] = {}
     self._base_tree = ""
+    self._start_tree = ""
     self._steps = 0
     self._done = False
     self._last_observation = ""
@@ -114,10 +125,7 @@ class SweSandbox:
       raise TypeError(f"reset needs a SweTask, got {type(task).__name__}")
     if self._ws is None or task != self._task:
       self._load_task(task)
-    self._ws.checkout_tree(self._base_tree)
-    if self.show_tests:
-      self._ws.git("apply", "--whitespace=nowarn", "-", input=task.instance["test_patch"].encode())
-      self._ws.fix_ownership()
+    self._ws.checkout_tree(self._start_tree)
     self._steps, self._done = 0, False
     files = self._ws.git("ls-files").decode().splitlines()
     if len(files) > _MAX_LISTED_FILES:
@@ -153,8 +161,8 @@ class SweSandbox:
   def snapshot(self) -> base.Snapshot:
     if self._task is None:
       raise RuntimeError("snapshot() before reset()")
-    extra = {"task": self._descriptor, "steps": self._steps, "done": self._done,
-             "last_observation": self._last_observation}
+    extra = {"task": self._descriptor, "show_tests": self.show_tests, "steps": self._steps,
+             "done": self._done, "last_observation": self._last_observation}
     data, tree, untracked = self._ws.pack_state(self._base_tree, extra)
     return base.Snapshot(data=data, handle=(self._ws_token, tree, untracked, extra))
 
@@ -168,6 +176,9 @@ class SweSandbox:
       self._ws.restore_untracked(untracked)
     else:
       extra = workspace_lib.read_header(snapshot.data)["extra"]
+      if extra["show_tests"] != self.show_tests:
+        raise ValueError(f"the snapshot was taken with show_tests={extra['show_tests']}, this "
+                         f"sandbox has show_tests={self.show_tests}")
       task = _task_from_descriptor(extra["task"])
       if self._task is None or task.task_id != self._task.task_id or task != self._task:
         self._load_task(task)
@@ -230,6 +241,11 @@ class SweSandbox:
     self._task = task
     self._descriptor = _task_descriptor(task)
     self._base_tree = tasks_lib.materialize(task, self._ws)
+    self._start_tree = self._base_tree
+    if self.show_tests:
+      self._ws.git("apply", "--whitespace=nowarn", "-", input=task.instance["test_patch"].encode())
+      self._start_tree = self._ws.write_tree()
+    self._ws.set_head(self._start_tree)
 
   def _dispatch(self, text: str) -> base.Step:
     first, _, rest = text.partition("\n")
@@ -240,7 +256,12 @@ class SweSandbox:
       if not command:
         return base.invalid_action_step("run needs a command", HELP)
       before = self._ws.write_tree()
-      result = confinement.run_confined(command, self._ws.workdir, self.limits, uid=self.uid)
+      git_access = {}
+      if self.protections["read_only_filesystem"]:
+        git_access = dict(env=_GIT_ENV, readonly={_GIT_DIR: self._ws.gitdir},
+                          copy_in={_GIT_INDEX: self._ws.agent_index})
+      result = confinement.run_confined(command, self._ws.workdir, self.limits, uid=self.uid,
+                                        **git_access)
       report = result.report()
       if result.disk_limited:
         # A directory past its disk limit would make every snapshot huge: undo the command.

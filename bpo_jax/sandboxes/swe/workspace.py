@@ -53,7 +53,11 @@ class Workspace:
     self.owner_uid = owner_uid
     os.makedirs(self.workdir, exist_ok=True)
     if not os.path.isdir(self.gitdir):
-      self.git("init", "--quiet", "--bare", self.gitdir, work_tree=False)
+      self.git("init", "--quiet", "--bare", "--initial-branch=main", self.gitdir,
+               work_tree=False)
+      # Not bare: commands that get read-only access to it use the task directory as work tree.
+      self.git("--git-dir", self.gitdir, "config", "core.bare", "false", work_tree=False)
+    self.agent_index = os.path.join(self.gitdir, "agent_index")
     self._env = dict(
         os.environ, GIT_DIR=self.gitdir, GIT_WORK_TREE=self.workdir,
         GIT_INDEX_FILE=os.path.join(self.gitdir, "bpo_index"), GIT_CONFIG_NOSYSTEM="1",
@@ -82,6 +86,18 @@ class Workspace:
   def commit(self, tree: str, message: str = "base") -> str:
     """A commit of `tree` with fixed author and time: the same tree gives the same id."""
     return self.git("commit-tree", tree, "-m", message).decode().strip()
+
+  def set_head(self, tree: str) -> str:
+    """Makes HEAD (branch main) a commit of `tree` and `agent_index` an index of it.
+
+    Commands see this repository read-only (see sandbox.py), so `git diff` / `git status` show
+    their changes against `tree`. Returns the commit id (a function of the tree alone).
+    """
+    commit = self.commit(tree)
+    self.git("update-ref", "refs/heads/main", commit)
+    self.git("symbolic-ref", "HEAD", "refs/heads/main")
+    self.git("read-tree", tree, env={"GIT_INDEX_FILE": self.agent_index})
+    return commit
 
   def checkout_tree(self, tree: str) -> None:
     """Makes the working directory hold exactly `tree` (files not in it are removed)."""
