@@ -285,12 +285,15 @@ def test_group_topology_forks_n_at_the_root_only(policy, fmt, tasks):
 class _FaultyRooms:
   """Rooms that raises on chosen step and restore calls, counted over all sandboxes."""
 
-  def __init__(self, counter, fail_steps, fail_restores, fail_snapshots=()):
+  def __init__(self, counter, fail_steps, fail_restores, fail_snapshots=(), fail_resets=()):
     self.inner = rooms.make_sandbox(max_steps=SANDBOX_MAX_STEPS)
     self.counter, self.fail_steps, self.fail_restores = counter, fail_steps, fail_restores
-    self.fail_snapshots = fail_snapshots
+    self.fail_snapshots, self.fail_resets = fail_snapshots, fail_resets
 
   def reset(self, task):
+    self.counter["reset"] += 1
+    if self.counter["reset"] in self.fail_resets:
+      raise RuntimeError(f"injected reset fault {self.counter['reset']}")
     return self.inner.reset(task)
 
   def step(self, action):
@@ -379,6 +382,21 @@ def test_a_failed_snapshot_ends_the_branch_at_its_state(policy, fmt, tasks):
   assert not result.tree.valid[0] and result.leaves().size == 2
   replay_checks(result)
   assert pool.branches() == []
+
+
+def test_a_failed_reset_leaves_an_empty_tree_and_the_others_go_on(policy, fmt, tasks):
+  counter = collections.Counter()
+  pool = pool_lib.SandboxPool(functools.partial(_FaultyRooms, counter, (), (), (), {1}),
+                              num_workers=0)
+  batch = grow(policy, fmt, pool, tasks[:2], seed=9, threshold=-1.0, num_siblings=2,
+               max_leaves=2)
+  empty, other = batch.rollouts
+  assert [(f.node, f.op) for f in empty.failures] == [(-1, "reset")]
+  assert empty.num_nodes == 0 and not empty.tree.valid.any() and empty.leaves().size == 0
+  assert empty.compute.tokens_processed == 0 and empty.compute.failed_branches == 1
+  tree_lib.validate(other.tree)
+  assert other.leaves().size == 2 and not other.failures
+  replay_checks(other)
 
 
 def test_worst_case_budgets_are_hard_limits(policy, fmt, tasks):
