@@ -14,6 +14,10 @@ Actions (one per step; the first word is the command):
     >>>>>>> REPLACE
     submit                           end the episode; the task directory is graded
 
+Commands run confined (confinement.py) in the task directory, which they see at /tmp/task. With
+namespaces, the task's repository is readable there (HEAD = the state after reset), so `git
+diff`, `git status` and `git checkout -- <file>` work, while commits do not (it is read-only).
+
 Reward is 1.0 on the final step if the graded state resolves the task (every FAIL_TO_PASS and
 PASS_TO_PASS test passes under swebench's report), else 0.0; every other step gives 0.0. After
 `max_steps` steps the episode ends truncated and is graded the same way. The final Step's
@@ -21,8 +25,10 @@ PASS_TO_PASS test passes under swebench's report), else 0.0; every other step gi
 
 State = the task directory's files (a git tree; see workspace.py) + step count + whether the
 episode is over + the last observation. Snapshots pack them as bytes any process can restore;
-they also name the task, so a fresh sandbox restores without a reset. Commands see no clock-free
-guarantee: what they print about wall-clock time or file times is not part of the state.
+they also name the task, so a fresh sandbox restores without a reset. Not part of the state:
+wall-clock time and file times (commands that print them, e.g. `date`, `ls -l`, pytest's
+durations, differ between replays), special files (FIFOs, sockets), and, without namespaces,
+the host path of the task directory.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from bpo_jax.sandboxes.swe import tasks as tasks_lib
 from bpo_jax.sandboxes.swe import workspace as workspace_lib
 
 HELP = """Commands (one per action):
-  run <shell command>
+  run <shell command>     (git diff / git status show your changes)
   view <path> [first_line [last_line]]
   write <path>            (new file content on the following lines)
   replace <path>          (then <<<<<<< SEARCH / old / ======= / new / >>>>>>> REPLACE)
