@@ -18,6 +18,7 @@ from flax import nnx
 from bpo_jax import agent_format
 from bpo_jax import branching
 from bpo_jax import estimators
+from bpo_jax import packing
 from bpo_jax import rollout
 from bpo_jax import tree as tree_lib
 from bpo_jax.models import Decoder
@@ -204,6 +205,25 @@ def test_bpo_trees_are_valid_and_match_a_full_forward(policy, bpo_batch):
       assert result.tokens.observation_tokens[leaf].size == 0
   assert batch.compute.tokens_processed == sum(r.tokens.num_unique_tokens()
                                                for r in batch.rollouts)
+
+
+def test_trees_feed_the_estimator_and_the_packed_update(bpo_batch):
+  # The rollout's output goes straight into the estimator and the packed layout: every valid
+  # token once, the behaviour logprobs of the action tokens as recorded.
+  _, batch = bpo_batch
+  out = jax.vmap(estimators.bpo_advantages)(batch.stacked_trees())
+  packed = packing.pack_trees(batch.tree_tokens(), np.asarray(out.advantages),
+                              np.asarray(out.weights))
+  for b, result in enumerate(batch.rollouts):
+    real = packed.segment_start[b] >= 0
+    assert real.sum() == result.tokens.num_unique_tokens()
+    recorded = np.concatenate([result.tokens.action_logprobs[i]
+                               for i in range(result.num_nodes)])
+    np.testing.assert_allclose(np.sort(packed.old_logprob[b][packed.loss_mask[b]]),
+                               np.sort(recorded))
+    # Leaf path weights sum to one.
+    np.testing.assert_allclose(np.asarray(out.weights[b])[result.leaves()].sum(), 1.0,
+                               rtol=1e-6)
 
 
 def test_forks_happen_exactly_where_the_rule_says(bpo_batch):
