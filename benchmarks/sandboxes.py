@@ -233,7 +233,7 @@ def main(argv=None):
       lines.append(
           f"{'':13s} PddlEnv.reset() + replay of the prefix {reset_replay_ms:.3f} ms; in-process "
           f"restore {handle_ms:.4f} ms ({figures['alfworld_speedup_vs_reset_replay']:.0f}x faster)"
-          f"; the bytes restore above replays in the engine")
+          f"; the bytes restore above applies the recorded operators in the engine")
   common.emit(figures, args.json, lines)
 
 

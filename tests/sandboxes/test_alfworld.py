@@ -153,7 +153,10 @@ def _forks(generated):
 def test_three_forks_from_one_snapshot_replay_byte_identically(generated, sandbox):
   task, prefix, tail = _forks(generated)
   _play(sandbox, task, prefix)
-  admissible = sandbox.admissible_actions()
+  # Turns that move nothing are part of the state too (they count towards max_steps).
+  assert sandbox.step("fly to the moon").observation == "Nothing happens."
+  assert "invalid_action" in sandbox.step("").info
+  admissible, plan = sandbox.admissible_actions(), sandbox.expert_actions()
   snap = sandbox.snapshot()
   forks = [[a] + tail for a in (admissible[0], admissible[len(admissible) // 2], admissible[-1])]
   assert len({f[0] for f in forks}) == 3
@@ -162,6 +165,9 @@ def test_three_forks_from_one_snapshot_replay_byte_identically(generated, sandbo
   fresh = alfworld.make_sandbox(max_steps=200)
   portable = pickle.loads(pickle.dumps(snap))
   assert portable.handle is None and portable == snap
+  fresh.restore(portable)
+  assert (fresh.admissible_actions(), fresh.expert_actions()) == (admissible, plan)
+  assert fresh.snapshot() == snap  # same bytes: same game, commands, turns and observation
   for fork, steps in zip(forks, first):
     # Again in this sandbox (engine-state restore, no replay) ...
     assert base.first_divergence(steps, base.replay(sandbox, snap, fork)) is None
