@@ -818,7 +818,7 @@ class RolloutEngine:
 
   def _fork_after_the_fact(self, backbones: Sequence[_Branch], states: list[_TreeState],
                            new_branch_id) -> list[_Branch]:
-    """"top_k_after": forks each finished backbone at its highest-entropy states.
+    """With "top_k_after": forks each finished backbone at its highest-entropy states.
 
     The new branches restore the state's snapshot and start from a copy of the backbone's cache
     row, cut back to the state by `_rewind`. Logs the backbone's decisions; returns the new
@@ -932,7 +932,7 @@ class RolloutEngine:
       if branch.state_entropy is not None:
         # Started after the fact at an already decided state: no second decision there.
         verdicts[index] = (branch.state_entropy, False, False, False, None)
-      elif cfg.fork_rule == "top_k_after" and branch.can_fork:
+      elif cfg.topology == "tree" and cfg.fork_rule == "top_k_after" and branch.can_fork:
         verdicts[index] = (entropy, True, False, False, seen)  # decided when it finishes
         history_wanted.append(index)
       elif cfg.topology == "group":
