@@ -25,6 +25,7 @@ import os
 import shutil
 import stat
 import subprocess
+import weakref
 import zlib
 from typing import Iterable, Mapping
 
@@ -48,6 +49,8 @@ class Workspace:
 
   def __init__(self, parent: str, owner_uid: int | None = None):
     self.parent = parent
+    # Removes the directories when the workspace is closed, collected, or the interpreter exits.
+    self._cleanup = weakref.finalize(self, shutil.rmtree, parent, True)
     self.workdir = os.path.join(parent, "work")
     self.gitdir = os.path.join(parent, "git")
     self.owner_uid = owner_uid
@@ -181,7 +184,7 @@ class Workspace:
         os.lchown(os.path.join(dirpath, name), uid, uid)
 
   def close(self) -> None:
-    shutil.rmtree(self.parent, ignore_errors=True)
+    self._cleanup()
 
   # -- snapshots ------------------------------------------------------------------------------
 
