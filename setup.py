@@ -43,6 +43,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["bpo_jax", "bpo_jax.*"]),
+    # Data shipped inside the package: the SWE tasks (instance JSON and their repositories).
+    package_data={"bpo_jax.sandboxes.swe": ["tasks/*/*", "tasks/*/*/*", "tasks/*/*/*/*"]},
     install_requires=CORE + FULL,
     extras_require={
         "test": TEST + sorted({req for reqs in ENVIRONMENT_EXTRAS.values() for req in reqs}),
