@@ -54,6 +54,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -157,7 +158,7 @@ class AlfworldTask:
   def walkthrough(self) -> list[str] | None:
     return self.game_data.get("walkthrough")
 
-  @property
+  @functools.cached_property
   def digest(self) -> bytes:
     """A content hash: two tasks with the same digest play identically."""
     return hashlib.sha256(self.game.encode("utf-8")).digest()[:16]
@@ -704,7 +705,6 @@ def _install_engine_caches() -> None:
   global _ENGINE_CACHES_INSTALLED
   if _ENGINE_CACHES_INSTALLED:
     return
-  import functools  # pylint: disable=g-import-not-at-top
   import fast_downward  # pylint: disable=g-import-not-at-top
   import textworld.envs.pddl.textgen as textgen  # pylint: disable=g-import-not-at-top
   import textworld.logic as tw_logic  # pylint: disable=g-import-not-at-top
@@ -893,7 +893,7 @@ class AlfworldSandbox:
         "max_steps": self.max_steps,
     }).encode("utf-8")
     data = _SNAPSHOT_MAGIC + struct.pack("<I", len(header)) + header + self._task_blob
-    return Snapshot(data=data, handle=(self._engine_state(), progress, self._task))
+    return Snapshot(data=data, handle=(self._engine_state(), progress))
 
   def restore(self, snapshot: Snapshot) -> None:
     self._require_open()
