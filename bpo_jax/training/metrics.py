@@ -3,9 +3,9 @@
 Each record is a flat dict of JSON numbers and strings with an `iteration` and a `phase`
 ("warm_start", "train" or "eval"). `MetricsWriter` appends it as one line of
 `<workdir>/metrics.jsonl` (flushed at once, so a killed run loses nothing it reported), writes
-its numbers as TensorBoard scalars under `<workdir>/tensorboard` (through `tensorboardX`, which
-needs no TensorFlow; skipped with a logged warning when it is not installed), and shows a
-progress bar on the console.
+its numbers as TensorBoard scalars under `<workdir>/tensorboard` (with the `tensorboard`
+package's own event writer, which needs no TensorFlow, or `tensorboardX`; skipped with a logged
+warning when neither is installed), and shows a progress bar on the console.
 
 Keys whose name starts with `time/` are wall-clock measurements; everything else in a record is
 a deterministic function of the configuration (`deterministic_part`).
@@ -17,6 +17,7 @@ import json
 import math
 import os
 import statistics
+import time
 from typing import Any, Iterable, Sequence
 
 from absl import logging
@@ -75,6 +76,47 @@ def read_jsonl(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
+class ScalarEventWriter:
+  """TensorBoard scalars through the `tensorboard` package's event-file writer (no TensorFlow).
+
+  `add_scalar(tag, value, step)` writes one `Event` holding a `simple_value` summary.
+  """
+
+  def __init__(self, logdir: str):
+    # pylint: disable=g-import-not-at-top
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.compat.proto import summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+    self._writer = EventFileWriter(logdir)
+
+  def add_scalar(self, tag: str, value: float, step: int):
+    value = self._summary.Value(tag=tag, simple_value=float(value))
+    self._writer.add_event(self._event(wall_time=time.time(), step=int(step),
+                                       summary=self._summary(value=[value])))
+
+  def flush(self):
+    self._writer.flush()
+
+  def close(self):
+    self._writer.close()
+
+
+def tensorboard_writer(logdir: str):
+  """A scalar writer for `logdir`: the `tensorboard` package's, else tensorboardX's, else None
+  (with a warning)."""
+  try:
+    return ScalarEventWriter(logdir)
+  except ImportError:
+    pass
+  try:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+    return tensorboardX.SummaryWriter(logdir)
+  except ImportError:
+    logging.warning("neither tensorboard nor tensorboardX is installed: no TensorBoard output")
+    return None
+
+
 class MetricsWriter:
   """Writes records to `<workdir>/metrics.jsonl`, TensorBoard and a console progress bar."""
 
@@ -88,12 +130,7 @@ class MetricsWriter:
         f.write(json.dumps(record, sort_keys=True) + "\n")
     self._tensorboard = None
     if tensorboard:
-      try:
-        import tensorboardX  # pylint: disable=g-import-not-at-top
-        self._tensorboard = tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"))
-      except ImportError:
-        logging.warning("tensorboardX is not installed: no TensorBoard output "
-                        "(pip install tensorboardX)")
+      self._tensorboard = tensorboard_writer(os.path.join(workdir, "tensorboard"))
     self._bar = None
     if progress_bar and total_iterations > 0:
       import tqdm  # pylint: disable=g-import-not-at-top

@@ -50,9 +50,15 @@ def test_writer_jsonl_and_history(tmp_path):
                         "time/rollout": 1.25, "grad_norm": "nan"}
   assert metrics_lib.deterministic_part(records[1]) == {
       "iteration": 1, "phase": "train", "loss": 0.5, "success": 0.75, "grad_norm": "nan"}
-  events = [f for f in os.listdir(os.path.join(workdir, "tensorboard"))
-            if f.startswith("events.out.tfevents")]
-  assert events
+  # TensorBoard reads back the numbers of the record, under "<phase>/<key>" (the NaN gradient
+  # norm is the string "nan" in the record, so it is not a scalar there).
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  events = event_accumulator.EventAccumulator(os.path.join(workdir, "tensorboard"))
+  events.Reload()
+  assert sorted(events.Tags()["scalars"]) == ["train/loss", "train/success",
+                                              "train/time/rollout"]
+  assert [(s.step, s.value) for s in events.Scalars("train/loss")] == [(1, 0.5)]
+  assert [(s.step, s.value) for s in events.Scalars("train/success")] == [(1, 0.75)]
   # A writer started from a shorter history drops what came after it (the resume case).
   metrics_lib.MetricsWriter(workdir, tensorboard=False, progress_bar=False,
                             history=history).close()
