@@ -292,3 +292,24 @@ def test_expert_actions_win_from_the_start_and_from_a_restored_state(generated):
   with pytest.raises(TypeError, match="unknown ALFWorld options"):
     alfworld.make_tasks("train", 1, 0, colour="red")
   sb.close()
+
+
+def test_games_the_expert_fails_are_redrawn_and_leave_no_files(tmp_path, monkeypatch):
+  calls = []
+  real_expert = alfworld.expert_walkthrough
+
+  def fails_first(game_dir, **kwargs):
+    calls.append(game_dir)
+    return None if len(calls) == 1 else real_expert(game_dir, **kwargs)
+
+  monkeypatch.setattr(alfworld, "expert_walkthrough", fails_first)
+  (kept,) = alfworld.generate_game_dirs(str(tmp_path), "train", 1, 5,
+                                        task_types=["pick_heat_then_place_in_recep"],
+                                        num_distractors=(1, 2))
+  assert len(calls) == 2 and calls[1] == kept != calls[0]
+  assert not os.path.exists(calls[0])  # the rejected draw is gone, its task folder too
+  assert sorted(os.listdir(tmp_path / "train")) == [os.path.basename(os.path.dirname(kept))]
+  monkeypatch.setattr(alfworld, "expert_walkthrough", lambda game_dir, **kwargs: None)
+  with pytest.raises(RuntimeError, match="the expert failed 20 drawn pick_two_obj_and_place"):
+    alfworld.generate_game_dirs(str(tmp_path / "never"), "train", 1, 0,
+                                task_types=["pick_two_obj_and_place"])
