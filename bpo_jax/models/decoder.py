@@ -40,8 +40,8 @@ class KVCache:
   """Per-layer keys and values for B rows of at most `max_length` tokens each.
 
   Attributes:
-    keys: one [B, S, num_kv_heads, head_dim] array per layer (keys after RoPE).
-    values: one [B, S, num_kv_heads, head_dim] array per layer.
+    keys: one [B, num_kv_heads, S, head_dim] array per layer (keys after RoPE).
+    values: one [B, num_kv_heads, S, head_dim] array per layer.
     lengths: [B] int32, number of valid slots of each row (slots `0..lengths[b]-1`).
   """
   keys: tuple
@@ -56,7 +56,7 @@ class KVCache:
       raise ValueError(f"batch_size and max_length must be positive, got {batch_size}, "
                        f"{max_length}")
     dtype = dtype or config.compute_dtype
-    shape = (batch_size, max_length, config.num_kv_heads, config.head_dim)
+    shape = (batch_size, config.num_kv_heads, max_length, config.head_dim)
     zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
     return cls(keys=zeros(), values=zeros(), lengths=jnp.zeros((batch_size,), jnp.int32))
 
@@ -66,7 +66,7 @@ class KVCache:
 
   @property
   def max_length(self) -> int:
-    return self.keys[0].shape[1]
+    return self.keys[0].shape[2]
 
   def take_rows(self, rows) -> "KVCache":
     """The cache of rows `rows` (a gather on the batch axis; rows may repeat)."""
@@ -152,7 +152,7 @@ class Attention(nnx.Module):
       self.v_bias = _normal(rngs, (config.num_kv_heads, d), pd)
 
   def __call__(self, x, cos, sin, mask, layer_cache=None, write_slots=None):
-    """x [B,T,h]; mask [B,T,S] (True = may attend); layer_cache (keys, values) [B,S,Hkv,D].
+    """x [B,T,h]; mask [B,T,S] (True = may attend); layer_cache (keys, values) [B,Hkv,S,D].
 
     Returns the output [B,T,h] and the updated (keys, values), or None without a cache.
     """
@@ -171,19 +171,29 @@ class Attention(nnx.Module):
     if layer_cache is not None:
       cached_k, cached_v = layer_cache
       rows = jnp.arange(x.shape[0])[:, None]
+      # Cache layout [B, Hkv, S, D]: `.at[rows, :, slots]` takes the new [B, T, Hkv, D] tokens.
       # mode="drop": slots past the end are discarded instead of clamped onto valid slots.
-      k = cached_k.at[rows, write_slots].set(k.astype(cached_k.dtype), mode="drop")
-      v = cached_v.at[rows, write_slots].set(v.astype(cached_v.dtype), mode="drop")
+      k = cached_k.at[rows, :, write_slots].set(k.astype(cached_k.dtype), mode="drop")
+      v = cached_v.at[rows, :, write_slots].set(v.astype(cached_v.dtype), mode="drop")
       new_cache = (k, v)
       k, v = k.astype(dt), v.astype(dt)
+    else:
+      k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    # Heads-major layout so both attention matmuls are plain batched matmuls over (B, Hkv):
+    # the cached keys and values are read in place, never transposed (it dominates decoding).
     b, t = q.shape[:2]
     groups = self.num_heads // self.num_kv_heads
-    q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
+    q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim).transpose(0, 2, 3, 1, 4)
+    q = q.reshape(b, self.num_kv_heads, groups * t, self.head_dim)
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, k).astype(jnp.float32)
     scores = scores / np.float32(math.sqrt(self.head_dim))
+    scores = scores.reshape(b, self.num_kv_heads, groups, t, -1)
     scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, self.num_heads, self.head_dim)
+    probs = probs.reshape(b, self.num_kv_heads, groups * t, -1)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
+    out = out.reshape(b, self.num_kv_heads, groups, t, self.head_dim).transpose(0, 3, 1, 2, 4)
+    out = out.reshape(b, t, self.num_heads, self.head_dim)
     return jnp.einsum("bthd,hdm->btm", out, self.o_kernel[...].astype(dt)), new_cache
 
 
