@@ -1,4 +1,15 @@
-"""The policy model: Llama 3.x / Qwen2.5 decoder in Flax NNX, KV cache, HF checkpoints."""
+"""The policy model: Llama 3.x / Qwen2.5 decoder in Flax NNX, KV cache, HF checkpoints.
+
+  model, config = load_hf_checkpoint("path/to/Qwen2.5-0.5B-Instruct")   # or Decoder(config, rngs=…)
+  tokenizer = load_tokenizer("path/to/Qwen2.5-0.5B-Instruct")
+  graphdef, state = nnx.split(model)
+  logits, _ = jax.jit(forward, static_argnums=0)(graphdef, state, tokens)        # [B, T, V]
+  logprobs, entropies = token_logprobs_and_entropy(graphdef, state, tokens, targets,
+                                                   positions=…, attention_mask=…)  # packed trees
+  save_hf_checkpoint(model, "out/", max_shard_bytes=5 * 2**30)
+
+Sampling (prefill, decode loop, fork, continued prefill) lives in `bpo_jax.sampling`.
+"""
 
 from bpo_jax.models.config import Llama3RopeScaling
 from bpo_jax.models.config import ModelConfig
