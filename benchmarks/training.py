@@ -63,17 +63,26 @@ def bpo_shaped_tree(rng, vocab, prompt_len=96, depth=8, forks=(2, 4, 6), k=4, ac
 
 
 def main():
-  args = common.parser(__doc__.splitlines()[0]).parse_args()
-  vocab = 2048
-  config = ModelConfig.tiny(vocab_size=vocab, hidden_size=256, intermediate_size=768,
-                            num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32)
+  p = common.parser(__doc__.splitlines()[0])
+  p.add_argument("--hidden", type=int, default=512, help="model width (heads of 64)")
+  p.add_argument("--layers", type=int, default=4)
+  p.add_argument("--vocab", type=int, default=4096)
+  p.add_argument("--trees", type=int, default=4)
+  args = p.parse_args()
+  vocab = args.vocab
+  # Width large against row length, as in the LLMs this targets (a 7B model has 3584 hidden
+  # units for rows of a few thousand tokens), so attention's quadratic term is a minority.
+  config = ModelConfig.tiny(vocab_size=vocab, hidden_size=args.hidden,
+                            intermediate_size=3 * args.hidden, num_layers=args.layers,
+                            num_heads=args.hidden // 64, num_kv_heads=args.hidden // 128,
+                            head_dim=64)
   model = Decoder(config, rngs=nnx.Rngs(0))
   tx = optax.sgd(1e-3)
   graphdef, state = update.create_train_state(model, tx)
   step = update.make_train_step(graphdef, tx, update.UpdateConfig())
 
   rng = np.random.default_rng(0)
-  num_trees = 4
+  num_trees = args.trees
   trees = [bpo_shaped_tree(rng, vocab) for _ in range(num_trees)]
   toks, advs, ws = zip(*trees)
   unique = sum(t.num_unique_tokens() for t in toks)
