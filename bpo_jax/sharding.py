@@ -228,14 +228,18 @@ def batch_sharding(mesh: Mesh, rules: Mapping[str, Any] = TRAINING_RULES) -> Nam
   return NamedSharding(mesh, PartitionSpec(axes if axes else None, None))
 
 
+# The decoder's KV cache layout: keys and values [B, Hkv, S, D] (heads-major, models/decoder.py).
+KV_CACHE_LOGICAL_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
+
+
 def cache_shardings(cache, mesh: Mesh, rules: Mapping[str, Any] = SAMPLING_RULES):
-  """KV cache: keys/values [B, S, Hkv, D] by (batch, cache_length, kv_heads, head_dim); per-row
-  vectors [B] by batch; anything else replicated."""
+  """KV cache: keys/values [B, Hkv, S, D] by `KV_CACHE_LOGICAL_AXES`; per-row arrays ([B],
+  [B, V] next-token logits) by batch; anything else replicated."""
 
   def pick(x):
     shape = np.shape(x)
     if len(shape) == 4:
-      logical = ("batch", "cache_length", "kv_heads", "head_dim")
+      logical = KV_CACHE_LOGICAL_AXES
     elif len(shape) >= 1:
       logical = ("batch",) + (None,) * (len(shape) - 1)
     else:

@@ -27,6 +27,7 @@ Sections:
   checkpoint how often to save and how many to keep
   eval       held-out evaluation
   log        console, JSONL and TensorBoard output
+  scale      mesh, parameter precision, remat, multi-host settings and the pod dry run's target
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ NORMALIZATIONS = ("tree", "token")
 ARCHITECTURES = ("qwen2", "llama")
 DTYPES = ("float32", "bfloat16")
 MODES = ("train", "eval")
+REMAT_POLICIES = ("none", "full", "dots")
+# `ModelConfig` presets a config may name in `scale.model_preset` (models/config.py).
+MODEL_PRESETS = ("tiny", "tiny_llama", "qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b", "qwen2_5_7b",
+                 "llama3_2_1b", "llama3_1_8b")
 
 
 class ConfigError(ValueError):
@@ -132,6 +137,25 @@ def default_config() -> ml_collections.ConfigDict:
   c.log = ml_collections.ConfigDict()
   c.log.tensorboard = True
   c.log.progress_bar = True
+
+  # Scale-out: `bpo_jax.sharding`, `training/precision.py`, `training/dry_run.py` and
+  # `training/distributed.py` read these.
+  c.scale = ml_collections.ConfigDict()
+  # Mesh axis sizes (one may be -1: the devices left over); dcn_data > 1 spans slices.
+  c.scale.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1, "dcn_data": 1})
+  c.scale.param_dtype = "float32"  # stored parameters; "bfloat16" halves their memory
+  c.scale.master_weights = True    # low-precision parameters: float32 master copy in the optimizer
+  c.scale.remat = "none"           # recompute each layer's activations in the backward pass
+  c.scale.scan_layers = False      # one lax.scan over the layers: compile time independent of depth
+  c.scale.model_preset = ""        # a ModelConfig preset for the dry run, e.g. "qwen2_5_7b"
+  c.scale.chip = ""                # the dry run's target chip (training/dry_run.py CHIPS)
+  c.scale.num_devices = 0          # devices of the mesh; 0 = all (the dry run fakes this many)
+  c.scale.decode_batch = 0         # rows decoded at once; 0 = tasks x trees x max_leaves
+  c.scale.distributed = ml_collections.ConfigDict({
+      "coordinator_address": "",   # "host:port" of process 0; "" with one process
+      "num_processes": 1,
+      "process_id": 0,
+  })
   return c
 
 
@@ -317,6 +341,54 @@ def _check_budgets(config, problems: list[str]):
                     "leave-one-out mean over the other trees of the same task)")
 
 
+def _check_scale(config, problems: list[str]):
+  """Mesh sizes, precision, remat, the dry run's target and the multi-host settings."""
+  from bpo_jax.training import dry_run  # pylint: disable=g-import-not-at-top  (no JAX at import)
+  s = config.scale
+  sizes = {name: s.mesh[name] for name in ("data", "fsdp", "tensor")}
+  for name, size in sizes.items():
+    if size == 0 or size < -1:
+      problems.append(f"scale.mesh.{name} = {size}: must be positive or -1 (the devices left "
+                      "over)")
+  if sum(size == -1 for size in sizes.values()) > 1:
+    problems.append(f"scale.mesh: at most one axis may be -1, got {sizes}")
+  if s.mesh.dcn_data < 1:
+    problems.append(f"scale.mesh.dcn_data = {s.mesh.dcn_data}: must be >= 1")
+  if s.num_devices < 0:
+    problems.append(f"scale.num_devices = {s.num_devices}: must be >= 0 (0 = all devices)")
+  elif s.num_devices and all(size > 0 for size in sizes.values()):
+    product = sizes["data"] * sizes["fsdp"] * sizes["tensor"] * s.mesh.dcn_data
+    if product != s.num_devices:
+      problems.append(f"scale.mesh: data x fsdp x tensor x dcn_data = {product}, but "
+                      f"scale.num_devices = {s.num_devices}")
+  if s.param_dtype not in DTYPES:
+    problems.append(f"scale.param_dtype = {s.param_dtype!r}: must be one of "
+                    f"{', '.join(map(repr, DTYPES))}")
+  if s.remat not in REMAT_POLICIES:
+    problems.append(f"scale.remat = {s.remat!r}: must be one of "
+                    f"{', '.join(map(repr, REMAT_POLICIES))}")
+  if s.model_preset and s.model_preset not in MODEL_PRESETS:
+    problems.append(f"scale.model_preset = {s.model_preset!r}: must be '' or one of "
+                    f"{', '.join(MODEL_PRESETS)}")
+  if s.chip and s.chip.lower() not in dry_run.CHIPS:
+    problems.append(f"scale.chip = {s.chip!r}: must be '' or one of "
+                    f"{', '.join(sorted(dry_run.CHIPS))}")
+  if s.decode_batch < 0:
+    problems.append(f"scale.decode_batch = {s.decode_batch}: must be >= 0 (0 = tasks x trees x "
+                    "max_leaves)")
+  d = s.distributed
+  if d.num_processes < 1:
+    problems.append(f"scale.distributed.num_processes = {d.num_processes}: must be >= 1")
+  elif not 0 <= d.process_id < d.num_processes:
+    problems.append(f"scale.distributed.process_id = {d.process_id}: must be in "
+                    f"[0, {d.num_processes - 1}]")
+  if d.num_processes > 1:
+    host, _, port = d.coordinator_address.rpartition(":")
+    if not host or not port.isdigit():
+      problems.append(f"scale.distributed.coordinator_address = {d.coordinator_address!r}: "
+                      "must be 'host:port' of process 0 when num_processes > 1")
+
+
 def validate(config, mode: str = "train", workdir: str | None = None) -> None:
   """Checks `config` for `mode` ("train" or "eval"); raises ConfigError naming every problem."""
   if mode not in MODES:
@@ -355,6 +427,7 @@ def validate(config, mode: str = "train", workdir: str | None = None) -> None:
     problems.append(f"warm_start.num_trajectories = {config.warm_start.num_trajectories}: more "
                     f"than the env.num_train_tasks = {config.env.num_train_tasks} training tasks")
   _check_env_options(config, problems)
+  _check_scale(config, problems)
   if not problems:
     _check_budgets(config, problems)
   if mode == "eval":

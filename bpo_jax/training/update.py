@@ -138,12 +138,31 @@ def _token_weights(batch: packing.PackedBatch, normalization: str) -> jax.Array:
   return batch.weight / row_tokens
 
 
-def _split_micro(batch, num_micro: int):
+def _split_micro(batch, num_micro: int, row_sharding=None):
+  """[B, L] fields -> [M, B/M, L] micro-batches.
+
+  Unsharded, micro-batch m is rows `m·B/M .. (m+1)·B/M - 1`. With `row_sharding` (rows sharded
+  over devices in contiguous blocks) micro-batch m is rows m, m + M, m + 2M, ...: every device
+  then holds its share of every micro-batch, whereas a contiguous split would put each
+  micro-batch on a few devices and XLA would replicate it over the others (M times the
+  activation memory). The accumulated gradient is the same sum either way.
+  """
   rows = batch.tokens.shape[0]
   if rows % num_micro:
     raise ValueError(f"{rows} rows do not split into {num_micro} micro-batches; pad the batch "
                      "with `num_rows` to a multiple")
-  return jax.tree.map(lambda x: x.reshape((num_micro, rows // num_micro) + x.shape[1:]), batch)
+  if row_sharding is None:
+    return jax.tree.map(lambda x: x.reshape((num_micro, rows // num_micro) + x.shape[1:]), batch)
+  spec = row_sharding.spec[0] if len(row_sharding.spec) else None
+  axes = () if spec is None else ((spec,) if isinstance(spec, str) else tuple(spec))
+  shards = int(np.prod([row_sharding.mesh.shape[a] for a in axes]))
+  if (rows // num_micro) % shards:
+    raise ValueError(f"{rows} rows in {num_micro} micro-batches give {rows // num_micro} rows "
+                     f"per micro-batch, which the {shards} devices of the batch axes {axes} do "
+                     f"not divide; use a multiple of {num_micro * shards} rows")
+  return jax.tree.map(
+      lambda x: jnp.swapaxes(x.reshape((rows // num_micro, num_micro) + x.shape[1:]), 0, 1),
+      batch)
 
 
 def _gradient_accumulator(params):
@@ -196,10 +215,12 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateCo
 
   def train_step(state: TrainState, batch: packing.PackedBatch, ref=None, num_trees=None):
     denominator = _denominator(batch, config.normalization, num_trees)
-    micro = _split_micro(batch, config.num_micro_batches)
+    micro = _split_micro(batch, config.num_micro_batches, batch_sharding)
     zeros = _gradient_accumulator(state.params)
 
     def body(acc, mb):
+      if batch_sharding is not None:  # each micro-batch spread over the batch axes
+        mb = jax.lax.with_sharding_constraint(mb, batch_sharding)
       (loss, sums), grads = grad_fn(state.params, mb, denominator, ref)
       norm = optax.tree.norm(grads) * config.num_micro_batches
       return _accumulate(acc, grads), (loss, norm, sums)
