@@ -1,0 +1,123 @@
+"""Multi-host runs: start JAX's distributed runtime, split the batch by process, build global
+arrays from each process's rows, and bring sharded results back to every host.
+
+On a pod every host runs the same program. `initialize` connects them (process 0 is the
+coordinator); afterwards `jax.devices()` lists every chip of the pod and a mesh built from it
+spans all hosts. Each process then works on the rows of the batch that its own devices hold:
+
+    initialize_from_config(config)                  # before anything else uses JAX
+    mesh = sharding.make_mesh(MeshConfig(...))
+    row_sh = sharding.batch_sharding(mesh)
+    rows = process_rows(row_sh, num_rows)            # e.g. range(0, 32) of 64 on process 0
+    local = pack the trees of tasks[rows] ...        # this process's sandboxes only
+    batch = global_batch(local, row_sh, num_rows)    # one global [num_rows, L] array per field
+    state, metrics = train_step(state, batch)        # the same jitted step on every process
+    host_metrics = to_host(metrics)
+
+Arrays every process computes identically (a parameter initialisation from a shared seed) are
+placed with `put_global`. Orbax checkpoints are written and restored by all processes together
+(`training/checkpoint.py`); each writes the shards it owns.
+
+On CPU (tests, and the two-process localhost check) the processes exchange collectives through
+Gloo, which `initialize` selects.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+
+def initialize(coordinator_address: str, num_processes: int, process_id: int,
+               local_device_ids: Sequence[int] | None = None) -> bool:
+  """Connects this process to the others; a no-op (returns False) for a single process.
+
+  Call before anything else uses JAX (the device list changes). On CPU, cross-process
+  collectives go through Gloo.
+  """
+  if num_processes < 1:
+    raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+  if not 0 <= process_id < num_processes:
+    raise ValueError(f"process_id must be in [0, {num_processes - 1}], got {process_id}")
+  if num_processes == 1:
+    return False
+  host, _, port = coordinator_address.rpartition(":")
+  if not host or not port.isdigit():
+    raise ValueError(f"coordinator_address must be 'host:port' of process 0, got "
+                     f"{coordinator_address!r}")
+  # Harmless on accelerators (it only concerns CPU devices); needed for CPU-only runs.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes, process_id=process_id,
+                             local_device_ids=local_device_ids)
+  return True
+
+
+def initialize_from_config(config) -> bool:
+  """`initialize` with the `scale.distributed` section of an experiment configuration."""
+  d = config.scale.distributed
+  return initialize(d.coordinator_address, d.num_processes, d.process_id)
+
+
+def process_rows(row_sharding, num_rows: int, process_index: int | None = None) -> range:
+  """The rows of a `[num_rows, ...]` batch that `process_index`'s devices hold.
+
+  Every device of one process must hold a contiguous block of rows, and together the blocks
+  must be contiguous (true for `sharding.batch_sharding` on meshes built from `jax.devices()`,
+  whose devices are ordered by process). The process then grows the trees of those rows' tasks.
+  """
+  process_index = jax.process_index() if process_index is None else process_index
+  indices = row_sharding.devices_indices_map((num_rows,))
+  rows: set[int] = set()
+  for device, index in indices.items():
+    if device.process_index == process_index:
+      rows.update(range(num_rows)[index[0]])
+  if not rows:
+    raise ValueError(f"process {process_index} holds no rows of the batch")
+  first, last = min(rows), max(rows)
+  if len(rows) != last - first + 1:
+    raise ValueError(f"process {process_index} holds rows {sorted(rows)}, not a contiguous "
+                     "block; order the mesh's devices by process")
+  return range(first, last + 1)
+
+
+def global_batch(local_batch, row_sharding, num_rows: int):
+  """One global array per field from each process's rows (`process_rows`) of the batch.
+
+  Args:
+    local_batch: a pytree (e.g. `packing.PackedBatch`) of host arrays `[rows here, ...]`.
+    row_sharding: the sharding of the global arrays (rows over the batch axes).
+    num_rows: the global number of rows.
+  """
+  rows = process_rows(row_sharding, num_rows)
+
+  def make(x):
+    x = np.asarray(x)
+    if x.shape[0] != len(rows):
+      raise ValueError(f"process {jax.process_index()} holds {len(rows)} rows "
+                       f"({rows.start}..{rows.stop - 1}) but its local batch has {x.shape[0]}")
+    return jax.make_array_from_process_local_data(row_sharding, x, (num_rows,) + x.shape[1:])
+
+  return jax.tree.map(make, local_batch)
+
+
+def put_global(tree, shardings):
+  """Places a host pytree that every process holds identically onto global shardings."""
+
+  def put(x, sharding):
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+  return jax.tree.map(put, tree, shardings)
+
+
+def to_host(tree) -> Any:
+  """Every leaf of a pytree of (possibly multi-host sharded) arrays as a full NumPy array on
+  every process."""
+  if jax.process_count() == 1:
+    return jax.tree.map(np.asarray, tree)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)),
+                      tree)
