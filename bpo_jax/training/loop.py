@@ -270,16 +270,17 @@ def expert_episodes(exp: Experiment, tasks: Sequence[Any]) -> list[agent_format.
   return episodes
 
 
-def warm_start(exp: Experiment, params) -> tuple[Any, list[dict]]:
+def warm_start(exp: Experiment, params) -> tuple[Any, Any, list[dict]]:
   """Supervised steps on expert episodes of the first training tasks of the order.
 
   Batches of `warm_start.batch_size` episodes are drawn with a seeded generator; each episode is
-  a chain packed into one row. Returns the parameters and one metrics record per logged step.
+  a chain packed into one row. Returns the parameters, the optimiser state (None without a warm
+  start) and one metrics record per logged step.
   """
   config = exp.config
   ws = config.warm_start
   if ws.num_trajectories == 0 or ws.steps == 0:
-    return params, []
+    return params, None, []
   chosen = task_order(len(exp.train_tasks), config.seed, 0, ws.num_trajectories)
   episodes = expert_episodes(exp, [exp.train_tasks[i] for i in chosen])
   if not episodes:
@@ -305,7 +306,7 @@ def warm_start(exp: Experiment, params) -> tuple[Any, list[dict]]:
                       "expert_episodes": len(episodes),
                       "time/elapsed": time.perf_counter() - start})
       logging.info("warm start step %d/%d: loss %.4f", step, ws.steps, records[-1]["loss"])
-  return state.params, records
+  return state.params, state.opt_state, records
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -522,9 +523,19 @@ def _train(exp: Experiment, state: update_lib.TrainState, stop_after: int | None
       raise ValueError("the checkpoint's RNG key does not match this configuration's seed")
     logging.info("resumed from the checkpoint of iteration %d in %s", latest, workdir)
   else:
-    params, history = warm_start(exp, state.params)
+    params, sft_opt_state, history = warm_start(exp, state.params)
+    opt_state = tx.init(params)
+    # The policy-gradient steps continue the warm start's Adam moments (the two optimisers
+    # differ only in the learning rate, so their states have one structure). A fresh Adam's
+    # first steps move every parameter by about the learning rate, sign(g) times lr, however
+    # small its gradient; with the sparse gradients of a few successful episodes that is mostly
+    # noise, while the warm start's second moments scale each step to that parameter's usual
+    # gradient size.
+    if (sft_opt_state is not None
+        and jax.tree.structure(sft_opt_state) == jax.tree.structure(opt_state)):
+      opt_state = sft_opt_state
     state = update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                                  opt_state=tx.init(params))
+                                  opt_state=opt_state)
     history.append(_eval_record(exp, state.params, 0))
     threshold = initial_fork_threshold(config)
     checkpointer.save(0, state, _loop_state(0, root_key, config, history, threshold))

@@ -196,3 +196,25 @@ def test_describe_override_error_blames_nothing_for_good_overrides():
   assert config_lib.describe_override_error(
       ["--config.rollout.k=3", "--config.log.tensorboard=false"],
       config_lib.default_config()) is None
+
+
+CONFIG_FILES = ["quickstart"] + [f"{world}_{estimator}" for world in ("rooms", "textworld")
+                                 for estimator in config_lib.ESTIMATORS]
+
+
+@pytest.mark.parametrize("name", CONFIG_FILES)
+def test_experiment_config_files_are_valid(name):
+  import importlib  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  if root not in sys.path:
+    sys.path.insert(0, root)
+  module = importlib.import_module(f"experiments.configs.{name}")
+  config = module.get_config()
+  config_lib.validate(config)
+  estimator = "bpo" if name == "quickstart" else name.split("_")[1]
+  assert config.rollout.estimator == estimator
+  if estimator != "bpo":  # a baseline group matches a BPO tree's compute (base.py)
+    from experiments.configs import base  # pylint: disable=g-import-not-at-top
+    world = name.split("_")[0]
+    assert config.rollout.k == getattr(base, f"{world.upper()}_MATCHED_GROUP_SIZE")
