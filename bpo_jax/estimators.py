@@ -20,22 +20,24 @@ n_i their number. Children of i are the valid nodes whose parent is i.
 Σ_i w_i ∇log π(a_i|s_i) A_i is the average over the tree's paths of the single-path REINFORCE
 estimate, hence unbiased when forks are decided online (branching.py).
 
-Parent walks are vectorised with ⌈log2 N⌉ pointer-jumping passes each: subtree sums (node values)
-by doubling segment sums, and every forward quantity (weights, inherited baselines, the root of
-each node) as an affine recurrence x_i = a_i x_{parent(i)} + c_i. Work is O(N log N), with no
-sequential loop over nodes. Under `jax.vmap` the two kernels treat the batch as one flat forest
-(`jax.custom_batching.custom_vmap`), which is several times faster than batched gathers and
-scatters; the kernels have no reverse-mode derivative (advantages are targets, not
+Nodes are stored parents first (parent(i) < i), so every parent walk is one sequential pass over
+the N node slots: node values by one reverse pass (children are finished before their parent and
+push their value into it), weights and inherited baselines, like every forward quantity, by one
+forward pass solving the affine recurrence x_i = a_i x_{parent(i)} + c_i. Work is O(N) per tree.
+Under `jax.vmap` (`jax.custom_batching.custom_vmap`) a batch of B trees is one forest stored node
+by node ([N, B]): each of the N steps of a pass updates the B trees at once, so the N steps are
+shared by the batch instead of repeated per tree. `bpo_advantages` runs its two passes in one
+kernel. The kernels have no reverse-mode derivative (advantages are targets, not
 differentiated).
 """
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import chex
 import jax
+from jax import lax
 import jax.numpy as jnp
 
 from bpo_jax.tree import RolloutTree
@@ -87,101 +89,201 @@ def sibling_counts(tree: RolloutTree) -> Array:
   return jnp.where(tree.valid, counts[_parent_slot(tree)], 0)
 
 
-def _forest_affine_down(jump: Array, a: Array, c: Array) -> Array:
-  """Pointer jumping over a forest given as flat arrays: jump[M] (−1 at roots), a/c [..., M].
+def _node_major(x: Array) -> Array:
+  """[..., N] → [N, W]: every leading index becomes one column (one tree of a flat forest)."""
+  return x.reshape(-1, x.shape[-1]).T
 
-  Returns (A, C) stacked as [2, ..., M] with x_i = A_i · x_root + C_i.
-  """
-  def jump_once(carry):
-    mult, add, jump = carry
-    has_parent = jump >= 0
-    safe = jnp.maximum(jump, 0)
-    add = jnp.where(has_parent, mult * add[..., safe] + add, add)
-    mult = jnp.where(has_parent, mult * mult[..., safe], mult)
-    jump = jnp.where(has_parent, jump[safe], -1)
-    return mult, add, jump
 
-  # A loop, not a Python unroll: it keeps XLA from fusing the passes into one ever-deeper gather.
-  # It stops once every node has reached its root: ⌈log2(depth + 1)⌉ passes, at most ⌈log2 M⌉.
-  mult, add, _ = jax.lax.while_loop(lambda carry: jnp.any(carry[2] >= 0), jump_once,
-                                    (a, c, jump))
-  return jnp.stack([mult, add])
+def _forest_columns(slot: Array) -> Array:
+  """Flat indices slot · W + column into a node-major buffer of W columns, int32[N, W]."""
+  width = slot.shape[1]
+  return slot * width + jnp.arange(width, dtype=jnp.int32)[None, :]
 
 
 def _forest_subtree_sums(jump: Array, rel: Array, total: Array) -> Array:
-  """Doubling over a forest of flat arrays [M]: T(i) = Σ_{d ∈ subtree(i)} ρ(i, d) total_d, with
-  ρ(parent(j), j) = rel_j (see `node_values`)."""
-  m = jump.shape[0]
+  """One reverse pass over a node-major forest [N, W] (each column a tree, jump −1 at roots):
+  T(i) = total_i + Σ_{c ∈ children(i)} rel_c · T(c).
 
-  def double_once(carry):
-    total, rel, jump = carry
-    has_parent = jump >= 0
-    safe = jnp.maximum(jump, 0)
-    total = total + jax.ops.segment_sum(jnp.where(has_parent, rel * total, 0.0),
-                                        jnp.where(has_parent, jump, m), num_segments=m + 1)[:m]
-    rel = jnp.where(has_parent, rel * rel[safe], rel)
-    jump = jnp.where(has_parent, jump[safe], -1)
-    return total, rel, jump
+  Children come after their parent, so visiting nodes N − 1, …, 0 finishes every child before
+  its parent: step i reads the sum its children pushed into row i, then pushes rel_i · T(i)
+  into its parent's row (roots push into a spare row N). Each step is a contiguous row read, a
+  W-element scatter-add and a row write: O(N · W) work in N steps.
+  """
+  n, width = jump.shape
+  target = _forest_columns(jnp.where(jump >= 0, jump, n))
 
-  total, _, _ = jax.lax.while_loop(lambda carry: jnp.any(carry[2] >= 0), double_once,
-                                   (total, rel, jump))
-  return total
+  def visit(k, carry):
+    pushed, totals, children_sum = carry
+    i = n - 1 - k
+    t_i = lax.dynamic_index_in_dim(total, i, keepdims=False) + children_sum
+    pushed = pushed.at[lax.dynamic_index_in_dim(target, i, keepdims=False)].add(
+        lax.dynamic_index_in_dim(rel, i, keepdims=False) * t_i, unique_indices=True)
+    totals = lax.dynamic_update_index_in_dim(totals, t_i, i, 0)
+    # Read the next row from the updated buffer: reading row i before the scatter into the same
+    # buffer would make XLA copy the whole buffer at every step.
+    children_sum = lax.dynamic_slice_in_dim(pushed, jnp.maximum(i - 1, 0) * width, width)
+    return pushed, totals, children_sum
+
+  pushed = jnp.zeros(((n + 1) * width,), jnp.float32)
+  init = (pushed, jnp.zeros((n, width), jnp.float32), pushed[(n - 1) * width:n * width])
+  _, totals, _ = lax.fori_loop(0, n, visit, init)
+  return totals
 
 
-def _flatten_forest(jump: Array) -> Array:
-  """[B, N] per-tree parent pointers → [B·N] pointers into one flat forest."""
-  b, n = jump.shape
-  return jnp.where(jump >= 0, jump + (jnp.arange(b, dtype=jump.dtype) * n)[:, None],
-                   -1).reshape(-1)
+def _forest_affine_down(jump: Array, a: Array, c: Array) -> Array:
+  """One forward pass over a node-major forest [N, W]: x_i = a_i · x_{jump(i)} + c_i, with
+  x = 0 above the roots (jump −1).
+
+  Parents come before their children, so visiting nodes 0, …, N − 1 finds every parent's x
+  final: each step gathers W parent values (roots read a zero row N) and writes row i. O(N · W)
+  work in N steps.
+  """
+  n, width = jump.shape
+  source = _forest_columns(jnp.where(jump >= 0, jump, n))
+
+  # Two copies of x: each step gathers from one and writes row i into the other, then copies the
+  # row across. Gathering from the buffer being written would stop XLA from fusing the gather
+  # into the in-place row update, and on CPU a separate gather of a large buffer is split across
+  # threads at every step, which costs more than the step itself.
+  def visit(i, buffers):
+    x_read, x_write = buffers
+    x_parent = jnp.take(x_read, lax.dynamic_index_in_dim(source, i, keepdims=False), mode="clip")
+    x_i = (lax.dynamic_index_in_dim(a, i, keepdims=False) * x_parent
+           + lax.dynamic_index_in_dim(c, i, keepdims=False))
+    x_write = lax.dynamic_update_slice_in_dim(x_write, x_i, i * width, 0)
+    x_read = lax.dynamic_update_slice_in_dim(
+        x_read, lax.dynamic_slice_in_dim(x_write, i * width, width), i * width, 0)
+    return x_read, x_write
+
+  zeros = jnp.zeros(((n + 1) * width,), jnp.float32)
+  _, x = lax.fori_loop(0, n, visit, (zeros, jnp.zeros_like(zeros)))
+  return x[:n * width].reshape(n, width)
 
 
-# Under vmap a batch of trees is one forest: flat gathers and scatters over B·N nodes run several
-# times faster than batched ones (and one loop serves the batch). No reverse-mode autodiff:
-# advantages and weights are targets, not differentiated.
+def _as_forest(kernel, jump: Array, x: Array, y: Array) -> Array:
+  """Runs a forest kernel on [..., N] arrays (jump broadcast against them), node-major inside."""
+  jump, x, y = jnp.broadcast_arrays(jump, x, y)
+  shape = x.shape
+  out = kernel(_node_major(jump), _node_major(x), _node_major(y))
+  return out.T.reshape(shape)
+
+
+def _batch_rule(kernel):
+  """custom_vmap rule: the vmapped axis becomes more trees of the same forest."""
+  def rule(axis_size, in_batched, jump, x, y):
+    jump, x, y = (v if batched else jnp.broadcast_to(v, (axis_size,) + v.shape)
+                  for v, batched in zip((jump, x, y), in_batched))
+    # jump is [B, ..., N] with possibly fewer middle axes than x and y: align them.
+    jump = jump.reshape(jump.shape[:1] + (1,) * (x.ndim - jump.ndim) + jump.shape[1:])
+    return kernel(jump, x, y), True
+  return rule
+
+
+# Under vmap a batch of trees is one forest of B columns: each of the N steps of a pass then
+# works on B nodes at once (and nested vmaps add columns). No reverse-mode autodiff: advantages
+# and weights are targets, not differentiated.
 @jax.custom_batching.custom_vmap
 def _affine_kernel(jump: Array, a: Array, c: Array) -> Array:
-  return _forest_affine_down(jump, a, c)
+  return _as_forest(_forest_affine_down, jump, a, c)
 
 
-@_affine_kernel.def_vmap
-def _affine_kernel_batched(axis_size, in_batched, jump, a, c):
-  jump, a, c = (x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
-                for x, batched in zip((jump, a, c), in_batched))
-  b, n = jump.shape
-  lead = a.shape[1:-1]
-  move = lambda x: jnp.moveaxis(x, 0, -2).reshape(lead + (b * n,))
-  out = _affine_kernel(_flatten_forest(jump), move(a), move(c))  # [2, ..., B·N]
-  out = out.reshape((2,) + lead + (b, n))
-  return jnp.moveaxis(out, -2, 0), True
+_affine_kernel.def_vmap(_batch_rule(_affine_kernel))
 
 
 @jax.custom_batching.custom_vmap
 def _subtree_kernel(jump: Array, rel: Array, total: Array) -> Array:
-  return _forest_subtree_sums(jump, rel, total)
+  return _as_forest(_forest_subtree_sums, jump, rel, total)
 
 
-@_subtree_kernel.def_vmap
-def _subtree_kernel_batched(axis_size, in_batched, jump, rel, total):
-  jump, rel, total = (x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
-                      for x, batched in zip((jump, rel, total), in_batched))
-  b, n = jump.shape
-  out = _subtree_kernel(_flatten_forest(jump), rel.reshape(-1), total.reshape(-1))
-  return out.reshape(b, n), True
+_subtree_kernel.def_vmap(_batch_rule(_subtree_kernel))
+
+
+def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Array,
+                gamma: Array) -> tuple[Array, Array, Array]:
+  """BPO on a node-major forest: parent/reward/valid [N, W], trunk_baseline/gamma [W] (one per
+  tree). Returns (values, baselines, weights), each [N, W], unmasked at invalid nodes.
+
+  Reverse pass: node i takes the (sum, count) of its children's values from its row, forms
+  Q̂(i) = r_i + γ · sum / count, and pushes (Q̂(i), 1) into its parent's row (row N collects the
+  steps at the root state, row N + 1 the invalid nodes). After it, a node's parent row holds its
+  siblings' sum and count, which give the leave-one-out baselines. Forward pass: baselines and
+  weights as two interleaved affine recurrences.
+  """
+  n, width = parent.shape
+  valid_f = valid.astype(jnp.float32)
+  reward = jnp.where(valid, reward, 0.0).astype(jnp.float32)
+  slot = jnp.where(valid, jnp.where(parent < 0, n, parent), n + 1).astype(jnp.int32)
+  target = _forest_columns(slot)
+
+  def visit(k, carry):
+    pushed, values, children = carry  # children: [W, 2], (sum, count) of node i's children
+    i = n - 1 - k
+    valid_i = lax.dynamic_index_in_dim(valid_f, i, keepdims=False)
+    mean_children = children[:, 0] / jnp.maximum(children[:, 1], 1.0)
+    value_i = (lax.dynamic_index_in_dim(reward, i, keepdims=False)
+               + gamma * mean_children) * valid_i
+    pushed = pushed.at[lax.dynamic_index_in_dim(target, i, keepdims=False)].add(
+        jnp.stack([value_i, valid_i], -1), unique_indices=True)
+    values = lax.dynamic_update_index_in_dim(values, value_i, i, 0)
+    # Read the next row after the scatter (see `_forest_subtree_sums`).
+    children = lax.dynamic_slice_in_dim(pushed, jnp.maximum(i - 1, 0) * width, width)
+    return pushed, values, children
+
+  pushed = jnp.zeros(((n + 2) * width, 2), jnp.float32)
+  init = (pushed, jnp.zeros((n, width), jnp.float32), pushed[(n - 1) * width:n * width])
+  pushed, values, _ = lax.fori_loop(0, n, visit, init)
+  at_parent = pushed[target]
+  sibling_sum, n_sib = at_parent[..., 0], at_parent[..., 1]
+  loo = (sibling_sum - values) / jnp.maximum(n_sib - 1.0, 1.0)
+  parent_reward = jnp.take_along_axis(reward, jnp.maximum(parent, 0), axis=0)
+  at_root = parent < 0
+  is_fork = n_sib >= 2
+  is_trunk_start = (n_sib == 1) & at_root
+  base_a = jnp.where(is_fork | is_trunk_start, 0.0, 1.0 / gamma)
+  base_c = jnp.where(is_fork, loo, jnp.where(is_trunk_start, trunk_baseline,
+                                             -parent_reward / gamma))
+  # w_i = w_parent / n_i with w = 1 above the roots; the pass reads 0 there, so a root's weight
+  # goes into its constant term.
+  inv = 1.0 / jnp.maximum(n_sib, 1.0)
+  weight_a = jnp.where(at_root, 0.0, inv)
+  weight_c = jnp.where(at_root, inv, 0.0)
+  jump = jnp.repeat(jnp.where(valid, parent, -1), 2, axis=1)
+  solved = _forest_affine_down(jump, jnp.stack([base_a, weight_a], -1).reshape(n, 2 * width),
+                               jnp.stack([base_c, weight_c], -1).reshape(n, 2 * width))
+  solved = solved.reshape(n, width, 2)
+  return values, solved[..., 0], solved[..., 1]
+
+
+@jax.custom_batching.custom_vmap
+def _bpo_kernel(parent: Array, reward: Array, valid: Array, trunk_baseline: Array,
+                gamma: Array) -> tuple[Array, Array, Array]:
+  """[..., N] trees (and [...] trunk baselines and discounts) as one node-major forest."""
+  lead, n = parent.shape[:-1], parent.shape[-1]
+  out = _forest_bpo(_node_major(parent), _node_major(reward), _node_major(valid),
+                    trunk_baseline.reshape(-1), gamma.reshape(-1))
+  return tuple(x.T.reshape(lead + (n,)) for x in out)
+
+
+@_bpo_kernel.def_vmap
+def _bpo_kernel_batched(axis_size, in_batched, *args):
+  args = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+          for x, batched in zip(args, in_batched)]
+  return _bpo_kernel(*args), (True, True, True)
 
 
 def _solve_affine_down(tree: RolloutTree, a: Array, c: Array, x_root: Array | float) -> Array:
-  """Solves x_i = a_i · x_{parent(i)} + c_i (x_{−1} = x_root) by pointer jumping.
+  """Solves x_i = a_i · x_{parent(i)} + c_i (x_{−1} = x_root) in one forward pass over the nodes.
 
   `a` and `c` may carry leading axes ([..., N]: several recurrences over one tree at once, with
-  x_root broadcast against them).
-
-  After pass k every node knows x_i = A_i · x_{J_i} + C_i with J_i its 2^k-th ancestor (or −1),
-  so ⌈log2 N⌉ passes reach the root for every node. Requires parent(i) < i or −1.
+  x_root broadcast against them). Requires parent(i) < i or −1 (topological order).
   """
   jump = jnp.where(tree.valid, tree.parent, -1).astype(jnp.int32)
   a, c = jnp.broadcast_arrays(a.astype(jnp.float32), c.astype(jnp.float32))
-  mult, add = _affine_kernel(jump, a, c)
-  return mult * x_root + add
+  # The kernel reads 0 above the roots: fold x_root into the roots' constant term.
+  at_root = jump < 0
+  c = jnp.where(at_root, c + a * jnp.asarray(x_root, jnp.float32), c)
+  a = jnp.where(at_root, 0.0, a)
+  return _affine_kernel(jump, a, c)
 
 
 def node_values(tree: RolloutTree, gamma: float = 1.0) -> Array:
@@ -284,15 +386,16 @@ def bpo_advantages(tree: RolloutTree, *, gamma: float = 1.0,
     BPOOutput(advantages, weights, values, baselines), each float32[N].
   """
   _check_tree(tree)
-  values = node_values(tree, gamma)
-  # Baselines and weights are both affine recurrences down the tree: solve them in one pass.
-  base_a, base_c = _baseline_recurrence(tree, values, gamma, trunk_baseline)
-  weight_a, weight_c = _weight_recurrence(tree)
-  solved = _solve_affine_down(tree, jnp.stack([base_a, weight_a]), jnp.stack([base_c, weight_c]),
-                              jnp.array([[0.0], [1.0]], jnp.float32))
-  baselines, weights = solved[0], solved[1]
-  advantages = jnp.where(tree.valid, values - baselines, 0.0)
-  return BPOOutput(advantages, weights, values, jnp.where(tree.valid, baselines, 0.0))
+  if isinstance(gamma, (int, float)) and not 0.0 < gamma <= 1.0:
+    raise ValueError(f"gamma must be in (0, 1] for inherited baselines, got {gamma}")
+  valid = jnp.asarray(tree.valid, bool)
+  values, baselines, weights = _bpo_kernel(
+      jnp.asarray(tree.parent, jnp.int32), jnp.asarray(tree.reward, jnp.float32), valid,
+      jnp.asarray(trunk_baseline, jnp.float32), jnp.asarray(gamma, jnp.float32))
+  values = jnp.where(valid, values, 0.0)
+  baselines = jnp.where(valid, baselines, 0.0)
+  return BPOOutput(jnp.where(valid, values - baselines, 0.0), jnp.where(valid, weights, 0.0),
+                   values, baselines)
 
 
 def root_value(tree: RolloutTree, gamma: float = 1.0) -> Array:
