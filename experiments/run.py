@@ -1,25 +1,51 @@
-"""Main entry point: `python experiments/run.py --config=experiments/configs/X.py --workdir=DIR`.
+r"""Runs an experiment: train (default) or evaluate a configuration in a workdir.
 
-A config with `demo = "estimators"` runs the estimator demo on a tabular MDP (quickstart.py);
-any other config is handed to the training library's `train(config, workdir)`.
+    python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs
+    python experiments/run.py --config=experiments/configs/rooms_grpo.py --workdir=workdirs/g \
+        --config.train.iterations=20 --config.rollout.k=8
+    python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs \
+        --mode=eval
+
+Training resumes from the workdir's latest checkpoint when there is one. A config with
+`demo = "estimators"` (experiments/configs/estimator_demo.py) runs the estimator demo on a
+tabular MDP instead: BPO trees, their advantages, the exact-vs-estimated gradient and the
+variance table, in seconds. An invalid
+configuration (unknown key, wrong type, a value outside the allowed ones, budgets that cannot
+hold one tree, a missing checkpoint directory for `--mode=eval`) is reported, naming the key,
+before any compute, and the command exits with status 2.
 """
-
-from __future__ import annotations
 
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The repository root, so that config files can import `experiments.configs.base` and the
+# library runs from a checkout without installation.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+from bpo_jax.training import config as config_lib
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file.",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for outputs.")
-flags.mark_flags_as_required(["config", "workdir"])
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
+_MODE = flags.DEFINE_enum("mode", "train", list(config_lib.MODES),
+                          "train: train (resuming if possible); eval: score the latest "
+                          "checkpoint on held-out tasks.")
+_STOP_AFTER = flags.DEFINE_integer("stop_after", None,
+                                   "Stop training after this iteration (resumable).")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False,
+                             "Compile the train and decode steps for the configuration's mesh "
+                             "(`scale.*`) on fake CPU devices and report per-device memory "
+                             "instead of training (bpo_jax.training.dry_run).")
+
+EXIT_INVALID = 2
 
 
 def estimator_demo(config, workdir: str) -> dict:
@@ -74,18 +100,104 @@ def estimator_demo(config, workdir: str) -> dict:
   return summary
 
 
+
+def _fail(message: str):
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(EXIT_INVALID)
+
+
+def _config_path(argv) -> str | None:
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1].split(":", 1)[0]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1].split(":", 1)[0]
+  return None
+
+
+def _load_config_file(path: str):
+  """(the file's configuration without overrides, None) or (None, why it cannot be loaded)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  try:
+    spec = importlib.util.spec_from_file_location("_experiment_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(), None
+  except Exception as error:  # pylint: disable=broad-except
+    return None, f"{type(error).__name__}: {error}"
+
+
+def parse_flags(argv):
+  """absl flag parsing that reports a bad config file or override without a traceback."""
+  path = _config_path(argv)
+  if path is None:
+    _fail("--config is required, e.g. --config=experiments/configs/quickstart.py")
+  if not os.path.isfile(path):
+    _fail(f"--config={path}: no such file")
+  try:
+    rest = flags.FLAGS(argv)
+  except Exception as error:  # pylint: disable=broad-except
+    config, load_error = _load_config_file(path)
+    if load_error is not None:
+      _fail(f"--config={path}: the file does not give a configuration ({load_error})")
+    explanation = config_lib.describe_override_error(argv, config)
+    if explanation is None:  # not a config override: absl's own message has no traceback
+      explanation = str(error).strip()
+    _fail(explanation)
+  try:
+    config = _CONFIG.value
+    config.keys()  # a config file that failed to load raises here
+  except Exception as error:  # pylint: disable=broad-except
+    _fail(f"--config={path}: the file does not give a configuration "
+          f"({type(error).__name__}: {error})")
+  if not _WORKDIR.value and not _DRY_RUN.value:
+    _fail("--workdir is required")
+  return rest
+
+
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  config, workdir = _CONFIG.value, _WORKDIR.value
+    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  config, workdir, mode = _CONFIG.value, _WORKDIR.value, _MODE.value
   if config.get("demo") == "estimators":
     estimator_demo(config, workdir)
     return
+  try:
+    config_lib.validate(config, "train" if _DRY_RUN.value else mode, workdir)
+  except config_lib.ConfigError as error:
+    _fail(str(error))
+  if _DRY_RUN.value:
+    from bpo_jax.training import dry_run  # pylint: disable=g-import-not-at-top
+    try:
+      dry_run.run_from_config(config)
+    except dry_run.DoesNotFitError as error:
+      print(f"dry run failed: {error}", file=sys.stderr)
+      sys.exit(1)
+    return
+  # Orbax reports every save step at INFO; keep the console to the run's own progress.
+  logging.get_absl_handler().addFilter(lambda record: "orbax" not in record.pathname)
+  # The loop pulls in JAX, Flax and Orbax: imported only once the configuration is known good.
   from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
-  if not hasattr(loop, "train"):
-    raise NotImplementedError("bpo_jax.training.loop.train(config, workdir) does not exist yet")
-  loop.train(config, workdir)
+  if mode == "eval":
+    result = loop.evaluate(config, workdir)
+    print(f"held-out success {result['success_rate']:.3f} "
+          f"[{result['success_low']:.3f}, {result['success_high']:.3f}] "
+          f"({result['successes']}/{result['num_tasks']} tasks, "
+          f"{result['confidence']:.0%} Wilson interval), checkpoint of iteration "
+          f"{result['iteration']}")
+    return
+  try:
+    summary = loop.train(config, workdir, stop_after=_STOP_AFTER.value)
+  except config_lib.ConfigError as error:  # e.g. a workdir that holds another experiment
+    _fail(str(error))
+  labels = {"init": "untrained model", "start": "after the warm start (iteration 0)",
+            "end": f"after iteration {summary['iterations']}"}
+  for name, label in labels.items():
+    if f"eval_{name}" in summary:
+      e = summary[f"eval_{name}"]
+      print(f"held-out success, {label}: {e['success_rate']:.3f} "
+            f"[{e['success_low']:.3f}, {e['success_high']:.3f}] over {e['num_tasks']} tasks")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -332,12 +332,14 @@ def evaluate_policy(exp: Experiment, params, tasks: Sequence[Any], key: jax.Arra
           "time/eval": time.perf_counter() - start}
 
 
-def _eval_record(exp: Experiment, params, iteration: int) -> dict:
+def _eval_record(exp: Experiment, params, iteration: int, stage: str = "train") -> dict:
+  """A held-out evaluation record; `stage` is "init" (the untrained model), "warm_start" or
+  "train"."""
   config = exp.config
   key = jax.random.fold_in(jax.random.key(config.seed + 1), iteration)
   result = evaluate_policy(exp, params, exp.eval_tasks[:config.eval.num_tasks], key,
                            config.eval.confidence)
-  return {"phase": "eval", "iteration": iteration, **result}
+  return {"phase": "eval", "iteration": iteration, "stage": stage, **result}
 
 
 # ----------------------------------------------------------------------------- one iteration
@@ -523,7 +525,9 @@ def _train(exp: Experiment, state: update_lib.TrainState, stop_after: int | None
       raise ValueError("the checkpoint's RNG key does not match this configuration's seed")
     logging.info("resumed from the checkpoint of iteration %d in %s", latest, workdir)
   else:
-    params, sft_opt_state, history = warm_start(exp, state.params)
+    history = [_eval_record(exp, state.params, 0, "init")]
+    params, sft_opt_state, warm_start_records = warm_start(exp, state.params)
+    history += warm_start_records
     opt_state = tx.init(params)
     # The policy-gradient steps continue the warm start's Adam moments (the two optimisers
     # differ only in the learning rate, so their states have one structure). A fresh Adam's
@@ -536,7 +540,8 @@ def _train(exp: Experiment, state: update_lib.TrainState, stop_after: int | None
       opt_state = sft_opt_state
     state = update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                                   opt_state=opt_state)
-    history.append(_eval_record(exp, state.params, 0))
+    history.append(_eval_record(exp, state.params, 0,
+                                "warm_start" if warm_start_records else "init"))
     threshold = initial_fork_threshold(config)
     checkpointer.save(0, state, _loop_state(0, root_key, config, history, threshold))
     latest = 0
@@ -574,12 +579,16 @@ def _loop_state(iteration: int, root_key, config, history, threshold: dict) -> d
 
 
 def summarize(history: Sequence[dict], workdir: str) -> dict:
-  """Held-out success at the first and last evaluation, and the training iterations run."""
+  """Held-out success of the untrained model (`eval_init`), before the first policy-gradient
+  iteration (`eval_start`, after the warm start) and at the end (`eval_end`), and the
+  iterations run."""
   evals = [r for r in history if r.get("phase") == "eval"]
   train_records = [r for r in history if r.get("phase") == "train"]
   summary = {"workdir": workdir, "iterations": len(train_records)}
   if evals:
-    for name, record in (("start", evals[0]), ("end", evals[-1])):
+    at_zero = [r for r in evals if r["iteration"] == 0]
+    for name, record in (("init", evals[0]), ("start", at_zero[-1] if at_zero else evals[0]),
+                         ("end", evals[-1])):
       summary[f"eval_{name}"] = {k: record[k] for k in (
           "iteration", "success_rate", "success_low", "success_high", "num_tasks")}
   return summary

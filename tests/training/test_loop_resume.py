@@ -1,0 +1,163 @@
+"""The training loop: its pure pieces by hand, and kill -9 + resume == an uninterrupted run.
+
+The resume test runs `experiments/run.py` with a tiny configuration three times: once without
+interruption, once killed with SIGKILL in the middle, and once resuming that workdir. The final
+parameters, optimiser state and metrics (wall-clock times aside) must be equal, exactly.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bpo_jax import tree as tree_lib
+from bpo_jax.training import loop
+from bpo_jax.training import metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUN = os.path.join(ROOT, "experiments", "run.py")
+ITERATIONS = 3
+
+
+def test_task_order_is_a_permutation_per_epoch_and_a_pure_function_of_position():
+  order = loop.task_order(5, seed=3, start=0, count=15)
+  for epoch in range(3):
+    assert sorted(order[5 * epoch:5 * epoch + 5]) == [0, 1, 2, 3, 4]
+  assert order[:5] != order[5:10]  # epochs are shuffled differently
+  assert loop.task_order(5, 3, 0, 7) + loop.task_order(5, 3, 7, 8) == order
+  assert loop.task_order(5, 4, 0, 15) != order
+
+
+def _stack(*trees):
+  capacity = 4
+  return jax.tree.map(jnp.asarray, tree_lib.stack_trees(
+      [tree_lib.pad_tree(t, capacity) for t in trees]))
+
+
+def test_advantages_and_weights_by_hand():
+  # A backbone step (reward 0) then a fork of two terminal steps with rewards 1 and 3:
+  # Q = [2, 1, 3]; zero trunk baseline; sibling baselines 3 and 1.
+  fork = tree_lib.from_parents([-1, 0, 0], [0.0, 1.0, 3.0], terminal=[False, True, True])
+  chain = tree_lib.from_parents([-1], [1.0], terminal=[True])
+  adv, w = loop.advantages_and_weights(_stack(fork, chain), estimator="bpo", gamma=1.0)
+  np.testing.assert_allclose(adv, [[2, -2, 2, 0], [1, 0, 0, 0]], atol=1e-6)
+  np.testing.assert_allclose(w, [[1, 0.5, 0.5, 0], [1, 0, 0, 0]], atol=1e-6)
+  # The same two trees as the two trees of one task, leave-one-out trunk baseline: the fork
+  # tree's root value 2 and the chain's 1 are each other's trunk baselines.
+  adv, _ = loop.advantages_and_weights(_stack(fork, chain), estimator="bpo", gamma=1.0,
+                                       trees_per_task=2, loo_trunk=True)
+  np.testing.assert_allclose(adv, [[2 - 1, -2, 2, 0], [1 - 2, 0, 0, 0]], atol=1e-6)
+  # RLOO on a group of three episodes with returns 1, 2, 6: G - mean of the others.
+  group = tree_lib.from_parents([-1, -1, -1], [1.0, 2.0, 6.0], terminal=[True] * 3)
+  adv, w = loop.advantages_and_weights(_stack(group), estimator="rloo", gamma=1.0)
+  np.testing.assert_allclose(adv, [[1 - 4, 2 - 3.5, 6 - 1.5, 0]], atol=1e-6)
+  np.testing.assert_allclose(w, [[1 / 3, 1 / 3, 1 / 3, 0]], atol=1e-6)
+
+
+def _config_file(tmp_path):
+  path = tmp_path / "tiny.py"
+  path.write_text(textwrap.dedent(f"""
+      from experiments.configs import base
+
+      def get_config():
+        config = base.tiny(base.rooms("bpo"), iterations={ITERATIONS})
+        config.rollout.entropy_quantile = 0.5  # the running threshold is loop state too
+        return config
+      """))
+  return str(path)
+
+
+def _run(config_path, workdir, *extra):
+  return subprocess.run([sys.executable, RUN, f"--config={config_path}",
+                         f"--workdir={workdir}", *extra], cwd=ROOT, capture_output=True,
+                        text=True, timeout=600)
+
+
+def _train_records(workdir):
+  return [metrics.deterministic_part(r)
+          for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def _checkpoint_steps(workdir):
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+
+
+def test_kill_and_resume_equals_uninterrupted_run(tmp_path):
+  config_path = _config_file(tmp_path)
+  straight, interrupted = str(tmp_path / "straight"), str(tmp_path / "interrupted")
+
+  result = _run(config_path, straight)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "held-out success, untrained model: " in result.stdout
+  assert "held-out success, after the warm start (iteration 0): " in result.stdout
+  assert f"held-out success, after iteration {ITERATIONS}: " in result.stdout
+
+  # Kill -9 as soon as the first iteration's metrics are written: the process is then saving
+  # checkpoint 1 or already in iteration 2.
+  process = subprocess.Popen([sys.executable, RUN, f"--config={config_path}",
+                              f"--workdir={interrupted}"], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  metrics_file = os.path.join(interrupted, "metrics.jsonl")
+  deadline = time.time() + 600
+  try:
+    while time.time() < deadline and process.poll() is None:
+      if any(r.get("phase") == "train" for r in metrics.read_jsonl(metrics_file)):
+        break
+      time.sleep(0.02)
+  finally:
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+  assert process.returncode == -signal.SIGKILL
+  assert max(_checkpoint_steps(interrupted), default=-1) < ITERATIONS  # it was cut short
+
+  result = _run(config_path, interrupted)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert _checkpoint_steps(interrupted) == _checkpoint_steps(straight)
+
+  # The metrics, record by record, wall-clock times aside.
+  assert _train_records(interrupted) == _train_records(straight)
+  phases = [r["phase"] for r in _train_records(straight)]
+  assert phases.count("train") == ITERATIONS and phases.count("eval") == 3
+  stages = [r["stage"] for r in _train_records(straight) if r["phase"] == "eval"]
+  assert stages == ["init", "warm_start", "train"]
+
+  # The final parameters and optimiser state, bit for bit.
+  config = _load(config_path)
+  _, state_a, loop_a = loop.load_checkpoint(config, straight)
+  _, state_b, loop_b = loop.load_checkpoint(config, interrupted)
+  assert loop_a["iteration"] == loop_b["iteration"] == ITERATIONS
+  assert loop_a["fork_threshold"] == loop_b["fork_threshold"]
+  assert int(state_a.step) == int(state_b.step) == ITERATIONS
+  leaves_a, leaves_b = jax.tree.leaves(state_a), jax.tree.leaves(state_b)
+  assert len(leaves_a) == len(leaves_b) > 10
+  for a, b in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+  # Evaluation mode scores the latest checkpoint: the numbers of the run's final evaluation.
+  result = _run(config_path, interrupted, "--mode=eval")
+  assert result.returncode == 0, result.stderr[-3000:]
+  final_eval = [r for r in _train_records(straight) if r["phase"] == "eval"][-1]
+  with open(os.path.join(interrupted, "eval.json")) as f:
+    evaluated = metrics.deterministic_part(json.load(f))
+  assert evaluated == final_eval
+  assert f"held-out success {final_eval['success_rate']:.3f}" in result.stdout
+
+
+def _load(config_path):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, ROOT)
+  spec = importlib.util.spec_from_file_location("tiny_config", config_path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
