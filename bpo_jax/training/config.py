@@ -89,13 +89,13 @@ def default_config() -> ml_collections.ConfigDict:
 
   c.warm_start = ml_collections.ConfigDict()
   c.warm_start.num_trajectories = 64  # expert episodes on training tasks; 0 = no warm start
-  c.warm_start.steps = 150
+  c.warm_start.steps = 100
   c.warm_start.batch_size = 16
   c.warm_start.learning_rate = 3e-3
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.estimator = "bpo"
-  c.rollout.tasks_per_iteration = 8
+  c.rollout.tasks_per_iteration = 16
   c.rollout.trees_per_task = 1     # >= 2 for the leave-one-out trunk baseline
   c.rollout.k = 2                  # siblings per fork (BPO); group size (baselines)
   c.rollout.fork_rule = "entropy"
@@ -103,20 +103,20 @@ def default_config() -> ml_collections.ConfigDict:
   # > 0: after each iteration the threshold moves to this quantile of the iteration's state
   # entropies (an average over iterations, `branching.update_quantile_threshold`); the
   # threshold an iteration uses depends only on earlier iterations, so forks stay unbiased.
-  c.rollout.entropy_quantile = 0.0
+  c.rollout.entropy_quantile = 0.8
   c.rollout.fork_probability = 0.3   # the random rule's chance of forking at a step
   c.rollout.max_leaves = 4         # per tree
   c.rollout.max_tree_tokens = 512  # per tree, prompt + actions + observations
   c.rollout.max_env_steps = 64     # per tree
   c.rollout.max_action_tokens = 5
-  c.rollout.temperature = 1.0
+  c.rollout.temperature = 0.7
   c.rollout.top_p = 1.0
   c.rollout.trunk_baseline = "zero"
   c.rollout.gamma = 1.0
 
   c.train = ml_collections.ConfigDict()
   c.train.iterations = 40
-  c.train.learning_rate = 1e-3
+  c.train.learning_rate = 5e-4
   c.train.weight_decay = 0.0
   c.train.max_grad_norm = 1.0
   c.train.micro_batches = 2        # gradient accumulation; also the gradient-variance sample
@@ -130,7 +130,7 @@ def default_config() -> ml_collections.ConfigDict:
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 10                # iterations; 0 = only before and after training
-  c.eval.num_tasks = 32            # held-out tasks per evaluation (<= env.num_eval_tasks)
+  c.eval.num_tasks = 64            # held-out tasks per evaluation (<= env.num_eval_tasks)
   c.eval.temperature = 0.0         # 0 = greedy
   c.eval.confidence = 0.95
 
