@@ -398,20 +398,24 @@ def use_fake_cpu_devices(num_devices: int) -> None:
   """
   if num_devices < 1:
     raise ValueError(f"num_devices must be >= 1, got {num_devices}")
-  os.environ["JAX_PLATFORMS"] = "cpu"
-  os.environ["JAX_NUM_CPU_DEVICES"] = str(num_devices)
-  if "jax" in sys.modules:
-    import jax  # pylint: disable=g-import-not-at-top
-    try:
-      jax.config.update("jax_platforms", "cpu")
-      jax.config.update("jax_num_cpu_devices", num_devices)
-    except RuntimeError:
-      pass  # the backend is up already; the check below says so
-    if jax.device_count() != num_devices or jax.devices()[0].platform != "cpu":
-      raise RuntimeError(
-          f"JAX started with {jax.device_count()} {jax.devices()[0].platform} devices before the "
-          f"dry run could ask for {num_devices} CPU devices; run it in a fresh process "
-          "(python -m bpo_jax.training.dry_run --config=...)")
+  if "jax" not in sys.modules:
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["JAX_NUM_CPU_DEVICES"] = str(num_devices)
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  try:  # JAX imported but not started yet: its device count can still be set.
+    from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+    started = xla_bridge.backends_are_initialized()
+  except (ImportError, AttributeError):
+    started = True  # unknown on this JAX version: only check what it has
+  if not started:
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", num_devices)
+  if jax.device_count() != num_devices or jax.devices()[0].platform != "cpu":
+    raise RuntimeError(
+        f"JAX started with {jax.device_count()} {jax.devices()[0].platform} devices before the "
+        f"dry run could ask for {num_devices} CPU devices; run it in a fresh process "
+        "(python -m bpo_jax.training.dry_run --config=...)")
 
 
 def run_from_config(config) -> DryRunReport:

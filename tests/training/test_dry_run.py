@@ -130,3 +130,11 @@ def test_scale_section_is_validated():
 def test_model_presets_exist():
   for name in config_lib.MODEL_PRESETS:
     assert isinstance(getattr(ModelConfig, name)(), ModelConfig)
+
+
+def test_fake_devices_cannot_change_once_jax_started():
+  jax.devices()  # this process started with the 8 devices of tests/conftest.py
+  with pytest.raises(RuntimeError, match="JAX started with 8 cpu devices before the dry run "
+                                         "could ask for 16 CPU devices; run it in a fresh process"):
+    dry_run_lib.use_fake_cpu_devices(16)
+  dry_run_lib.use_fake_cpu_devices(8)  # what it has is fine
