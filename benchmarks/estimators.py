@@ -2,8 +2,10 @@
 
 256 BPO-shaped trees (branches of at most 32 steps) of 128, 512 and 2048 nodes. The reference is
 `bpo_jax.testing.random_trees.reference_bpo`, the dict-of-children walk agent-RL code on PyTorch
-stacks typically does, run tree by tree; its outputs are checked against the jitted ones. The
-ratio is at 512 nodes; times per node show whether the cost grows linearly with the tree.
+stacks typically does, run tree by tree; its outputs are checked against the jitted ones. Each of
+`--repeats` rounds times both, one after the other, so they share the machine's load; the figures
+are medians over the rounds and the speedup is the median of the rounds' ratios. The target ratio
+is at 512 nodes; times per node show whether the cost grows linearly with the tree.
 
   python benchmarks/estimators.py [--json] [--trees 256]
 """
@@ -11,8 +13,8 @@ ratio is at 512 nodes; times per node show whether the cost grows linearly with 
 from __future__ import annotations
 
 import os
+import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,23 +42,31 @@ def main():
   for nodes in (128, 512, 2048):
     trees = [random_bpo_tree(rng, nodes) for _ in range(args.trees)]
     batch = jax.tree_util.tree_map(jnp.asarray, stack_trees(trees))
-    out = bpo(batch)
-    jitted = common.median_seconds(lambda: bpo(batch), args.repeats)
+    out = jax.block_until_ready(bpo(batch))
 
     def python_reference():
       return [reference_bpo(t) for t in trees]
 
     ref = python_reference()
-    python = common.median_seconds(python_reference, max(1, min(args.repeats, 3)), warmup=0)
     err = max(float(np.abs(np.asarray(out.advantages[b]) - r[0]).max())
               for b, r in enumerate(ref))
     if err > 1e-3:
       raise AssertionError(f"jitted and reference advantages differ by {err} at {nodes} nodes")
+    # Side by side: each round times the jitted batch (median of 5 calls) and then one pass of the
+    # reference, so both see the same machine load; the ratio is the median of the rounds'.
+    jitted_times, python_times, ratios = [], [], []
+    for _ in range(args.repeats):
+      jitted_times.append(common.median_seconds(lambda: bpo(batch), 5, warmup=0))
+      python_times.append(common.median_seconds(python_reference, 1, warmup=0))
+      ratios.append(python_times[-1] / jitted_times[-1])
+    jitted, python = statistics.median(jitted_times), statistics.median(python_times)
+    speedup = statistics.median(ratios)
     per = args.trees * nodes
     figures[f"jitted_seconds_{nodes}"] = jitted
     figures[f"python_reference_seconds_{nodes}"] = python
-    figures[f"speedup_{nodes}"] = python / jitted
-    lines.append(f"{nodes:>6} {jitted * 1e3:>10.2f} {python * 1e3:>10.1f} {python / jitted:>7.1f}x "
+    figures[f"speedup_{nodes}"] = speedup
+    figures[f"jitted_ns_per_node_{nodes}"] = jitted / per * 1e9
+    lines.append(f"{nodes:>6} {jitted * 1e3:>10.2f} {python * 1e3:>10.1f} {speedup:>7.1f}x "
                  f"{jitted / per * 1e9:>12.1f} {python / per * 1e9:>11.1f}")
   figures["speedup_vs_python_reference"] = figures["speedup_512"]
   lines.append(f"speedup_vs_python_reference (512 nodes): {figures['speedup_512']:.1f}x "

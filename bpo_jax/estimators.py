@@ -89,15 +89,35 @@ def sibling_counts(tree: RolloutTree) -> Array:
   return jnp.where(tree.valid, counts[_parent_slot(tree)], 0)
 
 
-def _node_major(x: Array) -> Array:
-  """[..., N] → [N, W]: every leading index becomes one column (one tree of a flat forest)."""
-  return x.reshape(-1, x.shape[-1]).T
+def _node_major(*xs: Array) -> tuple[Array, ...]:
+  """[..., N] arrays → [N, W]: every leading index becomes one column (one tree of a forest).
+
+  The transposed copies are made once, flat, behind an optimisation barrier: otherwise XLA folds
+  the transpose into every consumer, each then reading the input across its rows.
+  """
+  n = xs[0].shape[-1]
+  flat = lax.optimization_barrier(tuple(x.reshape(-1, n).T.reshape(-1) for x in xs))
+  return tuple(x.reshape(n, -1) for x in flat)
 
 
 def _forest_columns(slot: Array) -> Array:
   """Flat indices slot · W + column into a node-major buffer of W columns, int32[N, W]."""
   width = slot.shape[1]
   return slot * width + jnp.arange(width, dtype=jnp.int32)[None, :]
+
+
+def _rows(x: Array) -> Array:
+  """[N, W] → flat [N · W], read row by row with `_row`.
+
+  The passes take their inputs flat: XLA may otherwise give a transposed [N, W] operand a
+  column-major layout, and every row read inside the loop then strides across the whole array.
+  """
+  return x.reshape(-1)
+
+
+def _row(flat: Array, i: Array, width: int) -> Array:
+  """Row i ([W]) of a flat node-major array."""
+  return lax.dynamic_slice_in_dim(flat, i * width, width)
 
 
 def _forest_subtree_sums(jump: Array, rel: Array, total: Array) -> Array:
@@ -110,24 +130,25 @@ def _forest_subtree_sums(jump: Array, rel: Array, total: Array) -> Array:
   W-element scatter-add and a row write: O(N · W) work in N steps.
   """
   n, width = jump.shape
-  target = _forest_columns(jnp.where(jump >= 0, jump, n))
+  target = _rows(_forest_columns(jnp.where(jump >= 0, jump, n)))
+  rel, total = _rows(rel), _rows(total)
 
   def visit(k, carry):
     pushed, totals, children_sum = carry
     i = n - 1 - k
-    t_i = lax.dynamic_index_in_dim(total, i, keepdims=False) + children_sum
-    pushed = pushed.at[lax.dynamic_index_in_dim(target, i, keepdims=False)].add(
-        lax.dynamic_index_in_dim(rel, i, keepdims=False) * t_i, unique_indices=True)
-    totals = lax.dynamic_update_index_in_dim(totals, t_i, i, 0)
+    t_i = _row(total, i, width) + children_sum
+    pushed = pushed.at[_row(target, i, width)].add(_row(rel, i, width) * t_i,
+                                                   unique_indices=True)
+    totals = lax.dynamic_update_slice_in_dim(totals, t_i, i * width, 0)
     # Read the next row from the updated buffer: reading row i before the scatter into the same
     # buffer would make XLA copy the whole buffer at every step.
     children_sum = lax.dynamic_slice_in_dim(pushed, jnp.maximum(i - 1, 0) * width, width)
     return pushed, totals, children_sum
 
   pushed = jnp.zeros(((n + 1) * width,), jnp.float32)
-  init = (pushed, jnp.zeros((n, width), jnp.float32), pushed[(n - 1) * width:n * width])
+  init = (pushed, jnp.zeros((n * width,), jnp.float32), pushed[(n - 1) * width:n * width])
   _, totals, _ = lax.fori_loop(0, n, visit, init)
-  return totals
+  return totals.reshape(n, width)
 
 
 def _forest_affine_down(jump: Array, a: Array, c: Array) -> Array:
@@ -139,7 +160,8 @@ def _forest_affine_down(jump: Array, a: Array, c: Array) -> Array:
   work in N steps.
   """
   n, width = jump.shape
-  source = _forest_columns(jnp.where(jump >= 0, jump, n))
+  source = _rows(_forest_columns(jnp.where(jump >= 0, jump, n)))
+  a, c = _rows(a), _rows(c)
 
   # Two copies of x: each step gathers from one and writes row i into the other, then copies the
   # row across. Gathering from the buffer being written would stop XLA from fusing the gather
@@ -147,9 +169,8 @@ def _forest_affine_down(jump: Array, a: Array, c: Array) -> Array:
   # threads at every step, which costs more than the step itself.
   def visit(i, buffers):
     x_read, x_write = buffers
-    x_parent = jnp.take(x_read, lax.dynamic_index_in_dim(source, i, keepdims=False), mode="clip")
-    x_i = (lax.dynamic_index_in_dim(a, i, keepdims=False) * x_parent
-           + lax.dynamic_index_in_dim(c, i, keepdims=False))
+    x_parent = jnp.take(x_read, _row(source, i, width), mode="clip")
+    x_i = _row(a, i, width) * x_parent + _row(c, i, width)
     x_write = lax.dynamic_update_slice_in_dim(x_write, x_i, i * width, 0)
     x_read = lax.dynamic_update_slice_in_dim(
         x_read, lax.dynamic_slice_in_dim(x_write, i * width, width), i * width, 0)
@@ -164,7 +185,7 @@ def _as_forest(kernel, jump: Array, x: Array, y: Array) -> Array:
   """Runs a forest kernel on [..., N] arrays (jump broadcast against them), node-major inside."""
   jump, x, y = jnp.broadcast_arrays(jump, x, y)
   shape = x.shape
-  out = kernel(_node_major(jump), _node_major(x), _node_major(y))
+  out = kernel(*_node_major(jump, x, y))
   return out.T.reshape(shape)
 
 
@@ -214,24 +235,25 @@ def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Arra
   reward = jnp.where(valid, reward, 0.0).astype(jnp.float32)
   slot = jnp.where(valid, jnp.where(parent < 0, n, parent), n + 1).astype(jnp.int32)
   target = _forest_columns(slot)
+  target_rows, reward_rows, valid_rows = _rows(target), _rows(reward), _rows(valid_f)
 
   def visit(k, carry):
     pushed, values, children = carry  # children: [W, 2], (sum, count) of node i's children
     i = n - 1 - k
-    valid_i = lax.dynamic_index_in_dim(valid_f, i, keepdims=False)
+    valid_i = _row(valid_rows, i, width)
     mean_children = children[:, 0] / jnp.maximum(children[:, 1], 1.0)
-    value_i = (lax.dynamic_index_in_dim(reward, i, keepdims=False)
-               + gamma * mean_children) * valid_i
-    pushed = pushed.at[lax.dynamic_index_in_dim(target, i, keepdims=False)].add(
-        jnp.stack([value_i, valid_i], -1), unique_indices=True)
-    values = lax.dynamic_update_index_in_dim(values, value_i, i, 0)
+    value_i = (_row(reward_rows, i, width) + gamma * mean_children) * valid_i
+    pushed = pushed.at[_row(target_rows, i, width)].add(jnp.stack([value_i, valid_i], -1),
+                                                        unique_indices=True)
+    values = lax.dynamic_update_slice_in_dim(values, value_i, i * width, 0)
     # Read the next row after the scatter (see `_forest_subtree_sums`).
     children = lax.dynamic_slice_in_dim(pushed, jnp.maximum(i - 1, 0) * width, width)
     return pushed, values, children
 
   pushed = jnp.zeros(((n + 2) * width, 2), jnp.float32)
-  init = (pushed, jnp.zeros((n, width), jnp.float32), pushed[(n - 1) * width:n * width])
+  init = (pushed, jnp.zeros((n * width,), jnp.float32), pushed[(n - 1) * width:n * width])
   pushed, values, _ = lax.fori_loop(0, n, visit, init)
+  values = values.reshape(n, width)
   at_parent = pushed[target]
   sibling_sum, n_sib = at_parent[..., 0], at_parent[..., 1]
   loo = (sibling_sum - values) / jnp.maximum(n_sib - 1.0, 1.0)
@@ -259,8 +281,8 @@ def _bpo_kernel(parent: Array, reward: Array, valid: Array, trunk_baseline: Arra
                 gamma: Array) -> tuple[Array, Array, Array]:
   """[..., N] trees (and [...] trunk baselines and discounts) as one node-major forest."""
   lead, n = parent.shape[:-1], parent.shape[-1]
-  out = _forest_bpo(_node_major(parent), _node_major(reward), _node_major(valid),
-                    trunk_baseline.reshape(-1), gamma.reshape(-1))
+  out = _forest_bpo(*_node_major(parent, reward, valid), trunk_baseline.reshape(-1),
+                    gamma.reshape(-1))
   return tuple(x.T.reshape(lead + (n,)) for x in out)
 
 
