@@ -918,13 +918,17 @@ class AlfworldSandbox:
                                success=header["success"], observation=header["observation"])
 
   def close(self) -> None:
-    """Unloads this sandbox's copy of the Fast Downward library (each sandbox loads its own,
-    about 4 MB); the sandbox cannot be used afterwards. Closing twice is a no-op."""
+    """Frees this sandbox's Fast Downward state; the sandbox cannot be used afterwards. Closing
+    twice is a no-op.
+
+    Each sandbox loads its own copy of the Fast Downward library (about 4 MB). The copy stays
+    mapped: unloading it (`fast_downward.close_lib`, a dlclose) leaves exit-time destructors
+    pointing into unmapped code, and the process then dies with a segmentation fault at exit.
+    """
     if self._closed:
       return
-    import fast_downward  # pylint: disable=g-import-not-at-top
     self._env.close()
-    fast_downward.close_lib(self._pddl_env.downward_lib)
+    self._pddl_env.downward_lib.cleanup()
     self._closed = True
     self._progress = None
 

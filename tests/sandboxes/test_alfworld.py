@@ -313,3 +313,18 @@ def test_games_the_expert_fails_are_redrawn_and_leave_no_files(tmp_path, monkeyp
   with pytest.raises(RuntimeError, match="the expert failed 20 drawn pick_two_obj_and_place"):
     alfworld.generate_game_dirs(str(tmp_path / "never"), "train", 1, 0,
                                 task_types=["pick_two_obj_and_place"])
+
+
+def test_a_process_that_closed_sandboxes_exits_cleanly():
+  # Unloading Fast Downward's library on close made the interpreter die with SIGSEGV at exit.
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  script = (
+      "from bpo_jax.sandboxes import alfworld\n"
+      f"task = alfworld.load_game_dir({os.path.join(DATA_ROOT, FIXTURE_ID)!r})\n"
+      "sb = alfworld.make_sandbox()\n"
+      "sb.reset(task); sb.step('look'); sb.close(); sb.close()\n"
+      "print('closed')\n")
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=repo, timeout=300, env={**os.environ, "PYTHONPATH": repo})
+  assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+  assert result.stdout.strip() == "closed"
