@@ -23,12 +23,29 @@ top-p truncation (temperature 0, i.e. greedy, reports `softmax(logits)`), and a 
 tokens actually generated. `bpo_jax.models.token_logprobs_and_entropy` computes the same numbers
 from a full training-mode forward, so the importance ratio starts at 1.
 
-Compiled shapes (bucketing): `append` compiles once per (batch size, padded token length);
-`pad_token_rows` rounds token lengths up to powers of two (at least 16, at most the cache
-length), so a rollout sees O(log max_length) shapes per batch size. `generate` compiles once per
-(batch size, SamplingParams); the decode loop itself is one `lax.while_loop` with no host
-round-trip per token, stopping early when every row is done. Keep batch sizes to a few buckets
-(pad with rows of length 0 and `active=False`).
+Attention window: cached attention reads only the cache slots that can hold data, so a call
+costs what the rows hold, not what the cache could hold. `Sampler.append` and
+`Sampler.generate` read the row lengths on the host and pass a static `attend_length`
+(`attend_length_for`): the longest row after the call, i.e. `max(lengths + new tokens)` over the
+rows that take tokens (`append`) or over the active rows (`generate`, `max_new_tokens` new
+tokens each), rounded up to a power of two of at least `MIN_ATTEND_LENGTH` slots and capped at
+the cache length. `generate` slices the cache to that window once, runs its decode loop on the
+window and writes it back; `append` writes the new keys and values into the full cache and
+attends over the window. Slots past the window are masked out in any case, so the numbers are
+those of attending over the whole cache.
+
+Compiled shapes (bucketing): `append` compiles once per (batch size, padded token length,
+window). `pad_token_rows` rounds token lengths up to powers of two (at least 16, at most the
+cache length): O(log max_length) token buckets. Windows are powers of two from
+`MIN_ATTEND_LENGTH` (256) up to the cache length, so there are W = 1 + ceil(log2(max_length /
+256)) of them (3 for a cache of 1024 slots, 5 for 4096); a window is never shorter than the
+token bucket. `generate` compiles once per (batch size, SamplingParams, window): at most W per
+batch size and parameters; rows that stay under 256 slots compile exactly as without windows.
+Windows start at 256 slots because below that the keys and values a row reads are a small
+part of a call next to the weights, while every further window is a compile per batch size.
+The decode loop itself is one `lax.while_loop` with no host round-trip per token, stopping early
+when every row is done. Keep batch sizes to a few buckets (pad with rows of length 0 and
+`active=False`).
 """
 
 import dataclasses
@@ -41,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bpo_jax.models.config import ModelConfig
+from bpo_jax.models.decoder import check_attend_length
 from bpo_jax.models.decoder import forward
 from bpo_jax.models.decoder import KVCache
 from bpo_jax.models.decoder import logprobs_and_entropy_from_logits
@@ -136,14 +154,18 @@ def fork(tree, rows, k: int):
 
 
 def append_tokens(graphdef, state, decode_state: DecodeState, tokens: jax.Array,
-                  lengths: jax.Array) -> DecodeState:
+                  lengths: jax.Array, attend_length: Optional[int] = None) -> DecodeState:
   """Continued prefill: appends `tokens[b, :lengths[b]]` to row b (pure; jit it).
 
   Rows with `lengths[b] == 0` keep their cache length and next logits. The caller keeps
   `decode_state.lengths + lengths <= max_length` (`Sampler.append` checks it).
+
+  `attend_length` (static; None = the cache length) is the number of cache slots attention
+  reads; the caller keeps `decode_state.lengths[b] + lengths[b] <= attend_length` for every row
+  with `lengths[b] > 0` (`Sampler.append` picks the bucket of the longest such row).
   """
   logits, cache = forward(graphdef, state, tokens, cache=decode_state.cache,
-                          input_lengths=lengths)
+                          input_lengths=lengths, attend_length=attend_length)
   last = jnp.maximum(lengths - 1, 0)
   last_logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
   next_logits = jnp.where((lengths > 0)[:, None], last_logits, decode_state.next_logits)
@@ -178,19 +200,44 @@ def sample_logits(logits: jax.Array, key: jax.Array, params: SamplingParams):
   return tokens, logprobs, entropies
 
 
+def cache_window(cache: KVCache, window: int) -> KVCache:
+  """The first `window` slots of every row of `cache` (a static slice of keys and values)."""
+  cut = lambda x: x[:, :, :window]
+  return cache.replace(keys=tuple(map(cut, cache.keys)), values=tuple(map(cut, cache.values)))
+
+
+def write_cache_window(cache: KVCache, window_cache: KVCache) -> KVCache:
+  """`cache` with its first slots replaced by those of `window_cache`, and its lengths."""
+  put = lambda full, part: jax.lax.dynamic_update_slice(full, part, (0, 0, 0, 0))
+  return KVCache(keys=tuple(map(put, cache.keys, window_cache.keys)),
+                 values=tuple(map(put, cache.values, window_cache.values)),
+                 lengths=window_cache.lengths)
+
+
 def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
-             params: SamplingParams, active: Optional[jax.Array] = None):
+             params: SamplingParams, active: Optional[jax.Array] = None,
+             attend_length: Optional[int] = None):
   """Decodes up to `params.max_new_tokens` tokens per active row in one `lax.while_loop`.
 
   A row stops after emitting a stop token, after `max_new_tokens`, or when its cache is full.
-  Pure: jit it with `graphdef` and `params` static (`Sampler.generate` does).
+  Pure: jit it with `graphdef`, `params` and `attend_length` static (`Sampler.generate` does).
+
+  `attend_length` (None = the cache length) is the window of cache slots the loop works on: it
+  slices the cache to the window once, decodes there and writes the window back, so each step
+  reads `attend_length` slots rather than all of them. A row also stops when it fills the
+  window, so choose it at least `max(lengths + max_new_tokens)` over the active rows (capped at
+  the cache length) to get the same tokens as with the whole cache; `Sampler.generate` picks
+  the bucket of that.
 
   Returns:
     (decode_state with every emitted token cached, SampleOutput).
   """
   batch = decode_state.batch_size
   steps = params.max_new_tokens
-  max_length = decode_state.cache.max_length
+  full_cache = decode_state.cache
+  window = check_attend_length(attend_length, 1, full_cache.max_length)
+  if window < full_cache.max_length:
+    decode_state = decode_state.replace(cache=cache_window(full_cache, window))
   if active is None:
     active = jnp.ones((batch,), bool)
   stop_ids = jnp.asarray(params.stop_token_ids or (-1,), jnp.int32)
@@ -213,7 +260,7 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
         stopped=out["stopped"] | (emit & jnp.isin(tokens, stop_ids)),
     )
     ds = append_tokens(graphdef, state, ds, tokens[:, None], emit.astype(jnp.int32))
-    finished = finished | out["stopped"] | (ds.cache.lengths >= max_length)
+    finished = finished | out["stopped"] | (ds.cache.lengths >= window)
     return step + 1, ds, key, finished, out
 
   out = dict(tokens=jnp.zeros((batch, steps), jnp.int32),
@@ -221,15 +268,20 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
              entropies=jnp.zeros((batch, steps), jnp.float32),
              mask=jnp.zeros((batch, steps), bool),
              stopped=jnp.zeros((batch,), bool))
-  finished = ~active.astype(bool) | (decode_state.cache.lengths >= max_length)
+  finished = ~active.astype(bool) | (decode_state.cache.lengths >= window)
   carry = (jnp.int32(0), decode_state, key, finished, out)
   _, decode_state, _, _, out = jax.lax.while_loop(cond, body, carry)
+  if window < full_cache.max_length:
+    decode_state = decode_state.replace(cache=write_cache_window(full_cache, decode_state.cache))
   return decode_state, SampleOutput(num_tokens=jnp.sum(out["mask"], axis=1, dtype=jnp.int32),
                                     **out)
 
 
-_append_jit = jax.jit(append_tokens, static_argnums=(0,))
-_generate_jit = jax.jit(generate, static_argnums=(0, 4))
+# The shortest attention window (see "Attention window" above).
+MIN_ATTEND_LENGTH = 256
+
+_append_jit = jax.jit(append_tokens, static_argnums=(0,), static_argnames=("attend_length",))
+_generate_jit = jax.jit(generate, static_argnums=(0, 4), static_argnames=("attend_length",))
 
 
 def bucket_length(n: int, minimum: int = 16, maximum: Optional[int] = None) -> int:
@@ -246,6 +298,19 @@ def bucket_length(n: int, minimum: int = 16, maximum: Optional[int] = None) -> i
       raise ValueError(f"{n} tokens exceed the maximum length {maximum}")
     size = min(size, maximum)
   return size
+
+
+def attend_length_for(lengths_after: Sequence[int], max_length: int,
+                      minimum: int = MIN_ATTEND_LENGTH) -> int:
+  """The attention window for rows that will hold `lengths_after` tokens each.
+
+  The next power of two ≥ the longest row and ≥ `minimum`, capped at `max_length` (rows longer
+  than the cache stop at its end). Rows that take no tokens are left out by the caller.
+  Example: `attend_length_for([100, 40], 1024) == 256`, `attend_length_for([300], 1024) ==
+  512`, `attend_length_for([1500], 1024) == 1024`, `attend_length_for([], 48) == 48`.
+  """
+  longest = int(np.max(np.asarray(lengths_after, np.int64), initial=1))
+  return bucket_length(min(longest, max_length), minimum=minimum, maximum=max_length)
 
 
 def pad_token_rows(rows: Sequence[Sequence[int]], length: Optional[int] = None,
@@ -307,15 +372,22 @@ class Sampler:
                        f"(have {lengths_now[over].tolist()}, adding {added[over].tolist()})")
     tokens, lengths = pad_token_rows(lists, maximum=self.max_length)
     self._check_tokens(tokens)
+    window = attend_length_for((lengths_now + added)[added > 0], decode_state.cache.max_length)
     return _append_jit(self.graphdef, state, decode_state, jnp.asarray(tokens),
-                       jnp.asarray(lengths))
+                       jnp.asarray(lengths), attend_length=max(window, tokens.shape[1]))
 
   def generate(self, state, decode_state: DecodeState, key: jax.Array, params: SamplingParams,
                active: Optional[Sequence[bool]] = None):
     """Decodes every active row; returns (DecodeState, SampleOutput)."""
+    lengths = np.asarray(decode_state.lengths)
+    emitting = np.ones(lengths.shape, bool)
     if active is not None:
-      active = jnp.asarray(active, bool)
-      if active.shape != (decode_state.batch_size,):
+      emitting = np.asarray(active, bool)
+      if emitting.shape != lengths.shape:
         raise ValueError(f"active must have shape ({decode_state.batch_size},), got "
-                         f"{active.shape}")
-    return _generate_jit(self.graphdef, state, decode_state, key, params, active)
+                         f"{emitting.shape}")
+      active = jnp.asarray(emitting)
+    window = attend_length_for(lengths[emitting] + params.max_new_tokens,
+                               decode_state.cache.max_length)
+    return _generate_jit(self.graphdef, state, decode_state, key, params, active,
+                         attend_length=window)

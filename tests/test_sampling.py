@@ -185,6 +185,68 @@ def test_decode_loop_compiles_once_per_shape(policy):
   np.testing.assert_array_equal(np.asarray(out.num_tokens), [4, 4, 4, 4])
 
 
+def test_attention_window_gives_the_numbers_of_the_whole_cache(policy, monkeypatch):
+  """A 320-slot sampler attends over a 256-slot window; a 48-slot one over its whole cache.
+
+  Generate, fork, append and generate again on both: the same tokens and numbers, and the
+  window write-back leaves every row's cache as the whole-cache run's.
+  """
+  _, config, graphdef, state, small = policy
+  large = sampling.Sampler(graphdef, config, 320)
+  windows = []
+  generate_jit = sampling._generate_jit  # pylint: disable=protected-access
+
+  def spy(*args, attend_length=None):
+    windows.append((args[2].cache.max_length, attend_length))
+    return generate_jit(*args, attend_length=attend_length)
+
+  monkeypatch.setattr(sampling, "_generate_jit", spy)
+  greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+  results = []
+  for sampler in (small, large):
+    ds = sampler.prefill(state, PROMPTS)
+    ds, first = sampler.generate(state, ds, jax.random.key(0), greedy)
+    ds = sampler.append(state, sampling.fork(ds, rows=[1, 0], k=2),
+                        {0: [3, 4, 5], 1: [6], 3: [7, 8]})
+    ds, second = sampler.generate(state, ds, jax.random.key(0), greedy)
+    results.append((ds, first, second))
+  assert windows == [(48, 48), (48, 48), (320, 256), (320, 256)]
+  (small_ds, *small_outs), (large_ds, *large_outs) = results
+  for small_out, large_out in zip(small_outs, large_outs):
+    np.testing.assert_array_equal(np.asarray(large_out.tokens), np.asarray(small_out.tokens))
+    np.testing.assert_array_equal(np.asarray(large_out.mask), np.asarray(small_out.mask))
+    np.testing.assert_allclose(np.asarray(large_out.logprobs), np.asarray(small_out.logprobs),
+                               atol=1e-6)
+    np.testing.assert_allclose(np.asarray(large_out.entropies),
+                               np.asarray(small_out.entropies), atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(large_ds.lengths), np.asarray(small_ds.lengths))
+  np.testing.assert_allclose(np.asarray(large_ds.next_logits), np.asarray(small_ds.next_logits),
+                             atol=1e-5)
+  # Softmax sums over 48 or 256 slots (the extra terms exactly 0) may round differently in the
+  # last bits; second-layer keys and values of size ~2 then differ by a few ulps.
+  for b, n in enumerate(np.asarray(small_ds.lengths)):
+    for got, want in zip(large_ds.cache.keys + large_ds.cache.values,
+                         small_ds.cache.keys + small_ds.cache.values):
+      np.testing.assert_allclose(np.asarray(got[b, :, :n]), np.asarray(want[b, :, :n]),
+                                 atol=1e-5)
+
+
+def test_attention_windows_by_hand(policy):
+  _, config, graphdef, state, _ = policy
+  assert sampling.MIN_ATTEND_LENGTH == 256
+  assert sampling.attend_length_for([100, 40], 1024) == 256
+  assert sampling.attend_length_for([256], 1024) == 256
+  assert sampling.attend_length_for([257, 3], 1024) == 512
+  assert sampling.attend_length_for([1500], 1024) == 1024   # rows stop at the cache's end
+  assert sampling.attend_length_for([300], 384) == 384
+  assert sampling.attend_length_for([], 48) == 48
+  assert sampling.attend_length_for([5], 64, minimum=16) == 16
+  ds = sampling.init_decode_state(config, 2, 48)
+  with pytest.raises(ValueError, match=r"attend_length must be in \[1, 48\]"):
+    sampling.generate(graphdef, state, ds, jax.random.key(0), SamplingParams(),
+                      attend_length=64)
+
+
 def test_bucketing():
   assert sampling.bucket_length(3) == 16
   assert sampling.bucket_length(17) == 32

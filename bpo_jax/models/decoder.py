@@ -18,11 +18,18 @@ Calling convention:
   `cache.lengths[b] + t` and take those slot indices as positions unless `positions` is given;
   each new token attends to the row's earlier slots and to itself. Only `input_lengths[b]` of the
   written slots count: the rest are overwritten by later appends and never attended before.
+* `attend_length` (a static int, with a cache only) bounds the slots attention reads to
+  `0..attend_length-1`, so a call costs what the rows hold rather than what the cache could
+  hold. The caller keeps `cache.lengths[b] + T <= attend_length` for every row whose tokens
+  count: a new token in a slot at or past the bound would not see itself. Keys and values are
+  still written into the full cache; slots past the bound are masked out anyway (they hold no
+  row's earlier tokens), so the numbers equal those of `attend_length = max_length`, the default.
 
 The cache is a pytree passed in and out (`KVCache`), with a fixed number of slots so shapes stay
 static; forking rows is a gather on the batch axis (`KVCache.take_rows`).
 """
 
+import functools
 import math
 from typing import Optional
 
@@ -152,7 +159,10 @@ class Attention(nnx.Module):
       self.v_bias = _normal(rngs, (config.num_kv_heads, d), pd)
 
   def __call__(self, x, cos, sin, mask, layer_cache=None, write_slots=None):
-    """x [B,T,h]; mask [B,T,S] (True = may attend); layer_cache (keys, values) [B,Hkv,S,D].
+    """x [B,T,h]; layer_cache (keys, values) [B,Hkv,S,D]; mask [B,T,S'] (True = may attend).
+
+    With a cache, attention reads the first S' <= S slots (S' = the mask's last dimension):
+    slots past every row's last new token are masked out and need not be read at all.
 
     Returns the output [B,T,h] and the updated (keys, values), or None without a cache.
     """
@@ -176,6 +186,10 @@ class Attention(nnx.Module):
       k = cached_k.at[rows, :, write_slots].set(k.astype(cached_k.dtype), mode="drop")
       v = cached_v.at[rows, :, write_slots].set(v.astype(cached_v.dtype), mode="drop")
       new_cache = (k, v)
+      attend_length = mask.shape[-1]
+      if attend_length < k.shape[2]:
+        # A static slice: the score and value matmuls then cost T·S' rather than T·S per row.
+        k, v = k[:, :, :attend_length], v[:, :, :attend_length]
       k, v = k.astype(dt), v.astype(dt)
     else:
       k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
@@ -243,15 +257,47 @@ class Decoder(nnx.Module):
     if not config.tie_word_embeddings:
       self.lm_head = _normal(rngs, (config.hidden_size, config.vocab_size), pd)
 
+  def _layers_without_cache(self, x, cos, sin, mask):
+    """The layer stack of a cache-free forward, rematerialised and scanned as configured.
+
+    With `scan_layers` the weights are stacked along a new leading axis inside the compiled
+    program and one `lax.scan` step runs a layer, so XLA compiles one layer body instead of
+    `num_layers` copies (the stacking costs one copy of the layers' weights per device).
+    """
+    remat = self.config.remat
+
+    def run_layer(graphdef, layer_state, h):
+      return nnx.merge(graphdef, layer_state)(h, cos, sin, mask)[0]
+
+    if self.config.scan_layers:
+      graphdef, stacked = _stack_layers(self.layers)
+      body = lambda h, layer_state: (run_layer(graphdef, layer_state, h), None)
+      if remat != "none":
+        # prevent_cse=False: inside a scan the recomputation cannot be merged away anyway.
+        body = jax.checkpoint(body, policy=_remat_policy(remat), prevent_cse=False)
+      x, _ = jax.lax.scan(body, x, stacked)
+      return x
+    for layer in self.layers:
+      if remat == "none":
+        x, _ = layer(x, cos, sin, mask)
+      else:
+        graphdef, layer_state = nnx.split(layer)
+        step = jax.checkpoint(functools.partial(run_layer, graphdef),
+                              policy=_remat_policy(remat))
+        x = step(layer_state, x)
+    return x
+
   def __call__(self, tokens: jax.Array, positions: Optional[jax.Array] = None,
                attention_mask: Optional[jax.Array] = None, cache: Optional[KVCache] = None,
-               input_lengths: Optional[jax.Array] = None):
+               input_lengths: Optional[jax.Array] = None, attend_length: Optional[int] = None):
     if tokens.ndim != 2:
       raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
     b, t = tokens.shape
     if cache is None:
       if input_lengths is not None:
         raise ValueError("input_lengths is only meaningful with a cache")
+      if attend_length is not None:
+        raise ValueError("attend_length is only meaningful with a cache")
       if positions is None:
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
       if attention_mask is None:
@@ -271,7 +317,8 @@ class Decoder(nnx.Module):
       write_slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
       if positions is None:
         positions = write_slots
-      key_slots = jnp.arange(cache.max_length, dtype=jnp.int32)
+      attend_length = check_attend_length(attend_length, t, cache.max_length)
+      key_slots = jnp.arange(attend_length, dtype=jnp.int32)
       mask = key_slots[None, None, :] <= write_slots[:, :, None]
     if positions.shape != (b, t):
       raise ValueError(f"positions must be [batch, time] = {(b, t)}, got {positions.shape}")
@@ -282,12 +329,14 @@ class Decoder(nnx.Module):
     cos, sin = rope_cos_sin(positions, inv_freq)
     x = jnp.take(self.embed[...], tokens, axis=0).astype(self.config.compute_dtype)
     new_keys, new_values = [], []
-    for i, layer in enumerate(self.layers):
-      layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
-      x, updated = layer(x, cos, sin, mask, layer_cache, write_slots)
-      if updated is not None:
-        new_keys.append(updated[0])
-        new_values.append(updated[1])
+    if cache is None:
+      x = self._layers_without_cache(x, cos, sin, mask)
+    else:
+      for i, layer in enumerate(self.layers):
+        x, (keys, values) = layer(x, cos, sin, mask, (cache.keys[i], cache.values[i]),
+                                  write_slots)
+        new_keys.append(keys)
+        new_values.append(values)
     x = self.final_norm(x)
     if self.config.tie_word_embeddings:
       logits = jnp.einsum("btm,vm->btv", x, self.embed[...].astype(x.dtype))
@@ -304,12 +353,48 @@ class Decoder(nnx.Module):
     return logits, new_cache
 
 
+def check_attend_length(attend_length: Optional[int], num_new_tokens: int,
+                        max_length: int) -> int:
+  """The number of cache slots cached attention reads: `attend_length`, or all of them if None.
+
+  It must be a Python int (it fixes a shape) in `[num_new_tokens, max_length]`.
+  Example: `check_attend_length(None, 1, 64) == 64`, `check_attend_length(32, 1, 64) == 32`.
+  """
+  if attend_length is None:
+    return max_length
+  if isinstance(attend_length, bool) or not isinstance(attend_length, (int, np.integer)):
+    raise ValueError(f"attend_length must be a Python int (a static shape), got "
+                     f"{type(attend_length).__name__}")
+  if not num_new_tokens <= attend_length <= max_length:
+    raise ValueError(f"attend_length must be in [{num_new_tokens}, {max_length}] (the new "
+                     f"tokens per row, the cache length), got {attend_length}")
+  return int(attend_length)
+
+
+def _remat_policy(name: str):
+  """The `jax.checkpoint` policy of a `ModelConfig.remat` name (None: save nothing)."""
+  if name == "dots":
+    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  return None
+
+
+def _stack_layers(layers):
+  """(graphdef, state with a leading layer axis) of identically shaped layers."""
+  graphdefs, states = zip(*(nnx.split(layer) for layer in layers))
+  if any(g != graphdefs[0] for g in graphdefs[1:]):
+    raise ValueError("scan_layers needs identically structured layers")
+  return graphdefs[0], jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+
+
 def forward(graphdef, state, tokens, positions=None, attention_mask=None, cache=None,
-            input_lengths=None):
-  """Pure form of `Decoder.__call__` over `nnx.split(model)`, for `jax.jit` in hot loops."""
+            input_lengths=None, attend_length=None):
+  """Pure form of `Decoder.__call__` over `nnx.split(model)`, for `jax.jit` in hot loops.
+
+  `attend_length` is a shape: jit with it static (`static_argnames="attend_length"`).
+  """
   model = nnx.merge(graphdef, state)
   return model(tokens, positions=positions, attention_mask=attention_mask, cache=cache,
-               input_lengths=input_lengths)
+               input_lengths=input_lengths, attend_length=attend_length)
 
 
 def logprobs_and_entropy_from_logits(logits: jax.Array, targets: jax.Array,

@@ -31,7 +31,7 @@ def model(request):
 
 
 # One jitted forward for all tests (graphdef static): eager dispatch would compile op by op.
-forward = jax.jit(models.forward, static_argnums=0)
+forward = jax.jit(models.forward, static_argnums=0, static_argnames="attend_length")
 ROWS, WIDTH = 4, 16
 
 
@@ -120,6 +120,47 @@ def test_cached_decode_equals_full_forward(model):
   np.testing.assert_array_equal(np.asarray(cache.lengths), [5, 9, 12, 8])
   for b, want in enumerate(full_logits(graphdef, state, rows)):
     np.testing.assert_allclose(np.stack(got[b]), want, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_window_gives_the_numbers_of_the_whole_cache(model):
+  """Attending over the first `attend_length` slots only (all a row can hold) changes nothing."""
+  config, graphdef, state = model
+  rng = np.random.RandomState(2)
+  rows = [rng.randint(0, config.vocab_size, n).tolist() for n in (5, 9, 12, 8)]
+  prompts = np.zeros((4, 8), np.int32)
+  for b, row in enumerate(rows):
+    prompts[b, :min(len(row), 8)] = row[:8]
+  prompt_lengths = jnp.asarray([5, 8, 8, 8])
+  whole, windowed = KVCache.init(config, 4, 16), KVCache.init(config, 4, 16)
+  want, whole = forward(graphdef, state, jnp.asarray(prompts), cache=whole,
+                        input_lengths=prompt_lengths)
+  got, windowed = forward(graphdef, state, jnp.asarray(prompts), cache=windowed,
+                          input_lengths=prompt_lengths, attend_length=8)
+  logits = {"whole": [want], "windowed": [got]}
+  # Row 0 stops after its prompt and takes no tokens from then on.
+  for t in range(4):
+    step_tokens = jnp.asarray([[0]] + [[r[8 + t] if 8 + t < len(r) else 0] for r in rows[1:]])
+    live = jnp.asarray([0] + [int(8 + t < len(r)) for r in rows[1:]])
+    want, whole = forward(graphdef, state, step_tokens, cache=whole, input_lengths=live)
+    # Every live row ends at slot 12 at most: 12 of the 16 slots suffice.
+    got, windowed = forward(graphdef, state, step_tokens, cache=windowed, input_lengths=live,
+                            attend_length=12)
+    logits["whole"].append(want)
+    logits["windowed"].append(got)
+  np.testing.assert_array_equal(np.asarray(windowed.lengths), np.asarray(whole.lengths))
+  for got, want in zip(logits["windowed"], logits["whole"]):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=1e-6)
+  for got, want in zip(windowed.keys + windowed.values, whole.keys + whole.values):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=1e-6)
+  # And both are the full forward's numbers.
+  reference = full_logits(graphdef, state, rows)
+  np.testing.assert_allclose(np.asarray(logits["windowed"][0][0, :5]), reference[0][:5],
+                             atol=1e-5, rtol=1e-5)
+  for b in range(1, 4):
+    steps = len(rows[b]) - 8
+    got = np.concatenate([np.asarray(logits["windowed"][0][b])] +
+                         [np.asarray(x[b]) for x in logits["windowed"][1:1 + steps]])
+    np.testing.assert_allclose(got, reference[b], atol=1e-5, rtol=1e-5)
 
 
 def test_forked_cache_continued_equals_recompute(model):
@@ -230,3 +271,12 @@ def test_bad_inputs_get_clear_errors():
                    cache=KVCache.init(config, 2, 8))
   with pytest.raises(ValueError, match="input_lengths"):
     models.forward(graphdef, state, tokens, input_lengths=jnp.ones((2,), jnp.int32))
+  with pytest.raises(ValueError, match="attend_length is only meaningful with a cache"):
+    models.forward(graphdef, state, tokens, attend_length=4)
+  cache = KVCache.init(config, 2, 8)
+  with pytest.raises(ValueError, match=r"attend_length must be in \[4, 8\].*got 9"):
+    models.forward(graphdef, state, tokens, cache=cache, attend_length=9)
+  with pytest.raises(ValueError, match=r"attend_length must be in \[4, 8\].*got 3"):
+    models.forward(graphdef, state, tokens, cache=cache, attend_length=3)
+  with pytest.raises(ValueError, match="attend_length must be a Python int"):
+    models.forward(graphdef, state, tokens, cache=cache, attend_length=jnp.int32(6))
