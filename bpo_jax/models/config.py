@@ -21,6 +21,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
 }
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+REMAT_POLICIES = ("none", "full", "dots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +60,11 @@ class ModelConfig:
     max_position_embeddings: the context length the checkpoint was trained for (informative).
     dtype: compute dtype name ("float32", "bfloat16").
     param_dtype: parameter dtype name.
+    remat: recomputation of each layer's activations in the backward pass, to trade compute for
+      memory: "none"; "full" (keep only each layer's input); "dots" (also keep the outputs of
+      matmuls without batch dimensions, i.e. the weight projections).
+    scan_layers: run the layers of a cache-free forward (training) as one `lax.scan` over
+      their stacked weights, so compile time does not grow with depth. Numbers are unchanged.
   """
   architecture: str = "qwen2"
   vocab_size: int = 256
@@ -76,6 +82,8 @@ class ModelConfig:
   max_position_embeddings: int = 4096
   dtype: str = "float32"
   param_dtype: str = "float32"
+  remat: str = "none"
+  scan_layers: bool = False
 
   def __post_init__(self):
     if self.architecture not in SUPPORTED_ARCHITECTURES.values():
@@ -94,6 +102,8 @@ class ModelConfig:
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"{name} must be one of {sorted(_DTYPES)}, got {getattr(self, name)!r}")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
 
   @property
   def compute_dtype(self):

@@ -21,9 +21,11 @@ compared with the chip's HBM (`CHIPS`); a program that does not fit raises `Does
 naming the program, the figures and the chip.
 
 On a machine without the pod, the mesh is built from fake CPU devices: the CPU compiler's buffer
-assignment stands in for the accelerator's (fusion and layout differ, so treat the figures as
-estimates within tens of percent, not to the byte). The number of CPU devices must be set before
-JAX starts; the command line entry does that:
+assignment stands in for the accelerator's. Fusion and scheduling differ, so the figures are
+estimates, not byte counts; for bfloat16 models they err on the safe side, because the CPU
+compiler computes bfloat16 matmuls and scatters in float32 on converted copies of their operands
+(e.g. a float32 copy of each layer's KV cache in the decode step), which an accelerator does not
+need. The number of CPU devices must be set before JAX starts; the command line entry does that:
 
     python -m bpo_jax.training.dry_run --config=experiments/configs/pod_qwen2_5_7b_v5p64.py
 

@@ -27,7 +27,7 @@ from bpo_jax.training import checkpoint
 from bpo_jax.training import distributed
 from bpo_jax.training import update
 
-CONFIG = ModelConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+CONFIG = ModelConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
                           num_heads=4, num_kv_heads=2, head_dim=8)
 ROWS = 8
 STEPS = 3

@@ -1,0 +1,47 @@
+"""Llama-3.1-8B on a TPU v4-32 pod slice (16 chips, 32 GiB each): WebShop trees, BPO.
+
+Layout: FSDP over 4 chips x tensor parallelism over 4 (32 query and 8 KV heads, the MLP and the
+vocabulary split 4 ways; parameters and optimizer state sharded 16 ways). Parameters are
+bfloat16 with a float32 master copy and float32 Adam moments; each layer is rematerialised and
+the layers run as one scan. 8 tasks x 2 trees = 16 packed rows of up to 4096 tokens per update
+in 4 micro-batches (one row per FSDP group at a time); the sampler decodes up to 16 x 4 leaves
+= 64 rows with 4096 cache slots each. Episodes are cut at 8 turns so one path (at most 3603
+tokens) fits the context. 32 GiB per chip is what bounds the row length: dense attention and
+the vocabulary projection grow with the tokens per row.
+
+    python -m bpo_jax.training.dry_run --config=experiments/configs/pod_llama3_1_8b_v4_32.py
+
+On the pod (4 hosts of 4 chips), every host runs run.py with its own process id:
+
+    python experiments/run.py --config=experiments/configs/pod_llama3_1_8b_v4_32.py \\
+      --workdir=gs://BUCKET/llama8b --config.scale.distributed.process_id=$HOST_INDEX
+"""
+
+from experiments.configs import webshop
+
+
+def get_config():
+  c = webshop.get_config()
+  c.env.max_turns = 8
+  c.env.options.max_steps = 8
+  c.rollout.tasks_per_iteration = 8
+  c.rollout.trees_per_task = 2
+  c.rollout.trunk_baseline = "loo"
+  c.rollout.max_leaves = 4
+  c.rollout.max_tree_tokens = 4096
+  c.model.max_length = 4096
+  c.train.micro_batches = 4
+  c.train.learning_rate = 1e-6
+  c.warm_start.num_trajectories = 0  # a pretrained checkpoint needs no warm start
+  s = c.scale
+  s.model_preset = "llama3_1_8b"
+  s.chip = "v4"
+  s.num_devices = 16
+  s.mesh.data, s.mesh.fsdp, s.mesh.tensor, s.mesh.dcn_data = 1, 4, 4, 1
+  s.param_dtype = "bfloat16"
+  s.master_weights = True
+  s.remat = "full"
+  s.scan_layers = True
+  s.distributed.coordinator_address = "host0:8476"
+  s.distributed.num_processes = 4  # v4-32: 4 hosts of 4 chips
+  return c

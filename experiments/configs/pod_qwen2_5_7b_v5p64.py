@@ -1,0 +1,45 @@
+"""Qwen2.5-7B on a TPU v5p-64 pod slice (32 chips, 95 GiB each): WebShop trees, BPO.
+
+Layout: FSDP over 8 chips x tensor parallelism over 4 (28 query heads and 4 KV heads split
+4 ways, parameters and optimizer state sharded 32 ways). Parameters are bfloat16 with a float32
+master copy and float32 Adam moments in the optimizer state; each layer is rematerialised and
+the layers run as one scan (compile time independent of depth). 32 tasks x 2 trees = 64 packed
+rows of up to 16384 tokens per update, in 8 micro-batches (one row per FSDP group at a time);
+the sampler decodes up to 64 x 4 leaves = 256 rows with 4608 cache slots each.
+
+Check that it compiles and fits before booking the pod (fake CPU devices, a few minutes):
+
+    python -m bpo_jax.training.dry_run --config=experiments/configs/pod_qwen2_5_7b_v5p64.py
+
+On the pod, every host runs the same command with its own process id:
+
+    python experiments/run.py --config=experiments/configs/pod_qwen2_5_7b_v5p64.py \\
+      --workdir=gs://BUCKET/qwen7b --config.scale.distributed.process_id=$HOST_INDEX
+"""
+
+from experiments.configs import webshop
+
+
+def get_config():
+  c = webshop.get_config()
+  c.rollout.tasks_per_iteration = 32
+  c.rollout.trees_per_task = 2
+  c.rollout.trunk_baseline = "loo"
+  c.rollout.max_leaves = 4
+  c.rollout.max_tree_tokens = 16384
+  c.model.max_length = 4608
+  c.train.micro_batches = 8
+  c.train.learning_rate = 1e-6
+  c.warm_start.num_trajectories = 0  # a pretrained checkpoint needs no warm start
+  s = c.scale
+  s.model_preset = "qwen2_5_7b"
+  s.chip = "v5p"
+  s.num_devices = 32
+  s.mesh.data, s.mesh.fsdp, s.mesh.tensor, s.mesh.dcn_data = 1, 8, 4, 1
+  s.param_dtype = "bfloat16"
+  s.master_weights = True
+  s.remat = "full"
+  s.scan_layers = True
+  s.distributed.coordinator_address = "host0:8476"
+  s.distributed.num_processes = 8  # v5p-64: 8 hosts of 4 chips
+  return c
