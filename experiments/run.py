@@ -155,6 +155,22 @@ def parse_flags(argv):
   return rest
 
 
+def _refuse_unwired_scale_settings(config):
+  """Settings of the `scale` section that the dry run uses but the training loop does not yet."""
+  scale = config.scale
+  if scale.model_preset:
+    raise NotImplementedError(
+        f"scale.model_preset = {scale.model_preset!r}: training a preset needs its pretrained "
+        "checkpoint and tokenizer, which the loop does not load yet (it trains the `model` "
+        "section from scratch); use --dry_run to check the pod layout")
+  if scale.distributed.num_processes > 1:
+    raise NotImplementedError(
+        f"scale.distributed.num_processes = {scale.distributed.num_processes}: the loop does not "
+        "yet split its rollouts and batch across processes (bpo_jax.training.distributed has "
+        "the pieces: initialize, process_rows, global_batch, to_host; they are tested on the "
+        "sharded train step with two processes)")
+
+
 def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -174,6 +190,7 @@ def main(argv):
       print(f"dry run failed: {error}", file=sys.stderr)
       sys.exit(1)
     return
+  _refuse_unwired_scale_settings(config)
   # Orbax reports every save step at INFO; keep the console to the run's own progress.
   logging.get_absl_handler().addFilter(lambda record: "orbax" not in record.pathname)
   # The loop pulls in JAX, Flax and Orbax: imported only once the configuration is known good.
