@@ -163,6 +163,13 @@ def _refuse_unwired_scale_settings(config):
         f"scale.model_preset = {scale.model_preset!r}: training a preset needs its pretrained "
         "checkpoint and tokenizer, which the loop does not load yet (it trains the `model` "
         "section from scratch); use --dry_run to check the pod layout")
+  defaults = config_lib.default_config().scale
+  ignored = [f"scale.{key} = {scale[key]!r}" for key in ("param_dtype", "remat", "scan_layers")
+             if scale[key] != defaults[key]]
+  if ignored:
+    raise NotImplementedError(
+        f"{', '.join(ignored)}: the training loop does not read these yet (it builds the model "
+        "from the `model` section in model.dtype); the dry run does")
   if scale.distributed.num_processes > 1:
     raise NotImplementedError(
         f"scale.distributed.num_processes = {scale.distributed.num_processes}: the loop does not "
