@@ -111,11 +111,16 @@ def make_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] |
   shape = config.resolve(len(devices))
   axis_types = (AxisType.Auto,) * 3
   if config.dcn_data > 1:
-    from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
-    ici = (config.data, shape[1], shape[2])
-    dcn = (config.dcn_data, 1, 1)
-    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices,
-                                                allow_split_physical_axes=True)
+    if all(hasattr(d, "slice_index") for d in devices):
+      from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+      ici = (config.data, shape[1], shape[2])
+      dcn = (config.dcn_data, 1, 1)
+      grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices,
+                                                  allow_split_physical_axes=True)
+    else:
+      # No slice topology (CPU devices, e.g. a dry run): consecutive blocks of devices stand in
+      # for the slices, in the same layout: "data" = slice-major (slice, data within slice).
+      grid = np.asarray(devices).reshape(shape)
     return Mesh(grid, MESH_AXES, axis_types=axis_types)
   if devices == list(jax.devices()):
     return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types)

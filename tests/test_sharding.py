@@ -35,6 +35,16 @@ def test_mesh_config_resolution_and_errors():
     sharding.MeshConfig(data=3, fsdp=-1).resolve(8)
 
 
+def test_multi_slice_mesh_without_slice_topology():
+  # CPU devices have no slice_index: consecutive blocks of 4 devices stand in for 2 slices, and
+  # "data" spans them slice-major while fsdp and tensor stay inside a slice.
+  devices = jax.devices()[:8]
+  mesh = sharding.make_mesh(sharding.MeshConfig(data=1, fsdp=2, tensor=2, dcn_data=2), devices)
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert [d.id for d in mesh.devices[0].ravel()] == [d.id for d in devices[:4]]
+  assert [d.id for d in mesh.devices[1].ravel()] == [d.id for d in devices[4:]]
+
+
 def test_logical_rules_and_fallback():
   mesh = _mesh(1, 2, 4)
   why = []
