@@ -7,6 +7,11 @@ compilation excluded), median of `--repeats` runs, side by side in one process. 
 tokens of both sides are compared as a check that the work is the same.
 
   python benchmarks/sampling.py [--json] [--new-tokens 32] [--prompt-length 16] [--repeats 3]
+                                [--max-length 1024]
+
+`--max-length` sets the sampler's cache slots per row (default: the prompt and new tokens,
+rounded up to a power of two); the decode loop attends over a window of the slots the rows can
+fill, so a longer cache should cost about the same. The transformers cache grows with the rows.
 
 With `--json` it prints one JSON object: per-case tokens/s of each side and their ratio, and
 `min_decode_speedup_vs_hf_torch`, the smallest ratio over the cases.
@@ -51,11 +56,12 @@ def median_seconds(fn, repeats):
   return statistics.median(times)
 
 
-def run_case(hf_model, graphdef, state, config, batch, prompt_length, new_tokens, repeats):
+def run_case(hf_model, graphdef, state, config, batch, prompt_length, new_tokens, repeats,
+             max_length=None):
   prompts = np.random.RandomState(batch).randint(1, config.vocab_size, (batch, prompt_length))
   params = sampling.SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
   sampler = sampling.Sampler(graphdef, config,
-                             sampling.bucket_length(prompt_length + new_tokens))
+                             max_length or sampling.bucket_length(prompt_length + new_tokens))
   key = jax.random.key(0)
   result = {}
 
@@ -87,6 +93,8 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--configs", default="10M,100M")
   parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+  parser.add_argument("--max-length", type=int, default=None,
+                      help="cache slots per row (default: prompt + new tokens, bucketed)")
   args = parser.parse_args()
 
   cases = []
@@ -101,7 +109,7 @@ def main():
     for batch in map(int, args.batches.split(",")):
       case = dict(config=name, params=config.num_params(),
                   **run_case(hf_model, graphdef, state, config, batch, args.prompt_length,
-                             args.new_tokens, args.repeats))
+                             args.new_tokens, args.repeats, args.max_length))
       cases.append(case)
       if not args.json:
         print(f"{name:>5} ({case['params'] / 1e6:.1f}M params) batch {batch:>2}: "
@@ -112,6 +120,7 @@ def main():
       reference="transformers PyTorch generate (greedy, same weights, batch and length)",
       device=jax.devices()[0].platform, torch_threads=torch.get_num_threads(),
       prompt_length=args.prompt_length, new_tokens=args.new_tokens, repeats=args.repeats,
+      max_length=args.max_length,
       cases=cases, min_decode_speedup_vs_hf_torch=min(c["speedup"] for c in cases))
   if args.json:
     print(json.dumps(summary))
