@@ -138,3 +138,40 @@ def test_fake_devices_cannot_change_once_jax_started():
                                          "could ask for 16 CPU devices; run it in a fresh process"):
     dry_run_lib.use_fake_cpu_devices(16)
   dry_run_lib.use_fake_cpu_devices(8)  # what it has is fine
+
+
+def test_dry_run_from_a_config_matches_the_direct_call(report):
+  config = config_lib.default_config()
+  config.env.max_observation_tokens = 0  # no path-length bound, so short rows are allowed
+  config.rollout.tasks_per_iteration, config.rollout.trees_per_task = 8, 1
+  config.rollout.max_tree_tokens, config.model.max_length = 32, 64
+  config.train.micro_batches, config.train.learning_rate = 2, 1e-4
+  s = config.scale
+  s.model_preset, s.chip, s.decode_batch = "tiny", "v5e", 8
+  s.mesh.data, s.mesh.fsdp, s.mesh.tensor = 1, 4, 2
+  assert dry_run_lib.shapes_from_config(config) == SHAPES
+  assert dry_run_lib.model_config_from(config) == CONFIG
+  from_config = dry_run_lib.dry_run_from_config(config, devices=jax.devices()[:8])
+  for a, b in zip(from_config.programs, report.programs):
+    assert dataclasses.replace(a, compile_seconds=0) == dataclasses.replace(b, compile_seconds=0)
+
+
+@pytest.mark.parametrize("name,preset,devices,rows,tokens,decode", [
+    ("pod_qwen2_5_7b_v5p64", "qwen2_5_7b", 32, 64, 16384, 256),
+    ("pod_llama3_1_8b_v4_32", "llama3_1_8b", 16, 16, 4096, 64)])
+def test_pod_configs_are_valid_and_say_what_the_dry_run_compiles(name, preset, devices, rows,
+                                                                 tokens, decode):
+  import importlib  # pylint: disable=g-import-not-at-top
+  config = importlib.import_module(f"experiments.configs.{name}").get_config()
+  config_lib.validate(config)
+  s = config.scale
+  assert s.num_devices == devices == s.mesh.data * s.mesh.fsdp * s.mesh.tensor * s.mesh.dcn_data
+  shapes = dry_run_lib.shapes_from_config(config)
+  assert (shapes["batch_rows"], shapes["row_length"], shapes["decode_batch"]) == \
+      (rows, tokens, decode)
+  # One row per FSDP group per micro-batch.
+  assert rows == config.train.micro_batches * s.mesh.data * s.mesh.fsdp
+  model = dry_run_lib.model_config_from(config)
+  assert model == getattr(ModelConfig, preset)(param_dtype="bfloat16", remat="full",
+                                               scan_layers=True)
+  assert s.master_weights and s.chip in dry_run_lib.CHIPS
