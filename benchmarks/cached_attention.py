@@ -12,11 +12,12 @@ For each cache length (default 512 and 1024): a batch of rows of about `--row-le
 * append: an observation of `--observation-length` tokens into every row (continued prefill);
 * decode: `--new-tokens` greedy tokens per row (one `generate` call, no stop token);
 
-medians of `--repeats` runs after a warm-up (compilation excluded). Both sides must give the same
+medians of `--repeats` runs after a warm-up (compilation excluded), the two sides' runs
+interleaved so that the machine's load drifts on both alike. Both sides must give the same
 next-token logits, tokens and logprobs (checked; max differences printed).
 
   python benchmarks/cached_attention.py [--json] [--max-lengths 512,1024] [--batch 16]
-                                        [--row-length 100] [--repeats 5]
+                                        [--row-length 100] [--repeats 9]
 
 With `--json` it prints one JSON object: per-case seconds of both sides and their ratios
 (`append_speedup`, `decode_speedup` = reference seconds / windowed seconds),
@@ -26,7 +27,9 @@ With `--json` it prints one JSON object: per-case seconds of both sides and thei
 import argparse
 import json
 import os
+import statistics
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +37,6 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common  # pylint: disable=g-import-not-at-top
 from bpo_jax import models  # pylint: disable=g-import-not-at-top
 from bpo_jax import sampling  # pylint: disable=g-import-not-at-top
 
@@ -45,6 +47,19 @@ CONFIG = models.ModelConfig(vocab_size=8192, hidden_size=256, intermediate_size=
 
 whole_cache_append = jax.jit(sampling.append_tokens, static_argnums=(0,))
 whole_cache_generate = jax.jit(sampling.generate, static_argnums=(0, 4))
+
+
+def interleaved_median_seconds(fns, repeats):
+  """Median wall time of each of `fns` (each blocks on its outputs), run in turn per repeat."""
+  for fn in fns:
+    jax.block_until_ready(fn())  # warm-up: compilation, allocator
+  times = [[] for _ in fns]
+  for _ in range(repeats):
+    for fn, fn_times in zip(fns, times):
+      start = time.perf_counter()
+      jax.block_until_ready(fn())
+      fn_times.append(time.perf_counter() - start)
+  return [statistics.median(t) for t in times]
 
 
 def run_case(graphdef, state, max_length, batch, row_length, observation_length, new_tokens,
@@ -80,10 +95,10 @@ def run_case(graphdef, state, max_length, batch, row_length, observation_length,
     results["decode_ref"] = whole_cache_generate(graphdef, state, decode_state, key, params)[1]
     return results["decode_ref"].tokens
 
-  append_s = common.median_seconds(windowed_append, repeats)
-  append_ref_s = common.median_seconds(reference_append, repeats)
-  decode_s = common.median_seconds(windowed_decode, repeats)
-  decode_ref_s = common.median_seconds(reference_decode, repeats)
+  append_s, append_ref_s = interleaved_median_seconds([windowed_append, reference_append],
+                                                      repeats)
+  decode_s, decode_ref_s = interleaved_median_seconds([windowed_decode, reference_decode],
+                                                      repeats)
   window = sampling.attend_length_for(np.asarray(decode_state.lengths) + new_tokens, max_length)
   logits_diff = float(jnp.max(jnp.abs(results["append"].next_logits
                                       - results["append_ref"].next_logits)))
@@ -109,7 +124,7 @@ def main():
   parser.add_argument("--row-length", type=int, default=100, help="tokens per row (mean)")
   parser.add_argument("--observation-length", type=int, default=32, help="tokens appended")
   parser.add_argument("--new-tokens", type=int, default=32, help="tokens decoded per row")
-  parser.add_argument("--repeats", type=int, default=5, help="timed runs (the median is kept)")
+  parser.add_argument("--repeats", type=int, default=9, help="timed runs (the median is kept)")
   args = parser.parse_args()
 
   graphdef, state = nnx.split(models.Decoder(CONFIG, rngs=nnx.Rngs(0)))
