@@ -59,6 +59,7 @@ from bpo_jax.sandboxes import registry
 from bpo_jax.training import checkpoint as checkpoint_lib
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import metrics as metrics_lib
+from bpo_jax.training import precision
 from bpo_jax.training import tokenizer as tokenizer_lib
 from bpo_jax.training import update as update_lib
 
@@ -71,7 +72,8 @@ RESUMABLE_CHANGES = ("train.iterations", "log.tensorboard", "log.progress_bar", 
 
 
 def model_config_from(config, vocab_size: int) -> model_config_lib.ModelConfig:
-  """The decoder's `ModelConfig` from the `model` section and the tokenizer's vocabulary."""
+  """The decoder's `ModelConfig` from the `model` section and the tokenizer's vocabulary (with
+  the `scale` section's parameter dtype, remat and scanned layers)."""
   m = config.model
   llama = m.architecture == "llama"
   return model_config_lib.ModelConfig(
@@ -79,7 +81,8 @@ def model_config_from(config, vocab_size: int) -> model_config_lib.ModelConfig:
       intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
       num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, qkv_bias=not llama,
       tie_word_embeddings=True, max_position_embeddings=m.max_length, dtype=m.dtype,
-      param_dtype="float32")
+      param_dtype=config.scale.param_dtype, remat=config.scale.remat,
+      scan_layers=config.scale.scan_layers)
 
 
 def rollout_config_from(config, evaluation: bool = False) -> rollout_lib.RolloutConfig:
@@ -237,15 +240,22 @@ def build_experiment(config, workdir: str) -> tuple[Experiment, update_lib.Train
                     eval_tasks=eval_tasks, pool=make_pool(config)), state
 
 
+def _with_master_weights(config, tx):
+  """Low-precision parameters keep a float32 master copy in the optimizer (`scale`)."""
+  if config.scale.param_dtype != "float32" and config.scale.master_weights:
+    return precision.with_float32_master_weights(tx)
+  return tx
+
+
 def make_rl_optimizer(config):
-  return update_lib.make_optimizer(update_lib.OptimizerConfig(
+  return _with_master_weights(config, update_lib.make_optimizer(update_lib.OptimizerConfig(
       learning_rate=config.train.learning_rate, weight_decay=config.train.weight_decay,
-      max_grad_norm=config.train.max_grad_norm))
+      max_grad_norm=config.train.max_grad_norm)))
 
 
 def make_sft_optimizer(config):
-  return update_lib.make_optimizer(update_lib.OptimizerConfig(
-      learning_rate=config.warm_start.learning_rate, max_grad_norm=config.train.max_grad_norm))
+  return _with_master_weights(config, update_lib.make_optimizer(update_lib.OptimizerConfig(
+      learning_rate=config.warm_start.learning_rate, max_grad_norm=config.train.max_grad_norm)))
 
 
 # ----------------------------------------------------------------------------- warm start
