@@ -7,10 +7,12 @@ run.py` and the Colab notebook both call them.
 One run:
 
 1. The word tokenizer of the environment's vocabulary is saved to `<workdir>/tokenizer` (HF
-   format) and loaded back from there, and a from-scratch decoder is built from the seed.
+   format) and loaded back from there, and a from-scratch decoder is built from the seed; a
+   held-out evaluation of the untrained model (stage "init").
 2. Supervised warm start (`warm_start.*`): expert episodes of training tasks become token chains
    (`agent_format.expert_tree_tokens`), packed and fitted with the SFT step, so that a tiny model
-   starts with a non-zero success rate. Then a held-out evaluation and checkpoint 0.
+   starts with a non-zero success rate. Then a held-out evaluation (stage "warm_start") and
+   checkpoint 0. The policy-gradient optimiser continues the warm start's Adam moments.
 3. Iterations 1..N: grow one tree (BPO) or group (RLOO, GRPO, GiGPO) per task with
    `rollout.RolloutEngine`, compute per-node advantages and path weights with the jitted
    estimator (vmapped over trees), pack each tree into one row (`packing.pack_trees`) and take
