@@ -206,7 +206,8 @@ def _launch(spec):
   if os.WIFSIGNALED(status):
     # Die of the same signal so the host sees the command's own end, not an exit status.
     signum = os.WTERMSIG(status)
-    signal.signal(signum, signal.SIG_DFL)
+    if signum not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot have handlers
+      signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
   os._exit(os.WEXITSTATUS(status))
 
