@@ -39,7 +39,7 @@ import ml_collections
 
 ESTIMATORS = ("bpo", "rloo", "grpo", "gigpo")
 FORK_RULES = ("entropy", "random")
-TRUNK_BASELINES = ("zero", "loo")
+TRUNK_BASELINES = ("zero", "loo", "batch")
 NORMALIZATIONS = ("tree", "token")
 ARCHITECTURES = ("qwen2", "llama")
 DTYPES = ("float32", "bfloat16")
@@ -336,6 +336,10 @@ def _check_budgets(config, problems: list[str]):
   if r.max_tree_tokens < min_tree_tokens:
     problems.append(f"rollout.max_tree_tokens = {r.max_tree_tokens}: cannot hold one step of "
                     f"each of rollout.k = {r.k} branches (needs >= {min_tree_tokens})")
+  if (r.trunk_baseline == "batch" and r.estimator == "bpo"
+      and r.tasks_per_iteration * r.trees_per_task < 2):
+    problems.append("rollout.trunk_baseline = 'batch': needs at least 2 trees per iteration "
+                    "(rollout.tasks_per_iteration x rollout.trees_per_task)")
   if r.trunk_baseline == "loo" and r.trees_per_task < 2:
     problems.append("rollout.trunk_baseline = 'loo': needs rollout.trees_per_task >= 2 (the "
                     "leave-one-out mean over the other trees of the same task)")

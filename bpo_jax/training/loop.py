@@ -169,14 +169,18 @@ def task_order(num_tasks: int, seed: int, start: int, count: int) -> list[int]:
 
 
 @functools.partial(jax.jit, static_argnames=("estimator", "gamma", "trees_per_task",
-                                             "loo_trunk"))
+                                             "trunk"))
 def advantages_and_weights(trees: tree_lib.RolloutTree, *, estimator: str, gamma: float,
-                           trees_per_task: int = 1, loo_trunk: bool = False):
+                           trees_per_task: int = 1, trunk: str = "zero"):
   """Per-node advantages and path weights of a stacked batch of trees (vmapped estimators).
 
-  BPO uses its sibling baselines and path weights; with `loo_trunk` the trunk baseline of each
-  tree is the mean root value of the other trees of its task (trees are grouped by task in
-  consecutive runs of `trees_per_task`). The baselines (one root group per task) use their own
+  BPO uses its sibling baselines and path weights, and for the trunk (the steps before a
+  tree's first fork) a baseline that does not depend on the tree's own actions: `trunk="zero"`;
+  `"loo"`, the mean root value of the other trees of its task (trees are grouped by task in
+  consecutive runs of `trees_per_task`); or `"batch"`, the mean root value of every other tree
+  in the batch (other tasks included: they are sampled independently of this tree, so the
+  estimate stays unbiased, and with tasks of similar difficulty it removes most of the trunk's
+  return variance). The baselines (one root group per task) use their own
   advantages with the path weights of a star, 1/N per episode, so that every estimator averages
   over its episodes in the same "per tree" normalisation.
 
@@ -184,14 +188,14 @@ def advantages_and_weights(trees: tree_lib.RolloutTree, *, estimator: str, gamma
     (advantages [T, N], weights [T, N]), zero on invalid nodes.
   """
   if estimator == "bpo":
-    if loo_trunk:
-      root = jax.vmap(lambda t: estimators.root_value(t, gamma))(trees)
-      per_task = root.reshape(-1, trees_per_task)
-      trunk = jax.vmap(estimators.leave_one_out_trunk_baselines)(per_task).reshape(-1)
+    if trunk == "zero":
+      baseline = jnp.zeros(trees.parent.shape[:1], jnp.float32)
     else:
-      trunk = jnp.zeros(trees.parent.shape[:1], jnp.float32)
+      root = jax.vmap(lambda t: estimators.root_value(t, gamma))(trees)
+      groups = root.reshape(-1, trees_per_task) if trunk == "loo" else root[None]
+      baseline = jax.vmap(estimators.leave_one_out_trunk_baselines)(groups).reshape(-1)
     out = jax.vmap(lambda t, b: estimators.bpo_advantages(t, gamma=gamma, trunk_baseline=b))(
-        trees, trunk)
+        trees, baseline)
     return out.advantages, out.weights
   fn = {"rloo": estimators.rloo_advantages, "grpo": estimators.grpo_advantages,
         "gigpo": estimators.gigpo_advantages}[estimator]
@@ -436,7 +440,7 @@ def run_iteration(exp: Experiment, engine: rollout_lib.RolloutEngine, train_step
   trees = batch.stacked_trees()
   advantages, weights = advantages_and_weights(
       jax.tree.map(jnp.asarray, trees), estimator=r.estimator, gamma=float(r.gamma),
-      trees_per_task=r.trees_per_task, loo_trunk=r.trunk_baseline == "loo")
+      trees_per_task=r.trees_per_task, trunk=r.trunk_baseline)
   advantages, weights = np.asarray(advantages), np.asarray(weights)
   packed = packing.pack_trees(batch.tree_tokens(), list(advantages), list(weights),
                               num_rows=_row_count(len(tasks), config.train.micro_batches))
@@ -657,7 +661,7 @@ def sample_tree(config, workdir: str, task_index: int = 0, seed: int = 0):
   r = config.rollout
   advantages, _ = advantages_and_weights(
       jax.tree.map(jnp.asarray, batch.stacked_trees()), estimator=r.estimator,
-      gamma=float(r.gamma), trees_per_task=1, loo_trunk=False)
+      gamma=float(r.gamma), trees_per_task=1, trunk="zero")
   return batch.rollouts[0], np.asarray(advantages[0])
 
 

@@ -53,8 +53,15 @@ def test_advantages_and_weights_by_hand():
   # The same two trees as the two trees of one task, leave-one-out trunk baseline: the fork
   # tree's root value 2 and the chain's 1 are each other's trunk baselines.
   adv, _ = loop.advantages_and_weights(_stack(fork, chain), estimator="bpo", gamma=1.0,
-                                       trees_per_task=2, loo_trunk=True)
+                                       trees_per_task=2, trunk="loo")
   np.testing.assert_allclose(adv, [[2 - 1, -2, 2, 0], [1 - 2, 0, 0, 0]], atol=1e-6)
+  # Batch trunk baseline over three trees of different tasks: root values 2, 1 and 4, so the
+  # trunk baselines are (1 + 4) / 2, (2 + 4) / 2 and (2 + 1) / 2.
+  other = tree_lib.from_parents([-1], [4.0], terminal=[True])
+  adv, _ = loop.advantages_and_weights(_stack(fork, chain, other), estimator="bpo", gamma=1.0,
+                                       trunk="batch")
+  np.testing.assert_allclose(adv, [[2 - 2.5, -2, 2, 0], [1 - 3, 0, 0, 0], [4 - 1.5, 0, 0, 0]],
+                             atol=1e-6)
   # RLOO on a group of three episodes with returns 1, 2, 6: G - mean of the others.
   group = tree_lib.from_parents([-1, -1, -1], [1.0, 2.0, 6.0], terminal=[True] * 3)
   adv, w = loop.advantages_and_weights(_stack(group), estimator="rloo", gamma=1.0)
