@@ -16,6 +16,8 @@ FULL = [
     "absl-py>=2.1",
     "ml-collections>=1.0",
     "tensorboard>=2.15",
+    "tokenizers>=0.20",  # the word-level tokenizer of the built-in world
+    "tqdm>=4.60",  # the training loop's progress bar
 ]
 TEST = [
     "pytest>=8",
