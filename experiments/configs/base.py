@@ -81,3 +81,33 @@ def tiny(config: ml_collections.ConfigDict, iterations: int = 2) -> ml_collectio
   config.checkpoint.every = 1
   config.log.progress_bar = False
   return config
+
+
+def pod(config: ml_collections.ConfigDict, *, model_preset: str, chip: str, fsdp: int,
+        tensor: int, hosts: int, tasks_per_iteration: int, max_tree_tokens: int,
+        max_length: int, micro_batches: int) -> ml_collections.ConfigDict:
+  """A pretrained preset on a pod slice: BPO with a leave-one-out trunk over 2 trees per task,
+  bfloat16 parameters with float32 master weights, full remat, scanned layers, FSDP x tensor
+  mesh over `fsdp * tensor` chips driven by `hosts` processes (4 chips per host)."""
+  c = config
+  c.rollout.tasks_per_iteration = tasks_per_iteration
+  c.rollout.trees_per_task = 2
+  c.rollout.trunk_baseline = "loo"
+  c.rollout.max_leaves = 4
+  c.rollout.max_tree_tokens = max_tree_tokens
+  c.model.max_length = max_length
+  c.train.micro_batches = micro_batches
+  c.train.learning_rate = 1e-6
+  c.warm_start.num_trajectories = 0  # a pretrained checkpoint needs no warm start
+  s = c.scale
+  s.model_preset = model_preset
+  s.chip = chip
+  s.num_devices = fsdp * tensor
+  s.mesh.data, s.mesh.fsdp, s.mesh.tensor, s.mesh.dcn_data = 1, fsdp, tensor, 1
+  s.param_dtype = "bfloat16"
+  s.master_weights = True
+  s.remat = "full"
+  s.scan_layers = True
+  s.distributed.coordinator_address = "host0:8476"
+  s.distributed.num_processes = hosts
+  return c

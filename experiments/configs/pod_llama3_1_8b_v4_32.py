@@ -17,6 +17,7 @@ On the pod (4 hosts of 4 chips), every host runs run.py with its own process id:
       --workdir=gs://BUCKET/llama8b --config.scale.distributed.process_id=$HOST_INDEX
 """
 
+from experiments.configs import base
 from experiments.configs import webshop
 
 
@@ -24,24 +25,6 @@ def get_config():
   c = webshop.get_config()
   c.env.max_turns = 8
   c.env.options.max_steps = 8
-  c.rollout.tasks_per_iteration = 8
-  c.rollout.trees_per_task = 2
-  c.rollout.trunk_baseline = "loo"
-  c.rollout.max_leaves = 4
-  c.rollout.max_tree_tokens = 4096
-  c.model.max_length = 4096
-  c.train.micro_batches = 4
-  c.train.learning_rate = 1e-6
-  c.warm_start.num_trajectories = 0  # a pretrained checkpoint needs no warm start
-  s = c.scale
-  s.model_preset = "llama3_1_8b"
-  s.chip = "v4"
-  s.num_devices = 16
-  s.mesh.data, s.mesh.fsdp, s.mesh.tensor, s.mesh.dcn_data = 1, 4, 4, 1
-  s.param_dtype = "bfloat16"
-  s.master_weights = True
-  s.remat = "full"
-  s.scan_layers = True
-  s.distributed.coordinator_address = "host0:8476"
-  s.distributed.num_processes = 4  # v4-32: 4 hosts of 4 chips
-  return c
+  # v4-32: 16 chips on 4 hosts of 4.
+  return base.pod(c, model_preset="llama3_1_8b", chip="v4", fsdp=4, tensor=4, hosts=4,
+                  tasks_per_iteration=8, max_tree_tokens=4096, max_length=4096, micro_batches=4)

@@ -17,29 +17,12 @@ On the pod, every host runs the same command with its own process id:
       --workdir=gs://BUCKET/qwen7b --config.scale.distributed.process_id=$HOST_INDEX
 """
 
+from experiments.configs import base
 from experiments.configs import webshop
 
 
 def get_config():
-  c = webshop.get_config()
-  c.rollout.tasks_per_iteration = 32
-  c.rollout.trees_per_task = 2
-  c.rollout.trunk_baseline = "loo"
-  c.rollout.max_leaves = 4
-  c.rollout.max_tree_tokens = 16384
-  c.model.max_length = 4608
-  c.train.micro_batches = 8
-  c.train.learning_rate = 1e-6
-  c.warm_start.num_trajectories = 0  # a pretrained checkpoint needs no warm start
-  s = c.scale
-  s.model_preset = "qwen2_5_7b"
-  s.chip = "v5p"
-  s.num_devices = 32
-  s.mesh.data, s.mesh.fsdp, s.mesh.tensor, s.mesh.dcn_data = 1, 8, 4, 1
-  s.param_dtype = "bfloat16"
-  s.master_weights = True
-  s.remat = "full"
-  s.scan_layers = True
-  s.distributed.coordinator_address = "host0:8476"
-  s.distributed.num_processes = 8  # v5p-64: 8 hosts of 4 chips
-  return c
+  # v5p-64: 32 chips on 8 hosts of 4.
+  return base.pod(webshop.get_config(), model_preset="qwen2_5_7b", chip="v5p", fsdp=8, tensor=4,
+                  hosts=8, tasks_per_iteration=32, max_tree_tokens=16384, max_length=4608,
+                  micro_batches=8)
