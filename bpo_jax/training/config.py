@@ -106,17 +106,21 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.entropy_quantile = 0.8
   c.rollout.fork_probability = 0.3   # the random rule's chance of forking at a step
   c.rollout.max_leaves = 4         # per tree
-  c.rollout.max_tree_tokens = 512  # per tree, prompt + actions + observations
+  # per tree, prompt + actions + observations; the worst-case accounting charges each live branch
+  # the rest of the context (model.max_length), so 512 held only one fork of two branches
+  c.rollout.max_tree_tokens = 1024
   c.rollout.max_env_steps = 64     # per tree
   c.rollout.max_action_tokens = 5
-  c.rollout.temperature = 0.7
+  c.rollout.temperature = 1.0
   c.rollout.top_p = 1.0
-  c.rollout.trunk_baseline = "zero"
+  # "batch": the leave-one-out mean root value of the iteration's other trees (zero left the
+  # trunk's advantage equal to its 0/1 return)
+  c.rollout.trunk_baseline = "batch"
   c.rollout.gamma = 1.0
 
   c.train = ml_collections.ConfigDict()
   c.train.iterations = 40
-  c.train.learning_rate = 5e-4
+  c.train.learning_rate = 2e-4
   c.train.weight_decay = 0.0
   c.train.max_grad_norm = 1.0
   c.train.micro_batches = 2        # gradient accumulation; also the gradient-variance sample
