@@ -850,12 +850,7 @@ class RolloutEngine:
     siblings = collections.Counter()
     out = []
     for branch_id, (backbone, index, branch) in requests.items():
-      state = states[backbone.task]
-      state.compute.restores += 1
-      if isinstance(restored[branch_id], pool_lib.BranchFailure):
-        state.failures.append(Failure(ROOT, branch.node, "restore", restored[branch_id].reason))
-        state.compute.failed_branches += 1
-        self.pool.close(branch_id)
+      if not self._restored(states[backbone.task], branch.node, branch_id, restored[branch_id]):
         continue
       siblings[(backbone.branch_id, index)] += 1
       out.append(branch)
@@ -895,6 +890,17 @@ class RolloutEngine:
       states[branch.task].compute.tokens_prefilled += 1
       branch.rewind_token = None
     return decode_state
+
+  def _restored(self, state: _TreeState, node: int, branch_id, result) -> bool:
+    """Counts one restore into `branch_id`; a failed one is recorded against `node` (the step
+    whose sibling it was to start), its branch closed, and False returned."""
+    state.compute.restores += 1
+    if not isinstance(result, pool_lib.BranchFailure):
+      return True
+    state.failures.append(Failure(ROOT, node, "restore", result.reason))
+    state.compute.failed_branches += 1
+    self.pool.close(branch_id)
+    return False
 
   def _initial_state_id(self, observation: str) -> int:
     return text_state_id(observation) if self.config.state_ids == "observation" else -1
@@ -976,12 +982,7 @@ class RolloutEngine:
     siblings_of = collections.defaultdict(list)
     for new_id, (index, _) in restore_requests.items():
       source = live[index]
-      state = states[source.task]
-      state.compute.restores += 1
-      if isinstance(restored[new_id], pool_lib.BranchFailure):
-        state.failures.append(Failure(ROOT, source.node, "restore", restored[new_id].reason))
-        state.compute.failed_branches += 1
-        self.pool.close(new_id)
+      if not self._restored(states[source.task], source.node, new_id, restored[new_id]):
         continue
       siblings_of[index].append(_Branch(
           task=source.task, branch_id=new_id, node=source.node, depth=source.depth,
