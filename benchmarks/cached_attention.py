@@ -24,7 +24,6 @@ With `--json` it prints one JSON object: per-case seconds of both sides and thei
 `min_append_speedup_vs_whole_cache` and `min_decode_speedup_vs_whole_cache`.
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -37,6 +36,7 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common  # noqa: E402
 from bpo_jax import models  # pylint: disable=g-import-not-at-top
 from bpo_jax import sampling  # pylint: disable=g-import-not-at-top
 
@@ -117,14 +117,12 @@ def run_case(graphdef, state, max_length, batch, row_length, observation_length,
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--json", action="store_true", help="print one JSON object")
+  parser = common.parser(__doc__.split("\n\n")[0], repeats=9)
   parser.add_argument("--max-lengths", default="512,1024", help="cache lengths, comma separated")
   parser.add_argument("--batch", type=int, default=16, help="rows")
   parser.add_argument("--row-length", type=int, default=100, help="tokens per row (mean)")
   parser.add_argument("--observation-length", type=int, default=32, help="tokens appended")
   parser.add_argument("--new-tokens", type=int, default=32, help="tokens decoded per row")
-  parser.add_argument("--repeats", type=int, default=9, help="timed runs (the median is kept)")
   args = parser.parse_args()
 
   graphdef, state = nnx.split(models.Decoder(CONFIG, rngs=nnx.Rngs(0)))

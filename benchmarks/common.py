@@ -11,10 +11,12 @@ from typing import Any, Callable
 import jax
 
 
-def parser(description: str) -> argparse.ArgumentParser:
+def parser(description: str, repeats: int = 7) -> argparse.ArgumentParser:
+  """The flags every benchmark has: `--json` and `--repeats` (default `repeats`)."""
   p = argparse.ArgumentParser(description=description)
   p.add_argument("--json", action="store_true", help="print one JSON object with the figures")
-  p.add_argument("--repeats", type=int, default=7, help="timed repetitions (the median is kept)")
+  p.add_argument("--repeats", type=int, default=repeats,
+                 help="timed repetitions (the median is kept)")
   return p
 
 

@@ -29,7 +29,6 @@ seconds (`bpo_seconds_<phase>`), `device_row_tokens_over_decoded` and the counte
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -42,6 +41,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from benchmarks import common  # noqa: E402
 from bpo_jax import agent_format  # noqa: E402
 from bpo_jax import rollout  # noqa: E402
 from bpo_jax.models import Decoder  # noqa: E402
@@ -64,9 +64,7 @@ def _run(engine, params, tasks, key):
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--json", action="store_true", help="print one JSON object with the figures")
-  p.add_argument("--repeats", type=int, default=3, help="timed repetitions (medians kept)")
+  p = common.parser(__doc__.split("\n\n")[0], repeats=3)
   p.add_argument("--tasks", type=int, default=8, help="tasks (trees) per batch")
   p.add_argument("--workers", type=int, default=0, help="sandbox worker processes (0: in-process)")
   p.add_argument("--siblings", type=int, default=4, help="K, actions tried at a fork")
@@ -79,13 +77,13 @@ def main(argv=None):
       agent_format.WordTokenizer(rooms.vocabulary()))
   config, graphdef, params = _policy(fmt.tokenizer.vocab_size)
   tasks = rooms.make_tasks("train", num=args.tasks, seed=0, difficulty=2)
-  common = dict(max_turns=args.max_turns, max_new_tokens=8, max_length=1024,
+  shared = dict(max_turns=args.max_turns, max_new_tokens=8, max_length=1024,
                 batch_buckets=(8, 16, 32, 64, 128, 256))
   # The random rule spreads forks along the backbone (a random tiny policy's entropies are all
   # about log V, so the entropy rule would fork at the first states only).
   bpo_config = rollout.RolloutConfig(num_siblings=args.siblings, fork_rule="random",
                                      fork_prob=args.fork_prob, max_leaves=args.max_leaves,
-                                     budget_accounting="used", **common)
+                                     budget_accounting="used", **shared)
 
   pool = pool_lib.SandboxPool.for_environment("rooms", num_workers=args.workers, timeout_s=60.0)
   groups = {}
@@ -101,7 +99,7 @@ def main(argv=None):
       if n not in groups:
         groups[n] = rollout.RolloutEngine(
             graphdef, config, fmt, pool,
-            rollout.RolloutConfig(topology="group", group_size=max(n, 1), **common))
+            rollout.RolloutConfig(topology="group", group_size=max(n, 1), **shared))
       out, s = _run(groups[n], params, group_tasks, key)
       batches.append(out)
       seconds += s

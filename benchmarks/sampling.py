@@ -17,7 +17,6 @@ With `--json` it prints one JSON object: per-case tokens/s of each side and thei
 `min_decode_speedup_vs_hf_torch`, the smallest ratio over the cases.
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -33,6 +32,7 @@ import transformers
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common  # pylint: disable=g-import-not-at-top
 from bpo_jax import models  # pylint: disable=g-import-not-at-top
 from bpo_jax import sampling  # pylint: disable=g-import-not-at-top
 
@@ -86,11 +86,9 @@ def run_case(hf_model, graphdef, state, config, batch, prompt_length, new_tokens
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--json", action="store_true", help="print one JSON object")
+  parser = common.parser(__doc__.splitlines()[0], repeats=3)
   parser.add_argument("--new-tokens", type=int, default=32)
   parser.add_argument("--prompt-length", type=int, default=16)
-  parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--configs", default="10M,100M")
   parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
   parser.add_argument("--max-length", type=int, default=None,
