@@ -27,6 +27,14 @@ from a copy of its cache row cut back to the state (one token re-run to recover 
 there). Where those forks go depends on the backbone's own later actions, which biases the
 estimator (DESIGN.md §3).
 
+Randomness is per branch, so a task's tree does not depend on the other tasks of the call (a
+batch split across processes grows the same trees as one process). The task with global index
+t (`task_ids`, default its position) has the key `fold_in(key, t)`; its backbone carries that
+key. The action a branch with key k takes at depth d (the d-th state on its path) is drawn with
+`child_key(k, d, 0) = fold_in(fold_in(k, d), 0)` (token s of it with `fold_in(·, s)`, see
+`sampling.generate`), and sibling j = 1..K-1 of a fork there carries the key `child_key(k, d,
+j)`. The random fork rule draws from a NumPy generator seeded with the task key's words.
+
 Budgets (per tree): leaves, env steps and tokens, plus `max_turns` per branch (a branch that
 reaches it is cut and marked truncated) and the cache length (a branch whose next observation
 would leave no room for an action is cut too). A fork happens only if the budgets can afford
@@ -460,6 +468,7 @@ class _Branch:
   can_fork: bool
   state_id: int = -1
   row: int = -1
+  key: np.ndarray | None = None  # raw words of the branch's PRNG key (see "Randomness")
   # "top_k_after": the backbone's states so far (`_PastState`), forked once it finishes.
   history: list = dataclasses.field(default_factory=list)
   # A branch started after the fact at an earlier state of a finished backbone: its row is a
@@ -471,8 +480,9 @@ class _Branch:
 class _TreeState:
   """One task's growing tree: builder, token and text records, budget counters."""
 
-  def __init__(self, task, capacity: int):
+  def __init__(self, task, capacity: int, rule_rng: np.random.Generator | None = None):
     self.task = task
+    self.rule_rng = rule_rng  # the random fork rule's draws for this tree
     self.builder = tree_lib.TreeBuilder(capacity)
     self.parent: list[int] = []
     self.valid: list[bool] = []
@@ -541,6 +551,21 @@ def _digest(data: bytes) -> str:
   return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _fold_in_rows(impl, key_data: jax.Array, values: jax.Array) -> jax.Array:
+  """Row n: the raw words of `fold_in(...fold_in(key_n, values[n, 0])..., values[n, -1])`."""
+  keys = jax.random.wrap_key_data(key_data, impl=impl)
+  for column in range(values.shape[1]):
+    keys = jax.vmap(jax.random.fold_in)(keys, values[:, column])
+  return jax.random.key_data(keys)
+
+
+def child_key(key: jax.Array, depth: int, child: int) -> jax.Array:
+  """The key of the `child`-th action tried at the state at `depth` of a branch keyed `key`:
+  `fold_in(fold_in(key, depth), child)` (child 0: the branch's own action; see "Randomness")."""
+  return jax.random.fold_in(jax.random.fold_in(key, depth), child)
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def first_token_entropy(next_logits: jax.Array, temperature: float) -> jax.Array:
   """[B] entropy of each row's next-token distribution `softmax(logits / T)`: the quantity the
@@ -571,6 +596,36 @@ class RolloutEngine:
     self.sampler = sampling.Sampler(graphdef, model_config, config.max_length)
     self.sampling_params = config.sampling_params(fmt.stop_token_ids)
     self._calls = itertools.count()
+    self._key_impl = None
+
+  # --------------------------------------------------------------------------- keys
+
+  def _fold_in(self, key_data: Sequence[np.ndarray], values: Sequence[Sequence[int]]):
+    """`_fold_in_rows` with the rows padded to a batch bucket (bounded compiles); returns the
+    raw words of the first `len(key_data)` rows as a device array."""
+    n = len(key_data)
+    padded = self.config.batch_size(n)
+    data = np.zeros((padded,) + np.shape(key_data[0]), np.uint32)
+    data[:n] = np.asarray(key_data, np.uint32)
+    folds = np.zeros((padded, len(values[0])), np.int32)
+    folds[:n] = np.asarray(values, np.int32)
+    return _fold_in_rows(self._key_impl, jnp.asarray(data), jnp.asarray(folds))[:n]
+
+  def _child_key_data(self, parents: Sequence[np.ndarray], depths: Sequence[int],
+                      children: Sequence[int]) -> np.ndarray:
+    """Raw words of `child_key(parent, depth, child)` per row (host arrays)."""
+    if not parents:
+      return np.zeros((0, 0), np.uint32)
+    return np.asarray(self._fold_in(parents, list(zip(depths, children))))
+
+  def _action_keys(self, live: Sequence[_Branch], batch: int) -> jax.Array:
+    """Typed keys [batch] for `generate`: row b's is `child_key(key, depth, 0)` of its branch
+    (padding rows get the key of zeros' child, and emit nothing)."""
+    blank = np.zeros_like(live[0].key)
+    rows = [b.key for b in live] + [blank] * (batch - len(live))
+    depths = [b.depth for b in live] + [0] * (batch - len(live))
+    data = self._fold_in(rows, [(d, 0) for d in depths])
+    return jax.random.wrap_key_data(data, impl=self._key_impl)
 
   # --------------------------------------------------------------------------- budgets
 
@@ -619,14 +674,18 @@ class RolloutEngine:
   # --------------------------------------------------------------------------- the loop
 
   def rollout(self, params, tasks: Sequence[Any], key: jax.Array,
-              threshold: float | None = None) -> RolloutBatch:
+              threshold: float | None = None,
+              task_ids: Sequence[int] | None = None) -> RolloutBatch:
     """Grows one tree (or group) per task; see the module docstring.
 
     Args:
       params: the policy's `nnx.split` state.
       tasks: the tasks, one tree each.
-      key: a JAX PRNG key for sampling (and the random fork rule).
+      key: a JAX PRNG key (typed, or raw uint32 words) for sampling and the random fork rule.
       threshold: the entropy threshold for this call (default `config.entropy_threshold`).
+      task_ids: the tasks' global indices (default `0..len(tasks)-1`): task t's tree depends
+        only on `fold_in(key, task_ids[t])`, so a batch split into parts, each rolled out with
+        its own tasks' global indices, grows the trees of the whole batch.
 
     Returns:
       A `RolloutBatch` with one `TaskRollout` per task, in order.
@@ -635,9 +694,22 @@ class RolloutEngine:
     if not tasks:
       raise ValueError("rollout needs at least one task")
     threshold = cfg.entropy_threshold if threshold is None else float(threshold)
+    if task_ids is None:
+      task_ids = range(len(tasks))
+    task_ids = [int(t) for t in task_ids]
+    if len(task_ids) != len(tasks):
+      raise ValueError(f"task_ids must give one index per task: {len(task_ids)} ids for "
+                       f"{len(tasks)} tasks")
+    if len(set(task_ids)) != len(task_ids) or min(task_ids) < 0:
+      raise ValueError(f"task_ids must be distinct non-negative integers, got {task_ids}")
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+      key = jax.random.wrap_key_data(key)
+    if key.shape:
+      raise ValueError(f"rollout takes one PRNG key, got keys of shape {key.shape}")
+    self._key_impl = jax.random.key_impl(key)
+    root_words = np.asarray(jax.random.key_data(key))
+    task_keys = np.asarray(self._fold_in([root_words] * len(tasks), [[t] for t in task_ids]))
     call = next(self._calls)
-    key, rule_key = jax.random.split(key)
-    rng = np.random.default_rng(np.asarray(jax.random.key_data(rule_key)).ravel().tolist())
     seconds = dict.fromkeys(PHASES, 0.0)
     clock = [time.perf_counter()]
 
@@ -646,7 +718,8 @@ class RolloutEngine:
       seconds[phase] += now - clock[0]
       clock[0] = now
 
-    states = [_TreeState(task, cfg.node_capacity) for task in tasks]
+    states = [_TreeState(task, cfg.node_capacity, np.random.default_rng(words.tolist()))
+              for task, words in zip(tasks, task_keys)]
     branch_numbers = itertools.count()
 
     def new_branch_id(task_index):
@@ -673,7 +746,7 @@ class RolloutEngine:
                          f"max_length={cfg.max_length}")
       live.append(_Branch(task=i, branch_id=backbone_ids[i], node=ROOT, depth=0,
                           length=len(state.prompt), can_fork=True,
-                          state_id=self._initial_state_id(first)))
+                          state_id=self._initial_state_id(first), key=task_keys[i]))
     if cfg.state_ids == "snapshot":
       self._snapshot_state_ids(live, states)
     lap("reset")
@@ -696,7 +769,7 @@ class RolloutEngine:
       turns += 1
       # 1-2. Fork decisions at every live state, then snapshots, restores and the row gather.
       entropies = np.asarray(first_token_entropy(decode_state.next_logits, cfg.temperature))
-      live, sources, state_entropy = self._fork(live, states, entropies, threshold, rng,
+      live, sources, state_entropy = self._fork(live, states, entropies, threshold,
                                                 new_branch_id)
       if not live:
         lap("fork")
@@ -715,8 +788,8 @@ class RolloutEngine:
       lap("fork")
 
       # 3. One decode call for every row of every tree.
-      key, sample_key = jax.random.split(key)
-      decode_state, out = self.sampler.generate(params, decode_state, sample_key,
+      decode_state, out = self.sampler.generate(params, decode_state,
+                                                self._action_keys(live, batch),
                                                 self.sampling_params, active)
       tokens = np.asarray(out.tokens)
       logprobs = np.asarray(out.logprobs)
@@ -826,6 +899,7 @@ class RolloutEngine:
     """
     cfg = self.config
     requests = {}  # new branch id -> (backbone, index into its history, the new branch)
+    children = []  # each new branch's place among the actions tried at its state (1..K-1)
     for backbone in backbones:
       state = states[backbone.task]
       history = backbone.history
@@ -838,13 +912,20 @@ class RolloutEngine:
         past = history[index]
         state.compute.forks += 1
         state.branches_started += cfg.num_siblings - 1
-        for _ in range(cfg.num_siblings - 1):
+        for child in range(1, cfg.num_siblings):
           branch_id = new_branch_id(backbone.task)
+          children.append(child)
           requests[branch_id] = (backbone, index, _Branch(
               task=backbone.task, branch_id=branch_id, node=past.decision.node,
               depth=past.decision.depth, length=past.length, can_fork=False,
               state_id=past.state_id, row=backbone.row, rewind_token=past.cue_token,
               state_entropy=past.decision.entropy))
+    # Each new branch's key: `child_key(backbone key, depth of the state, child)`.
+    keys = self._child_key_data([backbone.key for backbone, _, _ in requests.values()],
+                                [branch.depth for _, _, branch in requests.values()],
+                                children)
+    for n, (_, _, branch) in enumerate(requests.values()):
+      branch.key = keys[n]
     restored = self.pool.restore_many(
         {b: backbone.history[index].snapshot for b, (backbone, index, _) in requests.items()})
     siblings = collections.Counter()
@@ -918,7 +999,7 @@ class RolloutEngine:
                          else text_state_id(snap.data))
 
   def _fork(self, live: list[_Branch], states: list[_TreeState], entropies: np.ndarray,
-            threshold: float, rng: np.random.Generator, new_branch_id):
+            threshold: float, new_branch_id):
     """Decides at every live state, forks the chosen ones.
 
     Returns (the branches in their new row order, the source row of each, and the first-token
@@ -947,7 +1028,7 @@ class RolloutEngine:
         extra = cfg.group_size - 1 if eligible else 0
       else:
         eligible = branch.can_fork
-        rule = eligible and self._rule(entropy, state, threshold, rng)
+        rule = eligible and self._rule(entropy, state, threshold, state.rule_rng)
         affordable = rule and self._affordable(state, live, branch, pending[branch.task])
         extra = cfg.num_siblings - 1 if affordable else 0
       if index in verdicts:
@@ -974,13 +1055,17 @@ class RolloutEngine:
       snap = snapshots[branch.branch_id]
       if isinstance(snap, pool_lib.BranchFailure):
         continue
-      for _ in range(extra):
-        restore_requests[new_branch_id(branch.task)] = (index, snap)
-    restored = self.pool.restore_many({b: s for b, (_, s) in restore_requests.items()})
+      for child in range(1, extra + 1):
+        restore_requests[new_branch_id(branch.task)] = (index, snap, child)
+    restored = self.pool.restore_many({b: s for b, (_, s, _) in restore_requests.items()})
+    sibling_keys = self._child_key_data(
+        [live[i].key for i, _, _ in restore_requests.values()],
+        [live[i].depth for i, _, _ in restore_requests.values()],
+        [child for _, _, child in restore_requests.values()])
 
     new_live, sources, row_entropy = [], [], []
     siblings_of = collections.defaultdict(list)
-    for new_id, (index, _) in restore_requests.items():
+    for n, (new_id, (index, _, _)) in enumerate(restore_requests.items()):
       source = live[index]
       if not self._restored(states[source.task], source.node, new_id, restored[new_id]):
         continue
@@ -988,7 +1073,7 @@ class RolloutEngine:
           task=source.task, branch_id=new_id, node=source.node, depth=source.depth,
           length=source.length,
           can_fork=cfg.siblings_fork and cfg.topology == "tree",
-          state_id=source.state_id))
+          state_id=source.state_id, key=sibling_keys[n]))
     for index, branch in enumerate(live):
       state = states[branch.task]
       entropy, eligible, rule, affordable, seen = verdicts[index]

@@ -17,6 +17,11 @@ positions equal slot indices, and appended tokens go to the next free slots. Eve
 is written to the cache, so the cache always holds exactly the row's prompt, generations and
 observations, and `next_logits` is ready for the next `generate`.
 
+Keys: `generate` takes one PRNG key for the whole batch (split once per decode step), or one
+key per row (typed keys of shape [B], or raw keys [B, 2]): row b's token at decode step s is then
+drawn with `fold_in(keys[b], s)`, so what a row samples does not depend on the other rows of the
+batch (the rollout engine gives every branch of every tree its own key this way).
+
 Numbers returned per generated token (`SampleOutput`): the token id, its log-probability and the
 entropy under the temperature-scaled distribution `softmax(logits / temperature)` before top-k /
 top-p truncation (temperature 0, i.e. greedy, reports `softmax(logits)`), and a mask of the
@@ -172,8 +177,17 @@ def append_tokens(graphdef, state, decode_state: DecodeState, tokens: jax.Array,
   return DecodeState(cache=cache, next_logits=next_logits)
 
 
+def is_per_row_key(key: jax.Array) -> bool:
+  """Whether `key` holds one PRNG key per row (typed [B] or raw [B, 2]) rather than one key."""
+  typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+  return key.ndim == (1 if typed else 2)
+
+
 def sample_logits(logits: jax.Array, key: jax.Array, params: SamplingParams):
   """Draws one token per row of logits [B, V]; returns (tokens, logprobs, entropies).
+
+  `key` is one key for the batch, or one key per row (`is_per_row_key`): row b is then drawn
+  with `key[b]` alone, as `jax.random.categorical(key[b], logits[b])` would.
 
   Sampling uses `softmax(logits / T)` restricted to the top-k tokens and then to the smallest
   set of most likely tokens whose mass reaches top_p; the logprob and entropy reported are those
@@ -195,7 +209,11 @@ def sample_logits(logits: jax.Array, key: jax.Array, params: SamplingParams):
       threshold = jnp.min(jnp.where(mass_before < params.top_p, descending, jnp.inf), axis=-1,
                           keepdims=True)
       filtered = jnp.where(filtered < threshold, -jnp.inf, filtered)
-    tokens = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+    if is_per_row_key(key):
+      draw = jax.vmap(lambda row_key, row: jax.random.categorical(row_key, row))
+      tokens = draw(key, filtered).astype(jnp.int32)
+    else:
+      tokens = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
   logprobs, entropies = logprobs_and_entropy_from_logits(logits, tokens, params.temperature)
   return tokens, logprobs, entropies
 
@@ -220,6 +238,7 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   """Decodes up to `params.max_new_tokens` tokens per active row in one `lax.while_loop`.
 
   A row stops after emitting a stop token, after `max_new_tokens`, or when its cache is full.
+  `key` is one key for the batch or one per row (see "Keys" in the module docstring).
   Pure: jit it with `graphdef`, `params` and `attend_length` static (`Sampler.generate` does).
 
   `attend_length` (None = the cache length) is the window of cache slots the loop works on: it
@@ -241,6 +260,9 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   if active is None:
     active = jnp.ones((batch,), bool)
   stop_ids = jnp.asarray(params.stop_token_ids or (-1,), jnp.int32)
+  keyed_rows = is_per_row_key(key)
+  if keyed_rows and key.shape[0] != batch:
+    raise ValueError(f"per-row keys must number {batch} (the batch size), got {key.shape[0]}")
 
   def cond(carry):
     step, _, _, finished, _ = carry
@@ -248,7 +270,10 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
 
   def body(carry):
     step, ds, key, finished, out = carry
-    key, subkey = jax.random.split(key)
+    if keyed_rows:  # row b's token at step s: fold_in(key[b], s)
+      subkey = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, step)
+    else:
+      key, subkey = jax.random.split(key)
     tokens, logprobs, entropies = sample_logits(ds.next_logits, subkey, params)
     emit = ~finished
     tokens = jnp.where(emit, tokens, 0)

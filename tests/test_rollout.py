@@ -64,11 +64,12 @@ def in_process_pool():
                                               max_steps=SANDBOX_MAX_STEPS)
 
 
-def grow(policy, fmt, pool, tasks, seed=0, threshold=None, **overrides):
+def grow(policy, fmt, pool, tasks, seed=0, threshold=None, task_ids=None, **overrides):
   config, graphdef, params = policy
   rollout_config = rollout.RolloutConfig(**{**COMMON, **overrides})
   engine = rollout.RolloutEngine(graphdef, config, fmt, pool, rollout_config)
-  return engine.rollout(params, tasks, jax.random.key(seed), threshold=threshold)
+  return engine.rollout(params, tasks, jax.random.key(seed), threshold=threshold,
+                        task_ids=task_ids)
 
 
 @functools.lru_cache(maxsize=None)
@@ -532,6 +533,42 @@ def test_worker_pool_gives_the_same_trees(policy, fmt, tasks):
   assert workers.compute.restores == local.compute.restores > 0
 
 
+def _same_tree(a: rollout.TaskRollout, b: rollout.TaskRollout):
+  for field in ("parent", "reward", "terminal", "truncated", "valid"):
+    np.testing.assert_array_equal(getattr(a.tree, field), getattr(b.tree, field), err_msg=field)
+  np.testing.assert_allclose(a.tree.entropy, b.tree.entropy, atol=1e-6)
+  assert a.action_texts == b.action_texts and a.observation_texts == b.observation_texts
+  for x, y in zip(a.tokens.action_tokens, b.tokens.action_tokens):
+    np.testing.assert_array_equal(x, y)
+  for x, y in zip(a.tokens.action_logprobs, b.tokens.action_logprobs):
+    np.testing.assert_allclose(x, y, atol=1e-6)
+  assert [d.entropy for d in a.decisions] == pytest.approx([d.entropy for d in b.decisions],
+                                                           abs=1e-6)
+  assert a.compute == b.compute
+
+
+@pytest.mark.parametrize("rule", [dict(fork_rule="entropy", threshold=-1.0, num_siblings=2,
+                                       max_leaves=4, siblings_fork=True),
+                                  dict(fork_rule="random", fork_prob=0.5, num_siblings=3,
+                                       max_leaves=5),
+                                  dict(topology="group", group_size=3)])
+def test_a_tasks_tree_does_not_depend_on_its_batch_mates(policy, fmt, tasks, rule):
+  # Every branch samples with its own key (from the task's global index), so task 1 grown
+  # alone, under its index, is the tree it grows among tasks 0 and 2; under another index it
+  # is a different draw.
+  together = grow(policy, fmt, in_process_pool(), tasks, seed=4, **rule)
+  alone = grow(policy, fmt, in_process_pool(), tasks[1:2], seed=4, task_ids=[1], **rule)
+  _same_tree(alone.rollouts[0], together.rollouts[1])
+  assert together.rollouts[1].num_nodes > together.rollouts[1].leaves().size > 1  # it forked
+  pair = grow(policy, fmt, in_process_pool(), [tasks[2], tasks[0]], seed=4, task_ids=[2, 0],
+              **rule)
+  _same_tree(pair.rollouts[0], together.rollouts[2])
+  _same_tree(pair.rollouts[1], together.rollouts[0])
+  moved = grow(policy, fmt, in_process_pool(), tasks[1:2], seed=4, task_ids=[7], **rule)
+  assert (moved.rollouts[0].action_texts != alone.rollouts[0].action_texts
+          or moved.rollouts[0].num_nodes != alone.rollouts[0].num_nodes)
+
+
 def test_first_token_entropy_by_hand():
   logits = jnp.asarray([[0.0, 0.0, 0.0, 0.0], [0.0, -1e9, -1e9, -1e9]])
   np.testing.assert_allclose(rollout.first_token_entropy(logits, 1.0), [np.log(4), 0.0],
@@ -577,3 +614,7 @@ def test_bad_configs_and_inputs_are_named(policy, fmt, tasks):
     grow(policy, fmt, in_process_pool(), tasks[:1], max_length=40)
   with pytest.raises(ValueError, match="at least one task"):
     grow(policy, fmt, in_process_pool(), [])
+  with pytest.raises(ValueError, match="one index per task: 1 ids for 2 tasks"):
+    grow(policy, fmt, in_process_pool(), tasks[:2], task_ids=[0])
+  with pytest.raises(ValueError, match=r"distinct non-negative integers, got \[3, 3\]"):
+    grow(policy, fmt, in_process_pool(), tasks[:2], task_ids=[3, 3])

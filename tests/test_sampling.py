@@ -281,3 +281,29 @@ def test_bad_inputs_get_clear_errors(policy):
     sampler.generate(state, ds, jax.random.key(0), SamplingParams(), active=[True])
   with pytest.raises(ValueError, match="k must be positive"):
     sampling.fork(ds, [0], 0)
+
+
+def test_per_row_keys_make_a_row_independent_of_its_batch_mates(policy):
+  _, _, _, state, sampler = policy
+  params = SamplingParams(temperature=1.0, max_new_tokens=6)
+  keys = jax.random.split(jax.random.key(3), len(PROMPTS))
+  _, together = sampler.generate(state, sampler.prefill(state, PROMPTS), keys, params)
+  for b in (1, 3):
+    _, alone = sampler.generate(state, sampler.prefill(state, [PROMPTS[b]]), keys[b:b + 1],
+                                params)
+    tokens, logprobs, entropies = generated(together, b)
+    assert generated(alone, 0)[0] == tokens
+    np.testing.assert_allclose(generated(alone, 0)[1], logprobs, atol=1e-6)
+    np.testing.assert_allclose(generated(alone, 0)[2], entropies, atol=1e-6)
+  # Raw uint32 keys [B, 2] are per-row keys too, and a row's token at step s is drawn with
+  # fold_in(key[b], s): the first token is categorical(fold_in(key[b], 0), logits[b]).
+  raw = jax.random.key_data(keys)
+  ds = sampler.prefill(state, PROMPTS)
+  _, from_raw = sampler.generate(state, ds, raw, params)
+  np.testing.assert_array_equal(np.asarray(from_raw.tokens), np.asarray(together.tokens))
+  first = [int(jax.random.categorical(jax.random.fold_in(raw[b], 0), ds.next_logits[b]))
+           for b in range(len(PROMPTS))]
+  np.testing.assert_array_equal(np.asarray(together.tokens[:, 0]), first)
+  assert len({tuple(generated(together, b)[0]) for b in range(len(PROMPTS))}) > 1
+  with pytest.raises(ValueError, match="per-row keys must number 4 .the batch size., got 3"):
+    sampler.generate(state, ds, keys[:3], params)
