@@ -172,6 +172,27 @@ def test_sample_logits_draws_from_the_truncated_distribution():
   np.testing.assert_allclose(np.asarray(entropies), -(full * np.log(full)).sum(), rtol=1e-5)
 
 
+def test_argmax_and_draws_equal_jax_argmax_and_categorical():
+  # Ties go to the first index, as argmax has it.
+  np.testing.assert_array_equal(
+      sampling.first_index_of_max(jnp.asarray([[1.0, 3.0, 3.0], [2.0, 0.0, 1.0]])), [1, 0])
+  rng = np.random.RandomState(0)
+  logits = jnp.asarray(rng.randn(8, 300).astype(np.float32))
+  logits = logits.at[0, :5].set(-jnp.inf).at[1, 7].set(logits[1, 3])
+  np.testing.assert_array_equal(sampling.first_index_of_max(logits), jnp.argmax(logits, axis=-1))
+  # A draw takes the Gumbel noise `categorical` takes from the same key: the same tokens.
+  for seed in range(5):
+    key = jax.random.key(seed)
+    np.testing.assert_array_equal(
+        jax.jit(sampling.sample_logits, static_argnums=2)(
+            logits, key, SamplingParams(temperature=1.0))[0],
+        jax.random.categorical(key, logits, axis=-1))
+    row_keys = jax.random.split(key, 8)
+    np.testing.assert_array_equal(
+        sampling.sample_logits(logits, row_keys, SamplingParams(temperature=1.0))[0],
+        jax.vmap(jax.random.categorical)(row_keys, logits))
+
+
 def test_decode_loop_compiles_once_per_shape(policy):
   _, _, _, state, sampler = policy
   params = SamplingParams(temperature=1.0, max_new_tokens=4)

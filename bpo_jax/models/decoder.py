@@ -7,7 +7,7 @@ frequency scaling, tied or untied output projection.
 Calling convention:
 
   logits, cache = model(tokens, positions=None, attention_mask=None, cache=None,
-                        input_lengths=None)
+                        input_lengths=None, attend_length=None, logits_at=None)
 
 * Without a cache: `tokens` [B, T] is a whole sequence (or a packed tree). `positions` [B, T]
   feeds RoPE (default `0..T-1`); `attention_mask` [B, T, T] (True = may attend) replaces the
@@ -24,6 +24,10 @@ Calling convention:
   count: a new token in a slot at or past the bound would not see itself. Keys and values are
   still written into the full cache; slots past the bound are masked out anyway (they hold no
   row's earlier tokens), so the numbers equal those of `attend_length = max_length`, the default.
+* `logits_at` [B, K] (with or without a cache) picks the time steps whose logits are wanted:
+  `logits[b, k]` is then the logits at time `logits_at[b, k]`, [B, K, V]. The output projection
+  is a quarter of a small model's work per token, and a continued prefill needs only each row's
+  last token: its logits equal those of the full output at that step.
 
 The cache is a pytree passed in and out (`KVCache`), with a fixed number of slots so shapes stay
 static; forking rows is a gather on the batch axis (`KVCache.take_rows`).
@@ -289,7 +293,8 @@ class Decoder(nnx.Module):
 
   def __call__(self, tokens: jax.Array, positions: Optional[jax.Array] = None,
                attention_mask: Optional[jax.Array] = None, cache: Optional[KVCache] = None,
-               input_lengths: Optional[jax.Array] = None, attend_length: Optional[int] = None):
+               input_lengths: Optional[jax.Array] = None, attend_length: Optional[int] = None,
+               logits_at: Optional[jax.Array] = None):
     if tokens.ndim != 2:
       raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
     b, t = tokens.shape
@@ -322,6 +327,9 @@ class Decoder(nnx.Module):
       mask = key_slots[None, None, :] <= write_slots[:, :, None]
     if positions.shape != (b, t):
       raise ValueError(f"positions must be [batch, time] = {(b, t)}, got {positions.shape}")
+    if logits_at is not None and (logits_at.ndim != 2 or logits_at.shape[0] != b):
+      raise ValueError(f"logits_at must be [batch, K] time indices with batch {b}, got shape "
+                       f"{logits_at.shape}")
 
     # Recomputed at trace time (numpy constants) rather than stored as a non-Variable attribute.
     inv_freq = rope_inverse_frequencies(self.config.head_dim, self.config.rope_theta,
@@ -337,6 +345,8 @@ class Decoder(nnx.Module):
                                   write_slots)
         new_keys.append(keys)
         new_values.append(values)
+    if logits_at is not None:
+      x = jnp.take_along_axis(x, logits_at.astype(jnp.int32)[:, :, None], axis=1)
     x = self.final_norm(x)
     if self.config.tie_word_embeddings:
       logits = jnp.einsum("btm,vm->btv", x, self.embed[...].astype(x.dtype))
@@ -387,14 +397,14 @@ def _stack_layers(layers):
 
 
 def forward(graphdef, state, tokens, positions=None, attention_mask=None, cache=None,
-            input_lengths=None, attend_length=None):
+            input_lengths=None, attend_length=None, logits_at=None):
   """Pure form of `Decoder.__call__` over `nnx.split(model)`, for `jax.jit` in hot loops.
 
   `attend_length` is a shape: jit with it static (`static_argnames="attend_length"`).
   """
   model = nnx.merge(graphdef, state)
   return model(tokens, positions=positions, attention_mask=attention_mask, cache=cache,
-               input_lengths=input_lengths, attend_length=attend_length)
+               input_lengths=input_lengths, attend_length=attend_length, logits_at=logits_at)
 
 
 def logprobs_and_entropy_from_logits(logits: jax.Array, targets: jax.Array,
@@ -418,11 +428,19 @@ def logprobs_and_entropy_from_logits(logits: jax.Array, targets: jax.Array,
   scaled = logits.astype(jnp.float32)
   if temperature not in (0.0, 1.0):
     scaled = scaled / np.float32(temperature)
-  log_probs = jax.nn.log_softmax(scaled, axis=-1)
-  entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
-  target_logprobs = jnp.take_along_axis(log_probs, targets[..., None].astype(jnp.int32),
-                                        axis=-1)[..., 0]
-  return target_logprobs, entropy
+  # With z = x - max(x), e = exp(z) and s = Σ e: log p_i = z_i - log s and
+  # H = -Σ p_i log p_i = log s - Σ e_i z_i / s. One exponential per logit (a log-softmax followed
+  # by exp(log p) takes two), and both terms of H are >= 0, so nothing cancels.
+  shifted = scaled - jax.lax.stop_gradient(jnp.max(scaled, axis=-1, keepdims=True))
+  weights = jnp.exp(shifted)
+  total = jnp.sum(weights, axis=-1)
+  log_total = jnp.log(total)
+  # Logits of -inf have weight 0 and add 0 (not 0·inf = nan) to the weighted sum.
+  finite_shifted = jnp.where(weights > 0, shifted, 0.0)
+  entropy = log_total - jnp.sum(weights * finite_shifted, axis=-1) / total
+  target_shifted = jnp.take_along_axis(shifted, targets[..., None].astype(jnp.int32),
+                                       axis=-1)[..., 0]
+  return target_shifted - log_total, entropy
 
 
 def token_logprobs_and_entropy(graphdef, state, tokens: jax.Array, targets: jax.Array,

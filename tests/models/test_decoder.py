@@ -240,6 +240,48 @@ def test_logprobs_and_entropy_by_hand():
     models.logprobs_and_entropy_from_logits(logits, jnp.asarray([0, 0]), -1.0)
 
 
+def test_logprobs_and_entropy_with_masked_logits_and_their_gradient():
+  # A logit of -inf has probability 0 and adds nothing to the entropy (not 0·inf = nan).
+  logits = jnp.asarray([[0.0, -jnp.inf, math.log(3.0)]])
+  logprobs, entropy = models.logprobs_and_entropy_from_logits(logits, jnp.asarray([2]))
+  np.testing.assert_allclose(logprobs, [math.log(0.75)], rtol=1e-6)
+  np.testing.assert_allclose(
+      entropy, [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75))], rtol=1e-6)
+  # Gradients by hand: d log p_t / dx = onehot(t) - p and dH / dx_i = -p_i (log p_i + H).
+  x = jnp.asarray([0.3, -1.2, 2.0, 0.5])
+  p = np.asarray(jax.nn.softmax(x))
+  h = -(p * np.log(p)).sum()
+  grad_logprob = jax.grad(
+      lambda v: models.logprobs_and_entropy_from_logits(v, jnp.asarray(2))[0])(x)
+  grad_entropy = jax.grad(
+      lambda v: models.logprobs_and_entropy_from_logits(v, jnp.asarray(2))[1])(x)
+  np.testing.assert_allclose(grad_logprob, np.eye(4)[2] - p, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(grad_entropy, -p * (np.log(p) + h), rtol=1e-5, atol=1e-7)
+
+
+def test_logits_at_picks_the_logits_of_the_full_output(model):
+  config, graphdef, state = model
+  tokens = jnp.asarray(np.random.RandomState(6).randint(0, config.vocab_size, (3, 7)))
+  picks = np.asarray([[6, 0], [2, 2], [4, 5]], np.int32)
+  full, _ = forward(graphdef, state, tokens)
+  picked, _ = forward(graphdef, state, tokens, logits_at=jnp.asarray(picks))
+  assert picked.shape == (3, 2, config.vocab_size)
+  want = np.take_along_axis(np.asarray(full), picks[:, :, None], axis=1)
+  np.testing.assert_allclose(np.asarray(picked), want, atol=1e-6, rtol=1e-6)
+  # With a cache: the last real token of each right-padded row, as a continued prefill takes it.
+  lengths = np.asarray([7, 3, 5], np.int32)
+  cache = KVCache.init(config, 3, 8)
+  full, full_cache = forward(graphdef, state, tokens, cache=cache,
+                             input_lengths=jnp.asarray(lengths))
+  last, last_cache = forward(graphdef, state, tokens, cache=cache,
+                             input_lengths=jnp.asarray(lengths),
+                             logits_at=jnp.asarray(lengths - 1)[:, None])
+  np.testing.assert_allclose(np.asarray(last[:, 0]),
+                             np.asarray(full)[np.arange(3), lengths - 1], atol=1e-6, rtol=1e-6)
+  for got, want in zip(last_cache.keys + last_cache.values, full_cache.keys + full_cache.values):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_training_logprobs_match_a_full_forward(model):
   config, graphdef, state = model
   tokens = np.random.RandomState(5).randint(0, config.vocab_size, (2, 6))
@@ -280,3 +322,5 @@ def test_bad_inputs_get_clear_errors():
     models.forward(graphdef, state, tokens, cache=cache, attend_length=3)
   with pytest.raises(ValueError, match="attend_length must be a Python int"):
     models.forward(graphdef, state, tokens, cache=cache, attend_length=jnp.int32(6))
+  with pytest.raises(ValueError, match=r"logits_at must be \[batch, K\].*batch 2.*\(2,\)"):
+    models.forward(graphdef, state, tokens, logits_at=jnp.zeros((2,), jnp.int32))
