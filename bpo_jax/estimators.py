@@ -27,8 +27,10 @@ forward pass solving the affine recurrence x_i = a_i x_{parent(i)} + c_i. Work i
 Under `jax.vmap` (`jax.custom_batching.custom_vmap`) a batch of B trees is one forest stored node
 by node ([N, B]): each of the N steps of a pass updates the B trees at once, so the N steps are
 shared by the batch instead of repeated per tree. `bpo_advantages` runs its two passes in one
-kernel. The kernels have no reverse-mode derivative (advantages are targets, not
-differentiated).
+kernel (`_forest_bpo`) whose forward pass gathers, for each node, three values its parent
+prepared for its children, so that every step is a handful of row-sized fusions updated in place;
+the batch is transposed to node-major once on the way in and once on the way out. The kernels
+have no reverse-mode derivative (advantages are targets, not differentiated).
 """
 
 from __future__ import annotations
@@ -220,77 +222,114 @@ _subtree_kernel.def_vmap(_batch_rule(_subtree_kernel))
 
 
 def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Array,
-                gamma: Array) -> tuple[Array, Array, Array]:
-  """BPO on a node-major forest: parent/reward/valid [N, W], trunk_baseline/gamma [W] (one per
-  tree). Returns (values, baselines, weights), each [N, W], unmasked at invalid nodes.
+                gamma: Array) -> tuple[Array, Array, Array, Array]:
+  """BPO on a forest of W trees stored tree by tree: parent/reward/valid [W, N],
+  trunk_baseline/gamma [W]. Returns (advantages, weights, values, baselines), each [W, N] and 0
+  at invalid nodes.
 
-  Reverse pass: node i takes the (sum, count) of its children's values from its row, forms
-  Q̂(i) = r_i + γ · sum / count, and pushes (Q̂(i), 1) into its parent's row (row N collects the
-  steps at the root state, row N + 1 the invalid nodes). After it, a node's parent row holds its
-  siblings' sum and count, which give the leave-one-out baselines. Forward pass: baselines and
-  weights as two interleaved affine recurrences.
+  The three inputs are transposed once to node-major [N, W] (plain transposes: XLA CPU copies a
+  bare transpose fast, but slowly when elementwise work is fused into it), so that step i of a
+  pass reads and writes contiguous rows of W nodes; the four outputs are transposed back once.
+
+  Reverse pass (i = N − 1, …, 0), on rows of (sum, count) of each node's children's values:
+  node i reads its row, forms Q̂(i) = r_i + γ · sum / count and scatter-adds (Q̂(i), 1) into its
+  parent's row (row N collects the steps at the root state, row N + 1 the invalid nodes).
+
+  Forward pass (i = 0, …, N − 1). With p = parent(i), s_p and n_p the sum and count of p's
+  children's values (n_p is also i's sibling count), the baseline is
+    b_i = A_p − β_p · Q̂(i),   β_p = 1 / (n_p − 1) if n_p ≥ 2 else 0,
+    A_p = s_p / (n_p − 1)                  if n_p ≥ 2 (leave-one-out),
+    A_p = (b_p − r_p) / γ                  if n_p = 1 (inherited),
+    A_root = s_N / (n_N − 1) or the trunk baseline,
+  and the weight w_i = w_p / n_p. Each node computes A_i and w_i / n_i for its children as soon
+  as its own b_i and w_i are known, so a step gathers three values of the parent's row (A_p,
+  β_p, w_p / n_p) and writes rows of its own: a pure gather-and-write recurrence.
+
+  Every step is a few single-row fusions that update their buffer in place: each gathered value
+  has a single use (a value used twice would become a gather of its own, which XLA CPU splits
+  across threads at every step), and no fusion gathers from the buffer it writes (that would
+  copy the whole buffer each step), hence the two buffers of the forward pass (H: b, w; G: what
+  the children gather). O(N · W) work in 2N steps of W-wide rows.
   """
-  n, width = parent.shape
-  valid_f = valid.astype(jnp.float32)
-  reward = jnp.where(valid, reward, 0.0).astype(jnp.float32)
-  slot = jnp.where(valid, jnp.where(parent < 0, n, parent), n + 1).astype(jnp.int32)
-  target = _forest_columns(slot)
-  target_rows, reward_rows, valid_rows = _rows(target), _rows(reward), _rows(valid_f)
+  width, n = parent.shape
+  f32 = jnp.float32
+  columns = jnp.arange(width, dtype=jnp.int32)
+  parent_rows, reward_rows, valid_rows = parent.T, reward.astype(f32).T, valid.T
+  inv_gamma = 1.0 / gamma
 
-  def visit(k, carry):
-    pushed, values, children = carry  # children: [W, 2], (sum, count) of node i's children
+  def row(x, i):
+    return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+
+  def parent_slot(i):
+    p, ok = row(parent_rows, i), row(valid_rows, i)
+    return jnp.where(ok, jnp.where(p < 0, n, p), n + 1), ok
+
+  def reverse_step(k, carry):
+    children, values, own = carry  # children: flat [(N + 2) · W, 2]; own: node i's (sum, count)
     i = n - 1 - k
-    valid_i = _row(valid_rows, i, width)
-    mean_children = children[:, 0] / jnp.maximum(children[:, 1], 1.0)
-    value_i = (_row(reward_rows, i, width) + gamma * mean_children) * valid_i
-    pushed = pushed.at[_row(target_rows, i, width)].add(jnp.stack([value_i, valid_i], -1),
-                                                        unique_indices=True)
-    values = lax.dynamic_update_slice_in_dim(values, value_i, i * width, 0)
-    # Read the next row after the scatter (see `_forest_subtree_sums`).
-    children = lax.dynamic_slice_in_dim(pushed, jnp.maximum(i - 1, 0) * width, width)
-    return pushed, values, children
+    slot, ok = parent_slot(i)
+    value = jnp.where(ok, row(reward_rows, i) + gamma * own[:, 0] / jnp.maximum(own[:, 1], 1.0),
+                      0.0)
+    children = children.at[slot * width + columns].add(
+        jnp.stack([value, ok.astype(f32)], -1), unique_indices=True)
+    values = lax.dynamic_update_index_in_dim(values, value, i, 0)
+    # Read the next row after the scatter: reading it before, from the buffer the scatter
+    # updates in place, would make XLA copy the whole buffer at every step.
+    own = lax.dynamic_slice_in_dim(children, jnp.maximum(i - 1, 0) * width, width)
+    return children, values, own
 
-  pushed = jnp.zeros(((n + 2) * width, 2), jnp.float32)
-  init = (pushed, jnp.zeros((n * width,), jnp.float32), pushed[(n - 1) * width:n * width])
-  pushed, values, _ = lax.fori_loop(0, n, visit, init)
-  values = values.reshape(n, width)
-  at_parent = pushed[target]
-  sibling_sum, n_sib = at_parent[..., 0], at_parent[..., 1]
-  loo = (sibling_sum - values) / jnp.maximum(n_sib - 1.0, 1.0)
-  parent_reward = jnp.take_along_axis(reward, jnp.maximum(parent, 0), axis=0)
-  at_root = parent < 0
-  is_fork = n_sib >= 2
-  is_trunk_start = (n_sib == 1) & at_root
-  base_a = jnp.where(is_fork | is_trunk_start, 0.0, 1.0 / gamma)
-  base_c = jnp.where(is_fork, loo, jnp.where(is_trunk_start, trunk_baseline,
-                                             -parent_reward / gamma))
-  # w_i = w_parent / n_i with w = 1 above the roots; the pass reads 0 there, so a root's weight
-  # goes into its constant term.
-  inv = 1.0 / jnp.maximum(n_sib, 1.0)
-  weight_a = jnp.where(at_root, 0.0, inv)
-  weight_c = jnp.where(at_root, inv, 0.0)
-  jump = jnp.repeat(jnp.where(valid, parent, -1), 2, axis=1)
-  solved = _forest_affine_down(jump, jnp.stack([base_a, weight_a], -1).reshape(n, 2 * width),
-                               jnp.stack([base_c, weight_c], -1).reshape(n, 2 * width))
-  solved = solved.reshape(n, width, 2)
-  return values, solved[..., 0], solved[..., 1]
+  children = jnp.zeros(((n + 2) * width, 2), f32)
+  children, values, _ = lax.fori_loop(
+      0, n, reverse_step, (children, jnp.zeros((n, width), f32), children[:width]))
+  sums = children[:, 0].reshape(n + 2, width)
+  counts = children[:, 1].reshape(n + 2, width)
+  beta = jnp.where(counts >= 2, 1.0 / jnp.maximum(counts - 1.0, 1.0), 0.0)
+  root_sum, root_count = sums[n], counts[n]
+  root_a = jnp.where(root_count >= 2, root_sum / jnp.maximum(root_count - 1.0, 1.0),
+                     trunk_baseline)
+  for_children_a = jnp.zeros((n + 2, width), f32).at[n].set(root_a)
+  for_children_w = jnp.zeros((n + 2, width), f32).at[n].set(1.0 / jnp.maximum(root_count, 1.0))
+
+  def forward_step(i, carry):
+    for_children_a, for_children_w, baselines, weights, advantages = carry
+    slot, ok = parent_slot(i)
+    value, count, total = row(values, i), row(counts, i), row(sums, i)
+    a_p = for_children_a.at[slot, columns].get(mode="promise_in_bounds")
+    beta_p = beta.at[slot, columns].get(mode="promise_in_bounds")
+    baselines = lax.dynamic_update_index_in_dim(
+        baselines, jnp.where(ok, a_p - beta_p * value, 0.0), i, 0)
+    w_p = for_children_w.at[slot, columns].get(mode="promise_in_bounds")
+    weights = lax.dynamic_update_index_in_dim(weights, jnp.where(ok, w_p, 0.0), i, 0)
+    b, w = row(baselines, i), row(weights, i)
+    a = jnp.where(count >= 2, total / jnp.maximum(count - 1.0, 1.0),
+                  jnp.where(count == 1, (b - row(reward_rows, i)) * inv_gamma, 0.0))
+    for_children_a = lax.dynamic_update_index_in_dim(for_children_a, a, i, 0)
+    for_children_w = lax.dynamic_update_index_in_dim(
+        for_children_w, w / jnp.maximum(count, 1.0), i, 0)
+    advantages = lax.dynamic_update_index_in_dim(advantages, value - b, i, 0)
+    return for_children_a, for_children_w, baselines, weights, advantages
+
+  outputs = [jnp.zeros((n, width), f32) for _ in range(3)]
+  _, _, baselines, weights, advantages = lax.fori_loop(
+      0, n, forward_step, (for_children_a, for_children_w, *outputs))
+  return advantages.T, weights.T, values.T, baselines.T
 
 
 @jax.custom_batching.custom_vmap
 def _bpo_kernel(parent: Array, reward: Array, valid: Array, trunk_baseline: Array,
-                gamma: Array) -> tuple[Array, Array, Array]:
-  """[..., N] trees (and [...] trunk baselines and discounts) as one node-major forest."""
+                gamma: Array) -> tuple[Array, Array, Array, Array]:
+  """[..., N] trees (and [...] trunk baselines and discounts) as one forest of trees."""
   lead, n = parent.shape[:-1], parent.shape[-1]
-  out = _forest_bpo(*_node_major(parent, reward, valid), trunk_baseline.reshape(-1),
-                    gamma.reshape(-1))
-  return tuple(x.T.reshape(lead + (n,)) for x in out)
+  flat = [x.reshape(-1, n) for x in (parent, reward, valid)]
+  out = _forest_bpo(*flat, trunk_baseline.reshape(-1), gamma.reshape(-1))
+  return tuple(x.reshape(lead + (n,)) for x in out)
 
 
 @_bpo_kernel.def_vmap
 def _bpo_kernel_batched(axis_size, in_batched, *args):
   args = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
           for x, batched in zip(args, in_batched)]
-  return _bpo_kernel(*args), (True, True, True)
+  return _bpo_kernel(*args), (True, True, True, True)
 
 
 def _solve_affine_down(tree: RolloutTree, a: Array, c: Array, x_root: Array | float) -> Array:
@@ -410,14 +449,10 @@ def bpo_advantages(tree: RolloutTree, *, gamma: float = 1.0,
   _check_tree(tree)
   if isinstance(gamma, (int, float)) and not 0.0 < gamma <= 1.0:
     raise ValueError(f"gamma must be in (0, 1] for inherited baselines, got {gamma}")
-  valid = jnp.asarray(tree.valid, bool)
-  values, baselines, weights = _bpo_kernel(
-      jnp.asarray(tree.parent, jnp.int32), jnp.asarray(tree.reward, jnp.float32), valid,
-      jnp.asarray(trunk_baseline, jnp.float32), jnp.asarray(gamma, jnp.float32))
-  values = jnp.where(valid, values, 0.0)
-  baselines = jnp.where(valid, baselines, 0.0)
-  return BPOOutput(jnp.where(valid, values - baselines, 0.0), jnp.where(valid, weights, 0.0),
-                   values, baselines)
+  return BPOOutput(*_bpo_kernel(
+      jnp.asarray(tree.parent, jnp.int32), jnp.asarray(tree.reward, jnp.float32),
+      jnp.asarray(tree.valid, bool), jnp.asarray(trunk_baseline, jnp.float32),
+      jnp.asarray(gamma, jnp.float32)))
 
 
 def root_value(tree: RolloutTree, gamma: float = 1.0) -> Array:
