@@ -294,11 +294,11 @@ def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Arra
     for_children_a, for_children_w, baselines, weights, advantages = carry
     slot, ok = parent_slot(i)
     value, count, total = row(values, i), row(counts, i), row(sums, i)
-    a_p = for_children_a.at[slot, columns].get(mode="promise_in_bounds")
-    beta_p = beta.at[slot, columns].get(mode="promise_in_bounds")
+    a_p = for_children_a.at[slot, columns].get(mode="clip")
+    beta_p = beta.at[slot, columns].get(mode="clip")
     baselines = lax.dynamic_update_index_in_dim(
         baselines, jnp.where(ok, a_p - beta_p * value, 0.0), i, 0)
-    w_p = for_children_w.at[slot, columns].get(mode="promise_in_bounds")
+    w_p = for_children_w.at[slot, columns].get(mode="clip")
     weights = lax.dynamic_update_index_in_dim(weights, jnp.where(ok, w_p, 0.0), i, 0)
     b, w = row(baselines, i), row(weights, i)
     a = jnp.where(count >= 2, total / jnp.maximum(count - 1.0, 1.0),

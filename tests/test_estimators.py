@@ -10,14 +10,14 @@ import pytest
 
 from bpo_jax import estimators as E
 from bpo_jax.testing.random_trees import random_bpo_tree, random_tree, reference_bpo
-from bpo_jax.tree import TreeBuilder, from_parents, pad_tree, stack_trees
+from bpo_jax.tree import TreeBuilder, empty_tree, from_parents, pad_tree, stack_trees
 
 
 def _np(x):
   return np.asarray(x, np.float64)
 
 
-# Jitted once per configuration: eager calls would compile each pointer-jumping loop every time.
+# Jitted once per configuration: eager calls would compile each pass's loop every time.
 bpo_advantages = jax.jit(E.bpo_advantages, static_argnames=("gamma",))
 rloo_advantages = jax.jit(E.rloo_advantages, static_argnames=("gamma",))
 grpo_advantages = jax.jit(E.grpo_advantages, static_argnames=("gamma", "normalize_std", "eps"))
@@ -205,3 +205,57 @@ def test_nested_vmap_and_unbatched_tree():
   for k in range(3):
     np.testing.assert_allclose(over_trunks.advantages[k],
                                single(trees[0], trunks[k]).advantages, rtol=1e-5, atol=1e-6)
+
+
+def test_deep_chain_carries_the_trunk_advantage():
+  # One path of 2048 steps, reward 1 each, γ = 1, zero trunk baseline: Q̂(i) = N − i and the
+  # inherited baseline drops by the parent's reward per step, b_i = −i, so every A_i = N.
+  n = 2048
+  chain = empty_tree(n)  # Built directly: `validate` walks every path, slow for a deep chain.
+  chain.parent[:] = np.arange(-1, n - 1)
+  chain.reward[:] = 1.0
+  chain.valid[:] = True
+  chain.terminal[-1] = True
+  chain.depth[:] = np.arange(n)
+  out = bpo_advantages(chain)
+  np.testing.assert_array_equal(out.values, np.arange(n, 0, -1))
+  np.testing.assert_array_equal(out.baselines, -np.arange(n))
+  np.testing.assert_array_equal(out.advantages, np.full(n, n))
+  np.testing.assert_array_equal(out.weights, np.ones(n))
+
+
+def test_wide_star_is_leave_one_out():
+  # A trunk step, then 1000 terminal siblings below it (and, as a second tree, 1000 steps at the
+  # root state): leave-one-out baselines and weights 1/K against NumPy in float64.
+  k = 1000
+  rewards = np.random.default_rng(4).normal(size=k)
+  below_trunk = from_parents([-1] + [0] * k, [0.5] + list(rewards))
+  at_root = from_parents([-1] * k, list(rewards))
+  out = jax.jit(jax.vmap(lambda t: E.bpo_advantages(t, gamma=0.9, trunk_baseline=0.25)))(
+      stack_trees([below_trunk, pad_tree(at_root, k + 1)]))
+  loo = (rewards.sum() - rewards) / (k - 1)
+  for b, first in ((0, 1), (1, 0)):
+    np.testing.assert_allclose(out.baselines[b, first:first + k], loo, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.advantages[b, first:first + k], rewards - loo, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(out.weights[b, first:first + k], np.full(k, 1 / k), rtol=1e-6)
+  # The trunk step: Q̂ = 0.5 + 0.9 · mean(r), baseline the trunk's 0.25, weight 1.
+  np.testing.assert_allclose(out.values[0, 0], 0.5 + 0.9 * rewards.mean(), rtol=1e-5)
+  np.testing.assert_allclose(out.advantages[0, 0], 0.25 + 0.9 * rewards.mean(), rtol=1e-5)
+  np.testing.assert_array_equal(out.weights[0, 0], 1.0)
+  np.testing.assert_array_equal(out.weights[1, k], 0.0)  # The padding slot.
+
+
+def test_large_random_trees_match_dict_walking_reference():
+  rng = np.random.default_rng(5)
+  n = 2048
+  trees = ([random_bpo_tree(rng, n) for _ in range(3)]
+           + [random_tree(rng, n - 48, n, window=64, root_children=4, fail_prob=0.002)])
+  out = jax.jit(jax.vmap(lambda t: E.bpo_advantages(t, gamma=0.97, trunk_baseline=-0.3)))(
+      stack_trees(trees))
+  for b, tree in enumerate(trees):
+    adv, w, q, base = reference_bpo(tree, 0.97, -0.3)
+    np.testing.assert_allclose(out.values[b], q, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out.weights[b], w, rtol=1e-5, atol=1e-12)
+    np.testing.assert_allclose(out.baselines[b], base, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out.advantages[b], adv, rtol=1e-4, atol=1e-4)
