@@ -381,6 +381,30 @@ class RolloutBatch:
   turns: int
   threshold: float        # the entropy threshold the rule used
 
+  @classmethod
+  def concatenate(cls, batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
+    """One batch of the parts' rollouts in order (e.g. each process's share of the tasks).
+
+    Compute counters and device row-tokens add up; the wall time of each phase and the turns
+    are the largest part's (the parts ran side by side). The parts must share the threshold.
+    """
+    batches = list(batches)
+    if not batches:
+      raise ValueError("concatenate needs at least one batch")
+    if len(batches) == 1:
+      return batches[0]
+    thresholds = {b.threshold for b in batches}
+    if len(thresholds) != 1:
+      raise ValueError(f"the batches used different fork thresholds: {sorted(thresholds)}")
+    compute = Compute()
+    for b in batches:
+      compute.add(b.compute)
+    return cls(rollouts=[r for b in batches for r in b.rollouts], compute=compute,
+               phase_seconds={k: max(b.phase_seconds.get(k, 0.0) for b in batches)
+                              for k in batches[0].phase_seconds},
+               device_row_tokens=sum(b.device_row_tokens for b in batches),
+               turns=max(b.turns for b in batches), threshold=batches[0].threshold)
+
   def stacked_trees(self) -> tree_lib.RolloutTree:
     return tree_lib.stack_trees([r.tree for r in self.rollouts])
 

@@ -6,7 +6,15 @@ r"""Runs an experiment: train (default) or evaluate a configuration in a workdir
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs \
         --mode=eval
 
-Training resumes from the workdir's latest checkpoint when there is one. A config with
+Training resumes from the workdir's latest checkpoint when there is one. Several processes (one
+per host of a pod, or two on one machine) run the same command with their own
+`--config.scale.distributed.process_id` and the same `num_processes` and `coordinator_address`
+(process 0's "host:port"); they share the workdir, and process 0 prints the results:
+
+    python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs2 \
+        --config.scale.distributed.num_processes=2 --config.scale.distributed.process_id=0 \
+        --config.scale.distributed.coordinator_address=localhost:12355   # and process_id=1
+ A config with
 `demo = "estimators"` (experiments/configs/estimator_demo.py) runs the estimator demo on a
 tabular MDP instead: BPO trees, their advantages, the exact-vs-estimated gradient and the
 variance table, in seconds. An invalid
@@ -157,7 +165,8 @@ def parse_flags(argv):
 
 def _refuse_unwired_scale_settings(config):
   """Settings of the `scale` section that the dry run uses but the training loop does not yet
-  (it does read scale.param_dtype, master_weights, remat and scan_layers)."""
+  (it does read scale.param_dtype, master_weights, remat, scan_layers and distributed; the
+  default mesh is what several processes train on)."""
   scale = config.scale
   if scale.model_preset:
     raise NotImplementedError(
@@ -170,12 +179,6 @@ def _refuse_unwired_scale_settings(config):
         f"scale.mesh = {scale.mesh.to_dict()}: the training loop runs unsharded on one device "
         "(bpo_jax.sharding and update.make_train_step(state_sharding=...) are not wired into "
         "it yet); the dry run compiles the configured mesh")
-  if scale.distributed.num_processes > 1:
-    raise NotImplementedError(
-        f"scale.distributed.num_processes = {scale.distributed.num_processes}: the loop does not "
-        "yet split its rollouts and batch across processes (bpo_jax.training.distributed has "
-        "the pieces: initialize, process_rows, global_batch, to_host; they are tested on the "
-        "sharded train step with two processes)")
 
 
 def main(argv):
@@ -198,22 +201,29 @@ def main(argv):
       sys.exit(1)
     return
   _refuse_unwired_scale_settings(config)
+  # Before anything computes with JAX: connects the processes of a multi-process run.
+  from bpo_jax.training import distributed  # pylint: disable=g-import-not-at-top
+  distributed.initialize_from_config(config)
+  primary = distributed.is_primary()
   # Orbax reports every save step at INFO; keep the console to the run's own progress.
   logging.get_absl_handler().addFilter(lambda record: "orbax" not in record.pathname)
   # The loop pulls in JAX, Flax and Orbax: imported only once the configuration is known good.
   from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
   if mode == "eval":
     result = loop.evaluate(config, workdir)
-    print(f"held-out success {result['success_rate']:.3f} "
-          f"[{result['success_low']:.3f}, {result['success_high']:.3f}] "
-          f"({result['successes']}/{result['num_tasks']} tasks, "
-          f"{result['confidence']:.0%} Wilson interval), checkpoint of iteration "
-          f"{result['iteration']}")
+    if primary:
+      print(f"held-out success {result['success_rate']:.3f} "
+            f"[{result['success_low']:.3f}, {result['success_high']:.3f}] "
+            f"({result['successes']}/{result['num_tasks']} tasks, "
+            f"{result['confidence']:.0%} Wilson interval), checkpoint of iteration "
+            f"{result['iteration']}")
     return
   try:
     summary = loop.train(config, workdir, stop_after=_STOP_AFTER.value)
   except config_lib.ConfigError as error:  # e.g. a workdir that holds another experiment
     _fail(str(error))
+  if not primary:
+    return
   labels = {"init": "untrained model", "start": "after the warm start (iteration 0)",
             "end": f"after iteration {summary['iterations']}"}
   for name, label in labels.items():

@@ -395,6 +395,16 @@ def _check_scale(config, problems: list[str]):
     if not host or not port.isdigit():
       problems.append(f"scale.distributed.coordinator_address = {d.coordinator_address!r}: "
                       "must be 'host:port' of process 0 when num_processes > 1")
+    # Each process grows the trees of its share of the tasks: every process needs one.
+    trees = config.rollout.tasks_per_iteration * config.rollout.trees_per_task
+    if trees < d.num_processes:
+      problems.append(f"rollout.tasks_per_iteration x rollout.trees_per_task = {trees}: fewer "
+                      f"trees than scale.distributed.num_processes = {d.num_processes} "
+                      "(each process grows at least one)")
+    if config.eval.num_tasks < d.num_processes:
+      problems.append(f"eval.num_tasks = {config.eval.num_tasks}: fewer held-out tasks than "
+                      f"scale.distributed.num_processes = {d.num_processes} (each process "
+                      "plays at least one)")
 
 
 def validate(config, mode: str = "train", workdir: str | None = None) -> None:

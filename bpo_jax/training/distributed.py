@@ -14,6 +14,12 @@ spans all hosts. Each process then works on the rows of the batch that its own d
     state, metrics = train_step(state, batch)        # the same jitted step on every process
     host_metrics = to_host(metrics)
 
+The training loop (`training/loop.py`) splits an iteration's host work the same way: each
+process grows the trees of its contiguous share of the tasks (`process_share`) with its own
+sandboxes, then `allgather_objects` gives every process every tree, so the estimator, the packing
+and the metrics are computed identically everywhere and each process feeds its rows of the
+packed batch to the sharded update.
+
 Arrays every process computes identically (a parameter initialisation from a shared seed) are
 placed with `put_global`. Orbax checkpoints are written and restored by all processes together
 (`training/checkpoint.py`); each writes the shards it owns.
@@ -24,6 +30,7 @@ Gloo, which `initialize` selects.
 
 from __future__ import annotations
 
+import pickle
 from typing import Any, Sequence
 
 import jax
@@ -59,6 +66,65 @@ def initialize_from_config(config) -> bool:
   """`initialize` with the `scale.distributed` section of an experiment configuration."""
   d = config.scale.distributed
   return initialize(d.coordinator_address, d.num_processes, d.process_id)
+
+
+def process_share(num_items: int, process_index: int | None = None,
+                  process_count: int | None = None) -> range:
+  """This process's contiguous share of `num_items` items (tasks to roll out, say).
+
+  The items are split into `process_count` consecutive blocks whose sizes differ by at most
+  one, the larger blocks first. Example: 10 items over 4 processes give `range(0, 3)`,
+  `range(3, 6)`, `range(6, 8)` and `range(8, 10)`.
+  """
+  process_index = jax.process_index() if process_index is None else process_index
+  process_count = jax.process_count() if process_count is None else process_count
+  if num_items < 0:
+    raise ValueError(f"num_items must be >= 0, got {num_items}")
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index must be in [0, {process_count - 1}], got {process_index}")
+  size, extra = divmod(num_items, process_count)
+  start = process_index * size + min(process_index, extra)
+  return range(start, start + size + (process_index < extra))
+
+
+def is_primary() -> bool:
+  """Whether this is process 0, the one that writes files meant once per run."""
+  return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+  """Waits until every process has reached the barrier `name` (nothing with one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(name)
+
+
+def allgather_objects(obj: Any) -> list[Any]:
+  """Every process's `obj` (any picklable value), in process order, on every process.
+
+  The pickled bytes travel as a uint8 array: first every process's length is gathered, then
+  the bytes padded to the longest. With one process, `[obj]` as it is.
+  """
+  if jax.process_count() == 1:
+    return [obj]
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+  lengths = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int32)))
+  lengths = lengths.reshape(-1)
+  padded = np.zeros((int(lengths.max()),), np.uint8)
+  padded[:data.size] = data
+  gathered = np.asarray(multihost_utils.process_allgather(padded))
+  return [pickle.loads(gathered[i, :lengths[i]].tobytes()) for i in range(len(lengths))]
+
+
+def local_copy(tree) -> Any:
+  """A pytree of multi-host sharded arrays, whole, on this process's default device: what a
+  per-process computation (a rollout's decode loop) takes.
+
+  The copies are uncommitted, like the outputs of an unsharded jit, so a jitted function that
+  has seen one of them does not trace and compile again for the other.
+  """
+  return jax.tree.map(jax.numpy.asarray, to_host(tree))
 
 
 def process_rows(row_sharding, num_rows: int, process_index: int | None = None) -> range:

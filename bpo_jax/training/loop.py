@@ -26,6 +26,19 @@ the optimiser state, the iteration, the key, the task position and the metrics h
 killed at any point and started again with the same workdir ends with the same parameters and
 the same metrics (wall-clock times aside) as a run that was never interrupted.
 
+Several processes (`scale.distributed`, e.g. two on one machine, or the hosts of a pod) run the
+same loop and end with the parameters of a one-process run (up to the order of float sums).
+Every tree's randomness comes from its task's global index (`rollout`'s "Randomness"), so each
+process grows the trees of its contiguous share of the iteration's tasks (and of the held-out
+tasks) with its own sandboxes, and `distributed.allgather_objects` then gives every process the
+whole batch: the estimator, the packing, the fork threshold and the metrics are computed
+identically everywhere. The update runs on the `scale.mesh` mesh over every process's devices
+(parameters and optimiser state laid out by `bpo_jax.sharding`'s rules, rows of the packed
+batch over the batch axes); each process feeds its own rows (`distributed.global_batch`).
+Rollouts use a whole copy of the parameters on each process's first device. The warm start runs
+in every process alike. Process 0 alone writes the tokenizer, config.json, metrics.jsonl,
+TensorBoard and summary.json; checkpoints are written and restored by all processes together.
+
 Metrics per iteration (JSONL, TensorBoard, progress bar): success and return of the leaves,
 advantage statistics, the update's loss, gradient norm, variance of the micro-batch gradient
 norms, approximate KL to the sampling policy, token entropy, whether the step was skipped, and
@@ -53,6 +66,7 @@ from bpo_jax import branching
 from bpo_jax import estimators
 from bpo_jax import packing
 from bpo_jax import rollout as rollout_lib
+from bpo_jax import sharding
 from bpo_jax import tree as tree_lib
 from bpo_jax.models import config as model_config_lib
 from bpo_jax.models import decoder as decoder_lib
@@ -60,6 +74,7 @@ from bpo_jax.sandboxes import pool as pool_lib
 from bpo_jax.sandboxes import registry
 from bpo_jax.training import checkpoint as checkpoint_lib
 from bpo_jax.training import config as config_lib
+from bpo_jax.training import distributed
 from bpo_jax.training import metrics as metrics_lib
 from bpo_jax.training import precision
 from bpo_jax.training import tokenizer as tokenizer_lib
@@ -67,7 +82,8 @@ from bpo_jax.training import update as update_lib
 
 # Keys a resumed run may change without breaking exactness (they do not touch the numbers).
 RESUMABLE_CHANGES = ("train.iterations", "log.tensorboard", "log.progress_bar", "checkpoint.keep",
-                     "env.num_workers", "env.timeout_s")
+                     "env.num_workers", "env.timeout_s", "scale.distributed.process_id",
+                     "scale.distributed.coordinator_address")
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -232,8 +248,10 @@ def build_experiment(config, workdir: str) -> tuple[Experiment, update_lib.Train
   train_tasks = make_tasks(config, "train", config.env.num_train_tasks)
   eval_tasks = make_tasks(config, "test", config.env.num_eval_tasks)
   tokenizer_dir = os.path.join(workdir, "tokenizer")
-  if not os.path.exists(os.path.join(tokenizer_dir, "tokenizer.json")):
+  if (distributed.is_primary()
+      and not os.path.exists(os.path.join(tokenizer_dir, "tokenizer.json"))):
     tokenizer_lib.save_word_tokenizer(environment_vocabulary(config, train_tasks), tokenizer_dir)
+  distributed.barrier("tokenizer saved")
   tokenizer = tokenizer_lib.load_word_tokenizer(tokenizer_dir)
   fmt = agent_format.AgentFormat.for_word_tokenizer(
       tokenizer, max_observation_tokens=config.env.max_observation_tokens or None)
@@ -262,6 +280,78 @@ def make_rl_optimizer(config):
 def make_sft_optimizer(config):
   return _with_master_weights(config, update_lib.make_optimizer(update_lib.OptimizerConfig(
       learning_rate=config.warm_start.learning_rate, max_grad_norm=config.train.max_grad_norm)))
+
+
+# ----------------------------------------------------------------------------- placement
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where the train state lives and how the update's batch is fed.
+
+  One process: nothing is sharded (`mesh` None); the state stays on the default device and the
+  packed batch goes in whole, as before. Several processes: the `scale.mesh` mesh over every
+  process's devices, the state laid out by the sharding rules (`state_sharding`), and each
+  process feeding its rows of the packed batch (`row_sharding`).
+  """
+
+  mesh: Any = None
+  state_sharding: Any = None
+  row_sharding: Any = None
+
+  @classmethod
+  def create(cls, config, state) -> "Placement":
+    """The placement for this run's processes; `state` gives the train state's structure."""
+    if jax.process_count() == 1:
+      return cls()
+    m = config.scale.mesh
+    mesh = sharding.make_mesh(sharding.MeshConfig(data=m.data, fsdp=m.fsdp, tensor=m.tensor,
+                                                  dcn_data=m.dcn_data), jax.devices())
+    param_sh = sharding.param_shardings(state.params, mesh)
+    state_sh = update_lib.TrainState(
+        step=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), params=param_sh,
+        opt_state=sharding.optimizer_shardings(state.opt_state, state.params, param_sh, mesh))
+    return cls(mesh=mesh, state_sharding=state_sh, row_sharding=sharding.batch_sharding(mesh))
+
+  @property
+  def row_shards(self) -> int:
+    """Devices the rows of a batch are split over (1 unsharded)."""
+    if self.row_sharding is None:
+      return 1
+    axes = self.row_sharding.spec[0] if len(self.row_sharding.spec) else None
+    axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    return int(np.prod([self.mesh.shape[a] for a in axes]))
+
+  def place(self, state):
+    """A train state every process holds alike (host or local arrays), laid out globally."""
+    if self.mesh is None:
+      return state
+    return distributed.put_global(jax.tree.map(np.asarray, state), self.state_sharding)
+
+  def abstract(self, state):
+    """Shape, dtype (and, sharded, the layout) of each leaf: what a checkpoint restores into."""
+    if self.mesh is None:
+      return _abstract(state)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+                        self.state_sharding)
+
+  def local(self, tree):
+    """The arrays whole on this process's first device (for rollouts and evaluations)."""
+    return tree if self.mesh is None else distributed.local_copy(tree)
+
+  def feed(self, packed: packing.PackedBatch):
+    """The update's batch: the packed global batch whole, or this process's rows of it."""
+    if self.mesh is None:
+      return jax.tree.map(jnp.asarray, packed)
+    num_rows = packed.tokens.shape[0]
+    rows = distributed.process_rows(self.row_sharding, num_rows)
+    local = jax.tree.map(lambda x: np.asarray(x)[rows.start:rows.stop], packed)
+    return distributed.global_batch(local, self.row_sharding, num_rows)
+
+  def host(self, tree):
+    """Every leaf (a scalar metric, say) as a NumPy value on every process."""
+    return distributed.to_host(tree) if self.mesh is not None else jax.tree.map(np.asarray,
+                                                                                  tree)
 
 
 # ----------------------------------------------------------------------------- warm start
@@ -331,26 +421,33 @@ def warm_start(exp: Experiment, params) -> tuple[Any, Any, list[dict]]:
 def evaluate_policy(exp: Experiment, params, tasks: Sequence[Any], key: jax.Array,
                     confidence: float) -> dict:
   """Success rate on `tasks`, one episode each at `eval.temperature` (0: greedy), with its
-  Wilson interval; also the mean return and episode length."""
+  Wilson interval; also the mean return and episode length.
+
+  With several processes each plays its share of the tasks (under their global indices) and
+  the outcomes are gathered, so every process returns the same record.
+  """
   engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
                                      rollout_config_from(exp.config, evaluation=True))
   start = time.perf_counter()
-  batch = engine.rollout(params, list(tasks), key)
-  successes = sum(bool(r.node_success[r.leaves()].any()) for r in batch.rollouts)
-  returns = [float(r.leaf_returns().sum()) for r in batch.rollouts]
-  lengths = [int(r.tree.valid.sum()) for r in batch.rollouts]
+  share = distributed.process_share(len(tasks))
+  batch = engine.rollout(params, list(tasks)[share.start:share.stop], key, task_ids=share)
+  outcomes = [(bool(r.node_success[r.leaves()].any()), float(r.leaf_returns().sum()),
+               int(r.tree.valid.sum())) for r in batch.rollouts]
+  parts = distributed.allgather_objects((outcomes, batch.compute.failed_branches))
+  outcomes = [o for part, _ in parts for o in part]
+  successes = sum(success for success, _, _ in outcomes)
   low, high = metrics_lib.wilson_interval(successes, len(tasks), confidence)
   return {"success_rate": successes / len(tasks), "success_low": low, "success_high": high,
           "successes": successes, "num_tasks": len(tasks), "confidence": confidence,
-          "return": metrics_lib.mean_or_zero(returns),
-          "episode_length": metrics_lib.mean_or_zero(lengths),
-          "failed_branches": batch.compute.failed_branches,
+          "return": metrics_lib.mean_or_zero(r for _, r, _ in outcomes),
+          "episode_length": metrics_lib.mean_or_zero(n for _, _, n in outcomes),
+          "failed_branches": sum(failed for _, failed in parts),
           "time/eval": time.perf_counter() - start}
 
 
 def _eval_record(exp: Experiment, params, iteration: int, stage: str = "train") -> dict:
   """A held-out evaluation record; `stage` is "init" (the untrained model), "warm_start" or
-  "train"."""
+  "train". `params` are whole on this process (`Placement.local`)."""
   config = exp.config
   key = jax.random.fold_in(jax.random.key(config.seed + 1), iteration)
   result = evaluate_policy(exp, params, exp.eval_tasks[:config.eval.num_tasks], key,
@@ -417,14 +514,19 @@ def next_fork_threshold(config, threshold: dict, batch: rollout_lib.RolloutBatch
 
 
 def run_iteration(exp: Experiment, engine: rollout_lib.RolloutEngine, train_step, state,
-                  iteration: int, root_key: jax.Array, threshold: dict | None = None):
+                  iteration: int, root_key: jax.Array, threshold: dict | None = None,
+                  placement: Placement | None = None):
   """One rollout → estimator → update iteration.
 
+  With several processes (`placement` sharded), each grows the trees of its share of the tasks
+  and every process then holds the whole batch (see the module docstring).
+
   Returns:
-    (state, metrics record, the rollout batch, the fork threshold for the next iteration).
+    (state, metrics record, the whole rollout batch, the fork threshold for the next iteration).
   """
   config = exp.config
   r = config.rollout
+  placement = placement or Placement()
   threshold = threshold or initial_fork_threshold(config)
   times = {}
   start = time.perf_counter()
@@ -433,7 +535,10 @@ def run_iteration(exp: Experiment, engine: rollout_lib.RolloutEngine, train_step
                          (iteration - 1) * r.tasks_per_iteration, r.tasks_per_iteration)
   tasks = [exp.train_tasks[p] for p in positions for _ in range(r.trees_per_task)]
   key = jax.random.fold_in(root_key, iteration)
-  batch = engine.rollout(state.params, tasks, key, threshold=threshold["threshold"])
+  share = distributed.process_share(len(tasks))
+  batch = engine.rollout(placement.local(state.params), tasks[share.start:share.stop], key,
+                         threshold=threshold["threshold"], task_ids=share)
+  batch = rollout_lib.RolloutBatch.concatenate(distributed.allgather_objects(batch))
   times["time/rollout"] = time.perf_counter() - start
 
   start = time.perf_counter()
@@ -442,14 +547,15 @@ def run_iteration(exp: Experiment, engine: rollout_lib.RolloutEngine, train_step
       jax.tree.map(jnp.asarray, trees), estimator=r.estimator, gamma=float(r.gamma),
       trees_per_task=r.trees_per_task, trunk=r.trunk_baseline)
   advantages, weights = np.asarray(advantages), np.asarray(weights)
+  # Rows: a multiple of the micro-batches, each split evenly over the devices of the batch axes.
+  num_rows = _row_count(len(tasks), config.train.micro_batches * placement.row_shards)
   packed = packing.pack_trees(batch.tree_tokens(), list(advantages), list(weights),
-                              num_rows=_row_count(len(tasks), config.train.micro_batches))
+                              num_rows=num_rows)
   times["time/estimate_and_pack"] = time.perf_counter() - start
 
   start = time.perf_counter()
-  state, update_metrics = train_step(state, jax.tree.map(jnp.asarray, packed), None,
-                                     len(tasks))
-  update_metrics = {k: float(v) for k, v in update_metrics.items()}
+  state, update_metrics = train_step(state, placement.feed(packed), None, len(tasks))
+  update_metrics = {k: float(v) for k, v in placement.host(update_metrics).items()}
   times["time/update"] = time.perf_counter() - start
 
   record = {"phase": "train", "iteration": iteration, "row_length": int(packed.shape[1]),
@@ -472,6 +578,7 @@ def _check_workdir_config(config, workdir: str):
   """A workdir holds one experiment: resuming with other settings would not be exact."""
   path = os.path.join(workdir, "config.json")
   current = config_lib.to_plain(config)
+  # Every process checks the saved file before process 0 rewrites it.
   if os.path.exists(path):
     with open(path, encoding="utf-8") as f:
       saved = json.load(f)
@@ -492,12 +599,17 @@ def _check_workdir_config(config, workdir: str):
       raise config_lib.ConfigError([
           f"{k}: the workdir {workdir!r} holds a run with {k} = {a.get(k)!r}, not {b.get(k)!r} "
           "(use a new workdir, or the same settings to resume)" for k in changed])
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(current, f, indent=2, sort_keys=True)
+  distributed.barrier("workdir config checked")
+  if distributed.is_primary():
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(current, f, indent=2, sort_keys=True)
 
 
 def _abstract(state):
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  # On this process's first device: a checkpoint written by several processes (another
+  # topology) then restores here too.
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
 
 
 def train(config, workdir: str, stop_after: int | None = None) -> dict:
@@ -513,6 +625,7 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
     intervals, the iterations run, the workdir's paths.
   """
   config_lib.validate(config, "train", workdir)
+  _connect_processes(config)
   os.makedirs(workdir, exist_ok=True)
   _check_workdir_config(config, workdir)
   exp, state = build_experiment(config, workdir)
@@ -522,17 +635,44 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
     exp.close()
 
 
+def _connect_processes(config) -> None:
+  """Starts JAX's distributed runtime for `scale.distributed` if the caller has not (it must
+  happen before JAX computes anything; experiments/run.py does it first thing)."""
+  wanted = config.scale.distributed.num_processes
+  if wanted > 1 and not jax.distributed.is_initialized():
+    distributed.initialize_from_config(config)
+  if jax.process_count() != wanted:
+    raise config_lib.ConfigError([
+        f"scale.distributed.num_processes = {wanted}: JAX runs {jax.process_count()} "
+        "process(es); start one process per process_id with the same coordinator_address"])
+
+
+class _RecordsOnly:
+  """The metrics writer of processes other than 0: records are kept (cleaned), not written."""
+
+  def write(self, record: dict) -> dict:
+    return metrics_lib.clean_record(record)
+
+  def close(self):
+    pass
+
+
 def _train(exp: Experiment, state: update_lib.TrainState, stop_after: int | None) -> dict:
   config, workdir = exp.config, exp.workdir
   tx = make_rl_optimizer(config)
-  train_step = update_lib.make_train_step(exp.graphdef, tx, update_config_from(config))
+  local_state = update_lib.TrainState(step=state.step, params=state.params,
+                                      opt_state=tx.init(state.params))
+  placement = Placement.create(config, local_state)
+  train_step = update_lib.make_train_step(exp.graphdef, tx, update_config_from(config),
+                                          state_sharding=placement.state_sharding,
+                                          batch_sharding=placement.row_sharding)
   engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
                                      rollout_config_from(config))
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                              keep=config.checkpoint.keep)
   root_key = jax.random.key(config.seed)
-  abstract = _abstract(update_lib.TrainState(step=state.step, params=state.params,
-                                             opt_state=tx.init(state.params)))
+  abstract = placement.abstract(local_state)
+  del local_state
   latest = checkpointer.latest_step()
   if latest is not None:
     state, loop = checkpointer.restore(latest, abstract)
@@ -559,21 +699,27 @@ def _train(exp: Experiment, state: update_lib.TrainState, stop_after: int | None
     history.append(_eval_record(exp, state.params, 0,
                                 "warm_start" if warm_start_records else "init"))
     threshold = initial_fork_threshold(config)
+    # Every process ran the same warm start; from here the state is laid out over all of them.
+    state = placement.place(state)
     checkpointer.save(0, state, _loop_state(0, root_key, config, history, threshold))
     latest = 0
-  writer = metrics_lib.MetricsWriter(workdir, tensorboard=config.log.tensorboard,
-                                     progress_bar=config.log.progress_bar,
-                                     total_iterations=config.train.iterations, history=history)
+  writer = _RecordsOnly()
+  if distributed.is_primary():
+    writer = metrics_lib.MetricsWriter(workdir, tensorboard=config.log.tensorboard,
+                                       progress_bar=config.log.progress_bar,
+                                       total_iterations=config.train.iterations,
+                                       history=history)
   try:
     last = config.train.iterations if stop_after is None else min(stop_after,
                                                                   config.train.iterations)
     for iteration in range(latest + 1, last + 1):
       state, record, _, threshold = run_iteration(exp, engine, train_step, state, iteration,
-                                                  root_key, threshold)
+                                                  root_key, threshold, placement)
       history.append(writer.write(record))
       final = iteration == config.train.iterations
       if (config.eval.every and iteration % config.eval.every == 0) or final:
-        history.append(writer.write(_eval_record(exp, state.params, iteration)))
+        history.append(writer.write(_eval_record(exp, placement.local(state.params),
+                                                 iteration)))
       if iteration % config.checkpoint.every == 0 or final:
         checkpointer.save(iteration, state,
                           _loop_state(iteration, root_key, config, history, threshold))
@@ -581,8 +727,9 @@ def _train(exp: Experiment, state: update_lib.TrainState, stop_after: int | None
     writer.close()
     checkpointer.close()
   summary = summarize(history, workdir)
-  with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=2, sort_keys=True)
+  if distributed.is_primary():
+    with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
+      json.dump(summary, f, indent=2, sort_keys=True)
   return summary
 
 
@@ -611,7 +758,12 @@ def summarize(history: Sequence[dict], workdir: str) -> dict:
 
 
 def load_checkpoint(config, workdir: str):
-  """(Experiment, TrainState, loop state) of the latest checkpoint in `workdir`."""
+  """(Experiment, TrainState, loop state) of the latest checkpoint in `workdir`.
+
+  With several processes they restore it together; each gets the whole state on its first
+  device.
+  """
+  _connect_processes(config)
   exp, state = build_experiment(config, workdir)
   tx = make_rl_optimizer(config)
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), create=False)
@@ -619,9 +771,11 @@ def load_checkpoint(config, workdir: str):
     latest = checkpointer.latest_step()
     if latest is None:
       raise FileNotFoundError(f"no checkpoint in {checkpointer.directory!r}; train first")
-    abstract = _abstract(update_lib.TrainState(step=state.step, params=state.params,
-                                               opt_state=tx.init(state.params)))
-    state, loop = checkpointer.restore(latest, abstract)
+    state = update_lib.TrainState(step=state.step, params=state.params,
+                                  opt_state=tx.init(state.params))
+    placement = Placement.create(config, state)
+    state, loop = checkpointer.restore(latest, placement.abstract(state))
+    state = placement.local(state)
   finally:
     checkpointer.close()
   return exp, state, loop
@@ -640,8 +794,9 @@ def evaluate(config, workdir: str) -> dict:
   finally:
     exp.close()
   record = metrics_lib.clean_record(record)
-  with open(os.path.join(workdir, "eval.json"), "w", encoding="utf-8") as f:
-    json.dump(record, f, indent=2, sort_keys=True)
+  if distributed.is_primary():
+    with open(os.path.join(workdir, "eval.json"), "w", encoding="utf-8") as f:
+      json.dump(record, f, indent=2, sort_keys=True)
   return record
 
 
