@@ -5,9 +5,11 @@ a *backbone*: a branch (a live sandbox plus a row of the policy's KV cache) that
 task's first observation. The host loop then repeats, for all live branches of all tasks together:
 
 1. **Fork decision** at each branch's current state s_t, from what is known at s_t only: the
-   entropy of the policy's *first-token* distribution there (the decode state's next logits once
-   the observation is prefilled, before any action token is sampled) and the budget used so far
-   (`bpo_jax.branching.online_fork_decision`). The entropy of the sampled action would make the
+   policy's entropy there and the budget used so far (`bpo_jax.branching.online_fork_decision`).
+   The entropy is that of the *first-token* distribution (the decode state's next logits once
+   the observation is prefilled, before any action token is sampled) or, with
+   `entropy_measure="greedy_action"`, the token entropies summed along the greedy action from
+   s_t (a deterministic probe decode whose cache is dropped): both are functions of s_t. The entropy of the sampled action would make the
    decision depend on the action and bias the estimator (DESIGN.md §3), so it is never used.
 2. **Fork**: the sandbox is snapshotted once and restored into K-1 new branches, and the branch's
    cache row is copied into K rows (a gather on the batch axis, `sampling.fork`): the prefix is
@@ -93,6 +95,7 @@ TOPOLOGIES = ("tree", "group")
 FORK_RULES = ("entropy", "random", "never", "top_k_after")
 BUDGET_ACCOUNTING = ("worst_case", "used")
 STATE_IDS = ("none", "observation", "snapshot")
+ENTROPY_MEASURES = ("first_token", "greedy_action")
 PHASES = ("reset", "prefill", "fork", "decode", "env", "append", "host")
 
 
@@ -105,12 +108,20 @@ class RolloutConfig:
       independent rollouts per task: a fork of N at the root state and none after).
     num_siblings: K, the actions tried at a fork (the branch itself plus K-1 new ones).
     group_size: N for the group topology.
-    fork_rule: "entropy" (fork when the first-token entropy exceeds the threshold), "random"
+    fork_rule: "entropy" (fork when the state's entropy, see `entropy_measure`, exceeds the
+      threshold), "random"
       (fork with probability `fork_prob`), "never" (a single backbone), or "top_k_after": once
       the backbone has finished, fork at its `max_forks` highest-entropy states
       (`branching.top_k_fork_steps`). The last is BIASED (where the forks go depends on the
       backbone's own later actions) and is kept only to measure that bias against the online
       rule; it snapshots every backbone state and supports only the leaf budget.
+    entropy_measure: what "the entropy at a state" is, in nats, for the fork rule and the trees:
+      "first_token", the entropy of the policy's first-token distribution there (free: the
+      logits are known once the observation is prefilled); or "greedy_action", the sum of the
+      token entropies along the greedy action from the state (one extra greedy decode of every
+      live row per turn, counted in `Compute.tokens_probed`). Both are functions of the state
+      alone, so the online rule stays unbiased. The second sees decisions that come after the
+      first token of an action ("put apple in *basket*"), which the first misses.
     entropy_threshold: the threshold of the entropy rule, in nats (`rollout(threshold=...)`
       overrides it per call, e.g. with a running quantile from earlier batches).
     fork_prob: the probability of the random rule.
@@ -136,6 +147,7 @@ class RolloutConfig:
   num_siblings: int = 4
   group_size: int = 8
   fork_rule: str = "entropy"
+  entropy_measure: str = "first_token"
   entropy_threshold: float = 1.0
   fork_prob: float = 0.25
   siblings_fork: bool = False
@@ -161,6 +173,7 @@ class RolloutConfig:
 
     choice("topology", TOPOLOGIES)
     choice("fork_rule", FORK_RULES)
+    choice("entropy_measure", ENTROPY_MEASURES)
     choice("budget_accounting", BUDGET_ACCOUNTING)
     choice("state_ids", STATE_IDS)
     for name in ("num_siblings", "group_size", "max_turns", "max_new_tokens", "max_length"):
@@ -242,6 +255,8 @@ class Compute:
     restores: sandbox restores (one per new branch at a fork).
     forks: fork decisions carried out.
     failed_branches: branches that ended in a failure (step, snapshot, restore or reset).
+    tokens_probed: tokens decoded by the "greedy_action" entropy measure to score states (not
+      part of any tree, so not in `tokens_processed`).
   """
 
   tokens_prefilled: int = 0
@@ -251,6 +266,7 @@ class Compute:
   restores: int = 0
   forks: int = 0
   failed_branches: int = 0
+  tokens_probed: int = 0
 
   @property
   def tokens_processed(self) -> int:
@@ -651,6 +667,29 @@ class RolloutEngine:
     data = self._fold_in(rows, [(d, 0) for d in depths])
     return jax.random.wrap_key_data(data, impl=self._key_impl)
 
+  def _state_entropies(self, params, decode_state: sampling.DecodeState,
+                       live: Sequence[_Branch], states: list[_TreeState]) -> np.ndarray:
+    """float32[batch]: the entropy at each live row's state (`RolloutConfig.entropy_measure`).
+
+    "greedy_action" decodes the greedy action of every live row on a copy of the decode state
+    (top-k 1 at the sampling temperature, so the reported token entropies are those of
+    `softmax(logits / T)` along the argmax path) and sums them; the copy is dropped.
+    """
+    cfg = self.config
+    if cfg.entropy_measure == "first_token":
+      return np.asarray(first_token_entropy(decode_state.next_logits, cfg.temperature))
+    probe = dataclasses.replace(self.sampling_params, top_k=1, top_p=1.0,
+                                temperature=cfg.temperature or 1.0)
+    active = np.zeros((decode_state.batch_size,), bool)
+    active[[b.row for b in live]] = True
+    _, out = self.sampler.generate(params, decode_state,
+                                   self._action_keys(live, decode_state.batch_size), probe,
+                                   active)
+    num_tokens = np.asarray(out.num_tokens)
+    for branch in live:
+      states[branch.task].compute.tokens_probed += int(num_tokens[branch.row])
+    return np.asarray(jnp.sum(jnp.where(out.mask, out.entropies, 0.0), axis=1))
+
   # --------------------------------------------------------------------------- budgets
 
   def _affordable(self, state: _TreeState, live: Sequence[_Branch], branch: _Branch,
@@ -792,7 +831,7 @@ class RolloutEngine:
     while live:
       turns += 1
       # 1-2. Fork decisions at every live state, then snapshots, restores and the row gather.
-      entropies = np.asarray(first_token_entropy(decode_state.next_logits, cfg.temperature))
+      entropies = self._state_entropies(params, decode_state, live, states)
       live, sources, state_entropy = self._fork(live, states, entropies, threshold,
                                                 new_branch_id)
       if not live:

@@ -22,6 +22,7 @@ from bpo_jax import packing
 from bpo_jax import rollout
 from bpo_jax import tree as tree_lib
 from bpo_jax.models import Decoder
+from bpo_jax.models import forward
 from bpo_jax.models import ModelConfig
 from bpo_jax.models import token_logprobs_and_entropy
 from bpo_jax.sandboxes import base
@@ -618,3 +619,56 @@ def test_bad_configs_and_inputs_are_named(policy, fmt, tasks):
     grow(policy, fmt, in_process_pool(), tasks[:2], task_ids=[0])
   with pytest.raises(ValueError, match=r"distinct non-negative integers, got \[3, 3\]"):
     grow(policy, fmt, in_process_pool(), tasks[:2], task_ids=[3, 3])
+
+
+@functools.lru_cache(maxsize=None)
+def _logits_forward(graphdef):
+  return jax.jit(functools.partial(forward, graphdef))
+
+
+def _greedy_action_entropy(policy, fmt, sequence, max_new_tokens, temperature):
+  """Σ of the token entropies of softmax(logits / T) along the greedy action after `sequence`,
+  by full forward passes without a cache (the reference for the "greedy_action" measure)."""
+  _, graphdef, params = policy
+  seq, total, length = list(sequence), 0.0, 0
+  for length in range(1, max_new_tokens + 1):
+    padded = np.zeros((1, PATH_LENGTH), np.int32)
+    padded[0, :len(seq)] = seq
+    last = _logits_forward(graphdef)(params, jnp.asarray(padded))[0][0, len(seq) - 1]
+    token = int(jnp.argmax(last))
+    total += float(rollout.first_token_entropy(last[None], temperature)[0])
+    seq.append(token)
+    if token in fmt.stop_token_ids:
+      break
+  return total, length
+
+
+def test_greedy_action_entropy_is_the_greedy_paths_entropy_and_drives_the_forks(policy, fmt,
+                                                                                tasks):
+  probe = grow(policy, fmt, in_process_pool(), tasks[:2], seed=1, fork_rule="never",
+               max_leaves=1, entropy_measure="greedy_action")
+  threshold = float(np.median(probe.state_entropies()))
+  batch = grow(policy, fmt, in_process_pool(), tasks[:2], seed=0, threshold=threshold,
+               max_leaves=5, entropy_measure="greedy_action")
+  first = grow(policy, fmt, in_process_pool(), tasks[:2], seed=0, threshold=threshold,
+               max_leaves=5)
+  fired = declined = 0
+  for result, plain in zip(batch.rollouts, first.rollouts):
+    probed = 0
+    for d in result.decisions:
+      sequence = list(result.tokens.prompt)
+      if d.node != rollout.ROOT:
+        for node in result.path(d.node):
+          sequence += list(result.tokens.segment(node))
+      expected, length = _greedy_action_entropy(policy, fmt, sequence,
+                                                COMMON["max_new_tokens"], COMMON["temperature"])
+      np.testing.assert_allclose(d.entropy, expected, atol=5e-4, err_msg=str(d))
+      probed += length
+      if d.eligible:
+        fired += d.rule
+        declined += not d.rule
+    # One greedy probe per decided state, as long as the greedy action it decoded.
+    assert result.compute.tokens_probed == probed > 0
+    assert plain.compute.tokens_probed == 0
+    check_token_accounting(result)
+  assert fired and declined

@@ -39,6 +39,7 @@ import ml_collections
 
 ESTIMATORS = ("bpo", "rloo", "grpo", "gigpo")
 FORK_RULES = ("entropy", "random")
+ENTROPY_MEASURES = ("first_token", "greedy_action")
 TRUNK_BASELINES = ("zero", "loo", "batch")
 NORMALIZATIONS = ("tree", "token")
 ARCHITECTURES = ("qwen2", "llama")
@@ -99,7 +100,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.trees_per_task = 1     # >= 2 for the leave-one-out trunk baseline
   c.rollout.k = 2                  # siblings per fork (BPO); group size (baselines)
   c.rollout.fork_rule = "entropy"
-  c.rollout.entropy_threshold = 0.5  # fork where the first-token entropy exceeds this (nats)
+  # the entropy at a state: "first_token" (of the action's first token) or "greedy_action" (the
+  # token entropies summed along the greedy action; one extra greedy decode per turn)
+  c.rollout.entropy_measure = "first_token"
+  c.rollout.entropy_threshold = 0.5  # fork where the state's entropy exceeds this (nats)
   # > 0: after each iteration the threshold moves to this quantile of the iteration's state
   # entropies (an average over iterations, `branching.update_quantile_threshold`); the
   # threshold an iteration uses depends only on earlier iterations, so forks stay unbiased.
@@ -169,6 +173,7 @@ def default_config() -> ml_collections.ConfigDict:
 _CHOICES = {
     "rollout.estimator": ESTIMATORS,
     "rollout.fork_rule": FORK_RULES,
+    "rollout.entropy_measure": ENTROPY_MEASURES,
     "rollout.trunk_baseline": TRUNK_BASELINES,
     "train.normalization": NORMALIZATIONS,
     "model.architecture": ARCHITECTURES,

@@ -116,7 +116,8 @@ def rollout_config_from(config, evaluation: bool = False) -> rollout_lib.Rollout
   if r.estimator == "bpo":
     return rollout_lib.RolloutConfig(
         topology="tree", num_siblings=r.k, fork_rule=r.fork_rule,
-        entropy_threshold=r.entropy_threshold, fork_prob=r.fork_probability,
+        entropy_measure=r.entropy_measure, entropy_threshold=r.entropy_threshold,
+        fork_prob=r.fork_probability,
         max_leaves=r.max_leaves, max_env_steps=r.max_env_steps, max_tokens=r.max_tree_tokens,
         temperature=r.temperature, top_p=r.top_p, state_ids=state_ids, **common)
   return rollout_lib.RolloutConfig(

@@ -77,6 +77,13 @@ def test_unknown_estimator_lists_the_allowed_ones():
       "rollout.estimator = 'ppo': must be one of 'bpo', 'rloo', 'grpo', 'gigpo'"]
 
 
+def test_unknown_entropy_measure_lists_the_allowed_ones():
+  config = config_lib.default_config()
+  config.rollout.entropy_measure = "last_token"
+  assert _problems(config) == [
+      "rollout.entropy_measure = 'last_token': must be one of 'first_token', 'greedy_action'"]
+
+
 @pytest.mark.parametrize("k", [1, 0, -3])
 def test_k_below_two(k):
   config = config_lib.default_config()
