@@ -9,8 +9,9 @@ task's first observation. The host loop then repeats, for all live branches of a
    The entropy is that of the *first-token* distribution (the decode state's next logits once
    the observation is prefilled, before any action token is sampled) or, with
    `entropy_measure="greedy_action"`, the token entropies summed along the greedy action from
-   s_t (a deterministic probe decode whose cache is dropped): both are functions of s_t. The entropy of the sampled action would make the
-   decision depend on the action and bias the estimator (DESIGN.md §3), so it is never used.
+   s_t (a deterministic probe decode whose cache is dropped): both are functions of s_t. The
+   entropy of the sampled action would make the decision depend on the action and bias the
+   estimator (DESIGN.md §3), so it is never used.
 2. **Fork**: the sandbox is snapshotted once and restored into K-1 new branches, and the branch's
    cache row is copied into K rows (a gather on the batch axis, `sampling.fork`): the prefix is
    never replayed. The backbone keeps its sandbox and keeps forking (budget permitting); the new
