@@ -172,9 +172,27 @@ class Attention(nnx.Module):
     """
     dt = self.dtype
     x = x.astype(dt)
-    q = jnp.einsum("btm,mhd->bthd", x, self.q_kernel[...].astype(dt))
-    k = jnp.einsum("btm,mhd->bthd", x, self.k_kernel[...].astype(dt))
-    v = jnp.einsum("btm,mhd->bthd", x, self.v_kernel[...].astype(dt))
+    b, t = x.shape[:2]
+    q_kernel, k_kernel, v_kernel = (kernel[...].astype(dt) for kernel in
+                                    (self.q_kernel, self.k_kernel, self.v_kernel))
+    if t == 1:
+      # A decode step: one matmul instead of three, by the kernels concatenated per KV head,
+      # [h, Hkv, groups + 2, D] = (that head's query heads, its key, its value), so a split over
+      # KV heads (tensor parallelism) keeps each head's columns on its device. Inside the decode
+      # loop the concatenation is loop-invariant and XLA hoists it out of the loop: one copy of
+      # the kernels per `generate` call. A multi-token call would copy them on every call for
+      # little gain, and keeps three matmuls.
+      h, groups = x.shape[-1], self.num_heads // self.num_kv_heads
+      qkv_kernel = jnp.concatenate(
+          [q_kernel.reshape(h, self.num_kv_heads, groups, self.head_dim),
+           k_kernel[:, :, None], v_kernel[:, :, None]], axis=2)
+      qkv = jnp.einsum("btm,mkgd->btkgd", x, qkv_kernel)
+      q = qkv[:, :, :, :groups].reshape(b, t, self.num_heads, self.head_dim)
+      k, v = qkv[:, :, :, groups], qkv[:, :, :, groups + 1]
+    else:
+      q = jnp.einsum("btm,mhd->bthd", x, q_kernel)
+      k = jnp.einsum("btm,mhd->bthd", x, k_kernel)
+      v = jnp.einsum("btm,mhd->bthd", x, v_kernel)
     if self.qkv_bias:
       q = q + self.q_bias[...].astype(dt)
       k = k + self.k_bias[...].astype(dt)
@@ -199,7 +217,6 @@ class Attention(nnx.Module):
       k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     # Heads-major layout so both attention matmuls are plain batched matmuls over (B, Hkv):
     # the cached keys and values are read in place, never transposed (it dominates decoding).
-    b, t = q.shape[:2]
     groups = self.num_heads // self.num_kv_heads
     q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim).transpose(0, 2, 3, 1, 4)
     q = q.reshape(b, self.num_kv_heads, groups * t, self.head_dim)
@@ -212,7 +229,16 @@ class Attention(nnx.Module):
     out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
     out = out.reshape(b, self.num_kv_heads, groups, t, self.head_dim).transpose(0, 3, 1, 2, 4)
     out = out.reshape(b, t, self.num_heads, self.head_dim)
-    return jnp.einsum("bthd,hdm->btm", out, self.o_kernel[...].astype(dt)), new_cache
+    o_kernel = self.o_kernel[...].astype(dt)
+    if t == 1:
+      # XLA contracts the einsum below over (d, h) in that order, copying the kernel into a
+      # [D, H, h] layout on every call. Spelled out, with the transposed kernel materialised
+      # (the barrier), the copy is loop-invariant and leaves the decode loop; the contraction
+      # order, hence every number, stays that of the einsum.
+      o_kernel = jax.lax.optimization_barrier(o_kernel.transpose(1, 0, 2))
+      out = out.transpose(0, 1, 3, 2).reshape(b, t, -1)
+      return out @ o_kernel.reshape(-1, o_kernel.shape[-1]), new_cache
+    return jnp.einsum("bthd,hdm->btm", out, o_kernel), new_cache
 
 
 class MLP(nnx.Module):
@@ -227,8 +253,14 @@ class MLP(nnx.Module):
 
   def __call__(self, x):
     dt = self.dtype
-    gate = x @ self.gate_kernel[...].astype(dt)
-    up = x @ self.up_kernel[...].astype(dt)
+    gate_kernel, up_kernel = self.gate_kernel[...].astype(dt), self.up_kernel[...].astype(dt)
+    if x.ndim == 3 and x.shape[1] == 1:
+      # A decode step: one matmul by the kernels stacked as [h, 2, I] (split over I like each of
+      # them; the stacking leaves the decode loop, see Attention).
+      gate_up = jnp.einsum("btm,mki->btki", x, jnp.stack([gate_kernel, up_kernel], axis=1))
+      gate, up = gate_up[:, :, 0], gate_up[:, :, 1]
+    else:
+      gate, up = x @ gate_kernel, x @ up_kernel
     return (jax.nn.silu(gate) * up) @ self.down_kernel[...].astype(dt)
 
 
