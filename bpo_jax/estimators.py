@@ -253,6 +253,10 @@ def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Arra
   of at most 8 thunks inline and a longer one through its thread pool, which costs more than the
   step itself (one more output written per forward step made the kernel 1.4x slower, and
   unrolling the loops is slower for the same reason). O(N · W) work in 2N steps of W-wide rows.
+
+  Example (one tree, γ = 1, trunk 0): parent [[-1, 0, 0]], reward [[0, 1, 3]]: the reverse pass
+  gives Q̂ = [2, 1, 3] and row 0 = (4, 2); forward: A_root = 0, so b_0 = 0, w_0 = 1; node 0 hands
+  its children A_0 = 4 / 1, β_0 = 1, w_0 / 2, so b_1 = 4 − 1 = 3, b_2 = 1, w = [1, 0.5, 0.5].
   """
   width, n = parent.shape
   f32 = jnp.float32
