@@ -173,26 +173,9 @@ class Attention(nnx.Module):
     dt = self.dtype
     x = x.astype(dt)
     b, t = x.shape[:2]
-    q_kernel, k_kernel, v_kernel = (kernel[...].astype(dt) for kernel in
-                                    (self.q_kernel, self.k_kernel, self.v_kernel))
-    if t == 1:
-      # A decode step: one matmul instead of three, by the kernels concatenated per KV head,
-      # [h, Hkv, groups + 2, D] = (that head's query heads, its key, its value), so a split over
-      # KV heads (tensor parallelism) keeps each head's columns on its device. Inside the decode
-      # loop the concatenation is loop-invariant and XLA hoists it out of the loop: one copy of
-      # the kernels per `generate` call. A multi-token call would copy them on every call for
-      # little gain, and keeps three matmuls.
-      h, groups = x.shape[-1], self.num_heads // self.num_kv_heads
-      qkv_kernel = jnp.concatenate(
-          [q_kernel.reshape(h, self.num_kv_heads, groups, self.head_dim),
-           k_kernel[:, :, None], v_kernel[:, :, None]], axis=2)
-      qkv = jnp.einsum("btm,mkgd->btkgd", x, qkv_kernel)
-      q = qkv[:, :, :, :groups].reshape(b, t, self.num_heads, self.head_dim)
-      k, v = qkv[:, :, :, groups], qkv[:, :, :, groups + 1]
-    else:
-      q = jnp.einsum("btm,mhd->bthd", x, q_kernel)
-      k = jnp.einsum("btm,mhd->bthd", x, k_kernel)
-      v = jnp.einsum("btm,mhd->bthd", x, v_kernel)
+    q = jnp.einsum("btm,mhd->bthd", x, self.q_kernel[...].astype(dt))
+    k = jnp.einsum("btm,mhd->bthd", x, self.k_kernel[...].astype(dt))
+    v = jnp.einsum("btm,mhd->bthd", x, self.v_kernel[...].astype(dt))
     if self.qkv_bias:
       q = q + self.q_bias[...].astype(dt)
       k = k + self.k_bias[...].astype(dt)
@@ -253,14 +236,8 @@ class MLP(nnx.Module):
 
   def __call__(self, x):
     dt = self.dtype
-    gate_kernel, up_kernel = self.gate_kernel[...].astype(dt), self.up_kernel[...].astype(dt)
-    if x.ndim == 3 and x.shape[1] == 1:
-      # A decode step: one matmul by the kernels stacked as [h, 2, I] (split over I like each of
-      # them; the stacking leaves the decode loop, see Attention).
-      gate_up = jnp.einsum("btm,mki->btki", x, jnp.stack([gate_kernel, up_kernel], axis=1))
-      gate, up = gate_up[:, :, 0], gate_up[:, :, 1]
-    else:
-      gate, up = x @ gate_kernel, x @ up_kernel
+    gate = x @ self.gate_kernel[...].astype(dt)
+    up = x @ self.up_kernel[...].astype(dt)
     return (jax.nn.silu(gate) * up) @ self.down_kernel[...].astype(dt)
 
 
