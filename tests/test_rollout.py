@@ -20,6 +20,7 @@ from bpo_jax import branching
 from bpo_jax import estimators
 from bpo_jax import packing
 from bpo_jax import rollout
+from bpo_jax import sampling
 from bpo_jax import tree as tree_lib
 from bpo_jax.models import Decoder
 from bpo_jax.models import forward
@@ -568,6 +569,37 @@ def test_a_tasks_tree_does_not_depend_on_its_batch_mates(policy, fmt, tasks, rul
   moved = grow(policy, fmt, in_process_pool(), tasks[1:2], seed=4, task_ids=[7], **rule)
   assert (moved.rollouts[0].action_texts != alone.rollouts[0].action_texts
           or moved.rollouts[0].num_nodes != alone.rollouts[0].num_nodes)
+
+
+def test_branch_keys_follow_the_documented_derivation(policy, fmt, tasks):
+  # Task t's key is fold_in(key, t); the action at depth d of a branch keyed k is drawn with
+  # child_key(k, d, 0), and sibling j of a fork there is keyed child_key(k, d, j). Redrawn
+  # here one row at a time with the sampler, the actions are the tree's.
+  config, graphdef, params = policy
+  batch = grow(policy, fmt, in_process_pool(), tasks[:2], seed=5, task_ids=[3, 8],
+               threshold=-1.0, num_siblings=2, max_leaves=2)
+  sampler = sampling.Sampler(graphdef, config, COMMON["max_length"])
+  params_of_sampling = rollout.RolloutConfig(**COMMON).sampling_params(fmt.stop_token_ids)
+
+  def redraw(tokens, key):
+    # Four copies of the row: the batch size of the engine's smallest bucket (no new compile).
+    decode_state = sampler.prefill(params, [list(tokens)] * 4)
+    _, out = sampler.generate(params, decode_state, jnp.stack([key] * 4), params_of_sampling)
+    return np.asarray(out.tokens[0, :int(out.num_tokens[0])])
+
+  for result, task_id in zip(batch.rollouts, [3, 8]):
+    task_key = jax.random.fold_in(jax.random.key(5), task_id)
+    prompt = result.tokens.prompt.tolist()
+    backbone, sibling = [int(i) for i in np.nonzero(result.tokens.parent == -1)[0]]
+    np.testing.assert_array_equal(redraw(prompt, rollout.child_key(task_key, 0, 0)),
+                                  result.tokens.action_tokens[backbone])
+    sibling_key = rollout.child_key(task_key, 0, 1)
+    np.testing.assert_array_equal(redraw(prompt, rollout.child_key(sibling_key, 0, 0)),
+                                  result.tokens.action_tokens[sibling])
+    second = int(np.nonzero(result.tokens.parent == backbone)[0][0])
+    after_first = prompt + result.tokens.segment(backbone).tolist()
+    np.testing.assert_array_equal(redraw(after_first, rollout.child_key(task_key, 1, 0)),
+                                  result.tokens.action_tokens[second])
 
 
 def test_first_token_entropy_by_hand():
