@@ -69,36 +69,43 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start(config_path, workdir, *flags):
+def _start(config_path, workdir, log_name, *flags):
+  """Starts run.py; its stdout and stderr go to files (a full pipe would stall a process while
+  the other one waits for it in a collective)."""
   # One CPU device per process: the two-process mesh then has one device per process.
   env = {**os.environ, "JAX_NUM_CPU_DEVICES": "1", "JAX_PLATFORMS": "cpu",
          "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-  return subprocess.Popen([sys.executable, RUN, f"--config={config_path}",
-                           f"--workdir={workdir}", *flags], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  logs = (f"{workdir}.{log_name}.out", f"{workdir}.{log_name}.err")
+  with open(logs[0], "w") as out, open(logs[1], "w") as err:
+    process = subprocess.Popen([sys.executable, RUN, f"--config={config_path}",
+                                f"--workdir={workdir}", *flags], cwd=ROOT, env=env,
+                               stdout=out, stderr=err, text=True)
+  return process, logs
 
 
-def _two_processes(config_path, workdir, *flags):
+def _two_processes(config_path, workdir, log_name, *flags):
   port = _free_port()
-  return [_start(config_path, workdir, *flags,
+  return [_start(config_path, workdir, f"{log_name}{i}", *flags,
                  "--config.scale.distributed.num_processes=2",
                  f"--config.scale.distributed.process_id={i}",
                  f"--config.scale.distributed.coordinator_address=localhost:{port}")
           for i in range(2)]
 
 
-def _finish(processes):
-  """(stdout, stderr) of each process; fails if one exits non-zero or runs too long."""
-  outputs = []
+def _finish(started):
+  """(stdout, stderr) of each started process; fails if one exits non-zero or runs too long."""
   try:
-    for process in processes:
-      outputs.append(process.communicate(timeout=TIMEOUT_S))
+    for process, _ in started:
+      process.wait(timeout=TIMEOUT_S)
   except subprocess.TimeoutExpired:
-    for process in processes:
+    for process, _ in started:
       process.kill()
     pytest.fail(f"a run did not finish in {TIMEOUT_S} s")
-  for process, (out, err) in zip(processes, outputs):
-    assert process.returncode == 0, (out + err)[-4000:]
+  outputs = []
+  for process, logs in started:
+    with open(logs[0]) as out, open(logs[1]) as err:
+      outputs.append((out.read(), err.read()))
+    assert process.returncode == 0, (outputs[-1][0] + outputs[-1][1])[-4000:]
   return outputs
 
 
@@ -114,14 +121,14 @@ def _load(config_path):
 def test_two_processes_train_the_quickstart_like_one(tmp_path):
   config_path = _config_file(tmp_path)
   one, two = str(tmp_path / "one"), str(tmp_path / "two")
-  single = [_start(config_path, one)]
-  first_half = _two_processes(config_path, two, "--stop_after=1")
+  single = [_start(config_path, one, "run")]
+  first_half = _two_processes(config_path, two, "first", "--stop_after=1")
   (single_out, _), = _finish(single)
   _finish(first_half)
   assert sorted(d for d in os.listdir(os.path.join(two, "checkpoints")) if d.isdigit()) == [
       "0", "1"]
   # Resumed by both processes from their joint checkpoint of iteration 1.
-  (out0, err0), (out1, _) = _finish(_two_processes(config_path, two))
+  (out0, err0), (out1, _) = _finish(_two_processes(config_path, two, "resumed"))
   assert "resumed from the checkpoint of iteration 1" in err0
 
   # Process 0 prints what the one-process run prints; process 1 none of it (Gloo's own
