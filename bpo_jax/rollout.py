@@ -660,11 +660,12 @@ class RolloutEngine:
     return np.asarray(self._fold_in(parents, list(zip(depths, children))))
 
   def _action_keys(self, live: Sequence[_Branch], batch: int) -> jax.Array:
-    """Typed keys [batch] for `generate`: row b's is `child_key(key, depth, 0)` of its branch
-    (padding rows get the key of zeros' child, and emit nothing)."""
-    blank = np.zeros_like(live[0].key)
-    rows = [b.key for b in live] + [blank] * (batch - len(live))
-    depths = [b.depth for b in live] + [0] * (batch - len(live))
+    """Typed keys [batch] for `generate`: row `branch.row`'s is `child_key(key, depth, 0)` of
+    its branch (rows without a live branch get the key of zeros' child, and emit nothing)."""
+    rows = [np.zeros_like(live[0].key)] * batch
+    depths = [0] * batch
+    for branch in live:
+      rows[branch.row], depths[branch.row] = branch.key, branch.depth
     data = self._fold_in(rows, [(d, 0) for d in depths])
     return jax.random.wrap_key_data(data, impl=self._key_impl)
 
