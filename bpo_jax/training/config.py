@@ -127,6 +127,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.learning_rate = 2e-4
   c.train.weight_decay = 0.0
   c.train.max_grad_norm = 1.0
+  c.train.epochs = 1                # PPO epochs: optimizer steps on each iteration's batch
   c.train.micro_batches = 2        # gradient accumulation; also the gradient-variance sample
   c.train.clip_epsilon = 0.2
   c.train.kl_coef = 0.0
@@ -212,6 +213,7 @@ _RANGES = (
     ("train.iterations", 0, None, ""),
     ("train.weight_decay", 0.0, None, ""),
     ("train.micro_batches", 1, None, ""),
+    ("train.epochs", 1, None, ""),
     ("train.clip_epsilon", 0.0, None, ""),
     ("train.kl_coef", 0.0, None, ""),
     ("checkpoint.every", 1, None, ""),

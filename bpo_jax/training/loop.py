@@ -555,8 +555,21 @@ def run_iteration(exp: Experiment, engine: rollout_lib.RolloutEngine, train_step
   times["time/estimate_and_pack"] = time.perf_counter() - start
 
   start = time.perf_counter()
-  state, update_metrics = train_step(state, placement.feed(packed), None, len(tasks))
-  update_metrics = {k: float(v) for k, v in placement.host(update_metrics).items()}
+  # PPO epochs: the same batch, its behaviour logprobs fixed, `train.epochs` times. The first
+  # step's metrics are the estimator's (ratio 1); the last one's KL and clipping show how far
+  # the later epochs moved the policy.
+  fed = placement.feed(packed)
+  skipped = 0.0
+  for epoch in range(config.train.epochs):
+    state, epoch_metrics = train_step(state, fed, None, len(tasks))
+    epoch_metrics = {k: float(v) for k, v in placement.host(epoch_metrics).items()}
+    skipped = max(skipped, epoch_metrics["skipped"])
+    if epoch == 0:
+      update_metrics = epoch_metrics
+  if config.train.epochs > 1:
+    update_metrics["last_epoch_approx_kl"] = epoch_metrics["approx_kl"]
+    update_metrics["last_epoch_clip_fraction"] = epoch_metrics["clip_fraction"]
+  update_metrics["skipped"] = skipped
   times["time/update"] = time.perf_counter() - start
 
   record = {"phase": "train", "iteration": iteration, "row_length": int(packed.shape[1]),
