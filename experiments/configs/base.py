@@ -18,8 +18,8 @@ import ml_collections
 from bpo_jax.training import config as config_lib
 
 # Independent episodes per task matching one BPO tree's environment steps (see the docstring).
-# Rooms, measured on the quickstart (40 iterations x 16 trees): 6.7 env steps and 1.7 leaves per
-# tree, 3.8 steps per leaf: matched_group_size(6.7, 3.8) = 2. TextWorld takes the same value by
+# Rooms, measured on the quickstart (120 iterations x 16 trees): 6.8 env steps and 1.7 leaves
+# per tree, 3.9 steps per leaf: matched_group_size(6.8, 3.9) = 2. TextWorld takes the same value by
 # the same rule; it was not measured there (check `env_steps` in a run's metrics.jsonl).
 ROOMS_MATCHED_GROUP_SIZE = 2
 TEXTWORLD_MATCHED_GROUP_SIZE = 2
