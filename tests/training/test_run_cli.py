@@ -47,24 +47,26 @@ def test_unknown_key_or_wrong_type_override(tmp_path, override, expected):
   assert not (tmp_path / "w").exists()  # nothing was started
 
 
-def test_invalid_values_and_budgets_are_all_reported_at_once(tmp_path):
-  # Values outside the allowed ones and budgets that cannot hold one tree: the validation
-  # reports every problem in one message, one line per key.
+@pytest.mark.parametrize("overrides, expected_lines", [
+    # Values outside the allowed ones.
+    (["--config.rollout.k=1", "--config.rollout.estimator=ppo", "--config.env.name=nethack"],
+     ["rollout.k = 1: must be >= 2 (a fork needs at least two siblings)",
+      "rollout.estimator = 'ppo': must be one of 'bpo', 'rloo', 'grpo', 'gigpo'",
+      "env.name = 'nethack': must be one of ["]),
+    # Budgets that cannot hold one tree.
+    (["--config.rollout.max_leaves=1", "--config.model.max_length=64",
+      "--config.rollout.max_tree_tokens=100"],
+     ["rollout.max_leaves = 1: cannot hold one fork of rollout.k = 2 siblings",
+      "model.max_length = 64: cannot hold one path of",
+      "rollout.max_tree_tokens = 100: cannot hold one path of env.max_turns = 5"]),
+])
+def test_invalid_values_and_budgets_are_all_reported_at_once(tmp_path, overrides,
+                                                             expected_lines):
+  # The validation reports every problem in one message, one line per key.
   stderr = _assert_clean_failure(
-      [f"--config={QUICKSTART}", f"--workdir={tmp_path / 'w'}", "--config.rollout.k=1",
-       "--config.rollout.estimator=ppo", "--config.env.name=nethack"],
+      [f"--config={QUICKSTART}", f"--workdir={tmp_path / 'w'}", *overrides],
       "error: invalid configuration:\n")
-  for expected in ("rollout.k = 1: must be >= 2 (a fork needs at least two siblings)",
-                   "rollout.estimator = 'ppo': must be one of 'bpo', 'rloo', 'grpo', 'gigpo'",
-                   "env.name = 'nethack': must be one of ["):
-    assert expected in stderr
-  stderr = _assert_clean_failure(
-      [f"--config={QUICKSTART}", f"--workdir={tmp_path / 'w'}", "--config.rollout.max_leaves=1",
-       "--config.model.max_length=64", "--config.rollout.max_tree_tokens=100"],
-      "error: invalid configuration:\n")
-  for expected in ("rollout.max_leaves = 1: cannot hold one fork of rollout.k = 2 siblings",
-                   "model.max_length = 64: cannot hold one path of",
-                   "rollout.max_tree_tokens = 100: cannot hold one path of env.max_turns = 5"):
+  for expected in expected_lines:
     assert expected in stderr
   assert not (tmp_path / "w").exists()
 
