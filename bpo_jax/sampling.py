@@ -245,8 +245,8 @@ def sample_logits(logits: jax.Array, key: jax.Array, params: SamplingParams):
 
 def cache_window(cache: KVCache, window: int) -> KVCache:
   """The first `window` slots of every row of `cache` (a static slice of keys and values)."""
-  cut = lambda x: x[:, :, :window]
-  return cache.replace(keys=tuple(map(cut, cache.keys)), values=tuple(map(cut, cache.values)))
+  return cache.replace(keys=tuple(k[..., :window] for k in cache.keys),
+                       values=tuple(v[:, :, :window] for v in cache.values))
 
 
 def write_cache_window(cache: KVCache, window_cache: KVCache) -> KVCache:

@@ -233,25 +233,28 @@ def batch_sharding(mesh: Mesh, rules: Mapping[str, Any] = TRAINING_RULES) -> Nam
   return NamedSharding(mesh, PartitionSpec(axes if axes else None, None))
 
 
-# The decoder's KV cache layout: keys and values [B, Hkv, S, D] (heads-major, models/decoder.py).
+# The decoder's KV cache layout (models/decoder.py): values [B, Hkv, S, D], keys transposed to
+# [B, Hkv, D, S].
 KV_CACHE_LOGICAL_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
+KV_CACHE_KEY_LOGICAL_AXES = ("batch", "kv_heads", "head_dim", "cache_length")
 
 
 def cache_shardings(cache, mesh: Mesh, rules: Mapping[str, Any] = SAMPLING_RULES):
-  """KV cache: keys/values [B, Hkv, S, D] by `KV_CACHE_LOGICAL_AXES`; per-row arrays ([B],
-  [B, V] next-token logits) by batch; anything else replicated."""
+  """KV cache: values by `KV_CACHE_LOGICAL_AXES`, keys by `KV_CACHE_KEY_LOGICAL_AXES`; per-row
+  arrays ([B], [B, V] next-token logits) by batch; anything else replicated."""
 
-  def pick(x):
+  def pick(path, x):
     shape = np.shape(x)
     if len(shape) == 4:
-      logical = KV_CACHE_LOGICAL_AXES
+      is_key = any(getattr(entry, "name", None) == "keys" for entry in path)
+      logical = KV_CACHE_KEY_LOGICAL_AXES if is_key else KV_CACHE_LOGICAL_AXES
     elif len(shape) >= 1:
       logical = ("batch",) + (None,) * (len(shape) - 1)
     else:
       return NamedSharding(mesh, PartitionSpec())
     return NamedSharding(mesh, logical_to_spec(logical, shape, mesh, rules))
 
-  return jax.tree.map(pick, cache)
+  return jax.tree_util.tree_map_with_path(pick, cache)
 
 
 def reshard(tree, shardings):

@@ -130,9 +130,12 @@ def test_cache_shardings_and_reshard_between_layouts():
   from bpo_jax.models import KVCache
   cache = KVCache.init(CONFIG, batch_size=8, max_length=16)
   sh = sharding.cache_shardings(cache, mesh)
-  # [B, Hkv, S, D]: rows over the batch axes, the 2 KV heads over "tensor", slots whole.
-  assert cache.keys[0].shape == (8, 2, 16, 8)
+  # Values [B, Hkv, S, D], keys [B, Hkv, D, S]: rows over the batch axes, the 2 KV heads over
+  # "tensor", slots and head dimensions whole.
+  assert cache.values[0].shape == (8, 2, 16, 8)
+  assert cache.keys[0].shape == (8, 2, 8, 16)
   assert sh.keys[0].spec == P(("data", "fsdp"), "tensor", None, None)
+  assert sh.values[0].spec == P(("data", "fsdp"), "tensor", None, None)
   assert sh.lengths.spec == P(("data", "fsdp"))
   placed = sharding.reshard(cache, sh)
   assert placed.keys[0].sharding.spec == P(("data", "fsdp"), "tensor", None, None)
