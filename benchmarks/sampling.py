@@ -3,10 +3,13 @@
 For a ~10M and a ~100M parameter Qwen2-style config, at batch 1, 8 and 32: both sides load the
 same random weights (written once with `save_pretrained`), prefill the same prompts and decode
 the same number of new tokens greedily (no stop token), timed end to end (prefill included,
-compilation excluded), median of `--repeats` runs, side by side in one process. The greedy
-tokens of both sides are compared as a check that the work is the same.
+compilation excluded), side by side in one process: each of `--repeats` rounds times one run of
+each side, so both see the same machine load; times are medians over the rounds and a case's
+speedup is the median of its rounds' ratios. Both sides drop their decode state (ours with
+`keep_state=False`), so neither runs the last token through the model. The greedy tokens of
+both sides are compared as a check that the work is the same.
 
-  python benchmarks/sampling.py [--json] [--new-tokens 32] [--prompt-length 16] [--repeats 3]
+  python benchmarks/sampling.py [--json] [--new-tokens 32] [--prompt-length 16] [--repeats 5]
                                 [--max-length 1024]
 
 `--max-length` sets the sampler's cache slots per row (default: the prompt and new tokens,
@@ -46,14 +49,10 @@ CONFIGS = {
 BATCHES = (1, 8, 32)
 
 
-def median_seconds(fn, repeats):
-  fn()  # warm-up (compilation, allocator)
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+def timed(fn) -> float:
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
 
 
 def run_case(hf_model, graphdef, state, config, batch, prompt_length, new_tokens, repeats,
@@ -67,7 +66,8 @@ def run_case(hf_model, graphdef, state, config, batch, prompt_length, new_tokens
 
   def ours():
     ds = sampler.prefill(state, prompts.tolist())
-    _, out = sampler.generate(state, ds, key, params)
+    # The state is dropped, as transformers' is: the last token needs no forward (keep_state).
+    _, out = sampler.generate(state, ds, key, params, keep_state=False)
     result["ours"] = np.asarray(jax.block_until_ready(out.tokens))
 
   def theirs():
@@ -77,16 +77,20 @@ def run_case(hf_model, graphdef, state, config, batch, prompt_length, new_tokens
                               min_new_tokens=new_tokens, pad_token_id=0)
     result["theirs"] = out[:, prompt_length:].numpy()
 
-  ours_s = median_seconds(ours, repeats)
-  theirs_s = median_seconds(theirs, repeats)
+  ours(), theirs()  # warm-up (compilation, allocators)
+  # Rounds alternate the two sides so both see the same machine load; the speedup is the median
+  # of the rounds' ratios.
+  rounds = [(timed(ours), timed(theirs)) for _ in range(repeats)]
+  ours_s = statistics.median(o for o, _ in rounds)
+  theirs_s = statistics.median(t for _, t in rounds)
   tokens = batch * new_tokens
   return dict(batch=batch, jax_tokens_per_s=tokens / ours_s, hf_torch_tokens_per_s=tokens / theirs_s,
-              speedup=theirs_s / ours_s,
+              speedup=statistics.median(t / o for o, t in rounds),
               greedy_tokens_agree=float(np.mean(result["ours"] == result["theirs"])))
 
 
 def main():
-  parser = common.parser(__doc__.splitlines()[0], repeats=3)
+  parser = common.parser(__doc__.splitlines()[0], repeats=5)
   parser.add_argument("--new-tokens", type=int, default=32)
   parser.add_argument("--prompt-length", type=int, default=16)
   parser.add_argument("--configs", default="10M,100M")

@@ -675,7 +675,8 @@ class RolloutEngine:
 
     "greedy_action" decodes the greedy action of every live row on a copy of the decode state
     (top-k 1 at the sampling temperature, so the reported token entropies are those of
-    `softmax(logits / T)` along the argmax path) and sums them; the copy is dropped.
+    `softmax(logits / T)` along the argmax path) and sums them; the copy is dropped (so the
+    last probed token is never run through the model).
     """
     cfg = self.config
     if cfg.entropy_measure == "first_token":
@@ -686,7 +687,7 @@ class RolloutEngine:
     active[[b.row for b in live]] = True
     _, out = self.sampler.generate(params, decode_state,
                                    self._action_keys(live, decode_state.batch_size), probe,
-                                   active)
+                                   active, keep_state=False)
     num_tokens = np.asarray(out.num_tokens)
     for branch in live:
       states[branch.task].compute.tokens_probed += int(num_tokens[branch.row])

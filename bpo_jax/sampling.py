@@ -259,12 +259,13 @@ def write_cache_window(cache: KVCache, window_cache: KVCache) -> KVCache:
 
 def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
              params: SamplingParams, active: Optional[jax.Array] = None,
-             attend_length: Optional[int] = None):
+             attend_length: Optional[int] = None, keep_state: bool = True):
   """Decodes up to `params.max_new_tokens` tokens per active row in one `lax.while_loop`.
 
   A row stops after emitting a stop token, after `max_new_tokens`, or when its cache is full.
   `key` is one key for the batch or one per row (see "Keys" in the module docstring).
-  Pure: jit it with `graphdef`, `params` and `attend_length` static (`Sampler.generate` does).
+  Pure: jit it with `graphdef`, `params`, `attend_length` and `keep_state` static
+  (`Sampler.generate` does).
 
   `attend_length` (None = the cache length) is the window of cache slots the loop works on: it
   slices the cache to the window once, decodes there and writes the window back, so each step
@@ -273,8 +274,13 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   the cache length) to get the same tokens as with the whole cache; `Sampler.generate` picks
   the bucket of that.
 
+  `keep_state=False` is for callers that drop the returned decode state (a probe, a last turn,
+  plain text generation): the last token each row emits is then not run through the model, one
+  batch forward fewer, as transformers' `generate` does, and the state returned is None. The
+  output is the same.
+
   Returns:
-    (decode_state with every emitted token cached, SampleOutput).
+    (decode_state with every emitted token cached, or None without `keep_state`; SampleOutput).
   """
   batch = decode_state.batch_size
   steps = params.max_new_tokens
@@ -289,17 +295,13 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   if keyed_rows and key.shape[0] != batch:
     raise ValueError(f"per-row keys must number {batch} (the batch size), got {key.shape[0]}")
 
-  def cond(carry):
-    step, _, _, finished, _ = carry
-    return (step < steps) & ~jnp.all(finished)
-
-  def body(carry):
-    step, ds, key, finished, out = carry
+  def emit_token(step, logits, key, finished, out):
+    """Samples step `step`'s token of every unfinished row and records it."""
     if keyed_rows:  # row b's token at step s: fold_in(key[b], s)
       subkey = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, step)
     else:
       key, subkey = jax.random.split(key)
-    tokens, logprobs, entropies = sample_logits(ds.next_logits, subkey, params)
+    tokens, logprobs, entropies = sample_logits(logits, subkey, params)
     emit = ~finished
     tokens = jnp.where(emit, tokens, 0)
     out = dict(
@@ -309,6 +311,18 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
         mask=out["mask"].at[:, step].set(emit),
         stopped=out["stopped"] | (emit & jnp.isin(tokens, stop_ids)),
     )
+    return tokens, emit, key, out
+
+  # Without keep_state the loop stops one step early and the last token is emitted after it.
+  loop_steps = steps if keep_state else steps - 1
+
+  def cond(carry):
+    step, _, _, finished, _ = carry
+    return (step < loop_steps) & ~jnp.all(finished)
+
+  def body(carry):
+    step, ds, key, finished, out = carry
+    tokens, emit, key, out = emit_token(step, ds.next_logits, key, finished, out)
     ds = append_tokens(graphdef, state, ds, tokens[:, None], emit.astype(jnp.int32))
     finished = finished | out["stopped"] | (ds.cache.lengths >= window)
     return step + 1, ds, key, finished, out
@@ -320,9 +334,16 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
              stopped=jnp.zeros((batch,), bool))
   finished = ~active.astype(bool) | (decode_state.cache.lengths >= window)
   carry = (jnp.int32(0), decode_state, key, finished, out)
-  _, decode_state, _, _, out = jax.lax.while_loop(cond, body, carry)
-  if window < full_cache.max_length:
-    decode_state = decode_state.replace(cache=write_cache_window(full_cache, decode_state.cache))
+  step, decode_state, key, finished, out = jax.lax.while_loop(cond, body, carry)
+  if keep_state:
+    if window < full_cache.max_length:
+      decode_state = decode_state.replace(
+          cache=write_cache_window(full_cache, decode_state.cache))
+  else:
+    # step < steps here; rows already finished (all of them if the loop ended early) emit
+    # nothing.
+    _, _, _, out = emit_token(step, decode_state.next_logits, key, finished, out)
+    decode_state = None
   return decode_state, SampleOutput(num_tokens=jnp.sum(out["mask"], axis=1, dtype=jnp.int32),
                                     **out)
 
@@ -331,7 +352,8 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
 MIN_ATTEND_LENGTH = 256
 
 _append_jit = jax.jit(append_tokens, static_argnums=(0,), static_argnames=("attend_length",))
-_generate_jit = jax.jit(generate, static_argnums=(0, 4), static_argnames=("attend_length",))
+_generate_jit = jax.jit(generate, static_argnums=(0, 4),
+                        static_argnames=("attend_length", "keep_state"))
 
 
 def bucket_length(n: int, minimum: int = 16, maximum: Optional[int] = None) -> int:
@@ -427,8 +449,12 @@ class Sampler:
                        jnp.asarray(lengths), attend_length=max(window, tokens.shape[1]))
 
   def generate(self, state, decode_state: DecodeState, key: jax.Array, params: SamplingParams,
-               active: Optional[Sequence[bool]] = None):
-    """Decodes every active row; returns (DecodeState, SampleOutput)."""
+               active: Optional[Sequence[bool]] = None, keep_state: bool = True):
+    """Decodes every active row; returns (DecodeState, SampleOutput).
+
+    With `keep_state=False` the DecodeState returned is None and the last emitted token of
+    each row is not run through the model (see `generate`).
+    """
     lengths = np.asarray(decode_state.lengths)
     emitting = np.ones(lengths.shape, bool)
     if active is not None:
@@ -440,4 +466,4 @@ class Sampler:
     window = attend_length_for(lengths[emitting] + params.max_new_tokens,
                                decode_state.cache.max_length)
     return _generate_jit(self.graphdef, state, decode_state, key, params, active,
-                         attend_length=window)
+                         attend_length=window, keep_state=keep_state)

@@ -1,5 +1,7 @@
 """The sampler: greedy ≡ transformers, logprobs ≡ training forward, forks, stops, distributions."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -149,6 +151,35 @@ def test_stop_tokens_limits_and_inactive_rows(policy):
   np.testing.assert_array_equal(np.asarray(out.num_tokens), [3, 12])
   np.testing.assert_array_equal(np.asarray(out.stopped), [False, False])
   np.testing.assert_array_equal(np.asarray(full.lengths), [MAX_LENGTH, len(PROMPTS[0]) + 12])
+
+
+@pytest.mark.parametrize("params,per_row_keys", [
+    (SamplingParams(temperature=1.0, max_new_tokens=7), False),
+    (SamplingParams(temperature=0.8, top_k=6, max_new_tokens=7), True),
+    (SamplingParams(temperature=0.0, max_new_tokens=1), False),
+])
+def test_generate_without_keeping_the_state_emits_the_same(policy, params, per_row_keys):
+  """keep_state=False skips the forward of each row's last token; what is emitted is the same,
+  with stop tokens, a full cache and an inactive row, and with one key or one key per row."""
+  _, _, _, state, sampler = policy
+  rows = PROMPTS[:3] + [list(range(MAX_LENGTH - 4))]  # the last row fills its cache at 4 tokens
+  ds = sampler.prefill(state, rows)
+  key = jax.random.split(jax.random.key(3), len(rows)) if per_row_keys else jax.random.key(3)
+  _, free = sampler.generate(state, ds, key, params)
+  stop_id = int(free.tokens[0, min(2, params.max_new_tokens - 1)])
+  params = dataclasses.replace(params, stop_token_ids=(stop_id,))
+  active = [True, True, False, True]
+  kept, want = sampler.generate(state, ds, key, params, active=active)
+  dropped, got = sampler.generate(state, ds, key, params, active=active, keep_state=False)
+  assert kept is not None and dropped is None
+  for field in ("tokens", "mask", "stopped", "num_tokens"):
+    np.testing.assert_array_equal(np.asarray(getattr(got, field)), np.asarray(getattr(want, field)))
+  for field in ("logprobs", "entropies"):
+    np.testing.assert_allclose(np.asarray(getattr(got, field)), np.asarray(getattr(want, field)),
+                               atol=1e-6)
+  assert int(got.num_tokens[2]) == 0 and int(got.num_tokens[0]) >= 1
+  if params.max_new_tokens > 4:
+    assert int(got.num_tokens[3]) <= 4 and bool(got.stopped[0])
 
 
 def test_sample_logits_draws_from_the_truncated_distribution():
