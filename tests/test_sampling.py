@@ -248,9 +248,9 @@ def test_attention_window_gives_the_numbers_of_the_whole_cache(policy, monkeypat
   windows = []
   generate_jit = sampling._generate_jit  # pylint: disable=protected-access
 
-  def spy(*args, attend_length=None):
+  def spy(*args, attend_length=None, **kwargs):
     windows.append((args[2].cache.max_length, attend_length))
-    return generate_jit(*args, attend_length=attend_length)
+    return generate_jit(*args, attend_length=attend_length, **kwargs)
 
   monkeypatch.setattr(sampling, "_generate_jit", spy)
   greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
@@ -264,18 +264,19 @@ def test_attention_window_gives_the_numbers_of_the_whole_cache(policy, monkeypat
     results.append((ds, first, second))
   assert windows == [(48, 48), (48, 48), (320, 256), (320, 256)]
   (small_ds, *small_outs), (large_ds, *large_outs) = results
+  # Softmax sums over 48 or 256 slots (the extra terms exactly 0) may round differently in the
+  # last bits: logprobs and entropies of size ~2 agree to a few float32 ulps (2.4e-7 each).
   for small_out, large_out in zip(small_outs, large_outs):
     np.testing.assert_array_equal(np.asarray(large_out.tokens), np.asarray(small_out.tokens))
     np.testing.assert_array_equal(np.asarray(large_out.mask), np.asarray(small_out.mask))
     np.testing.assert_allclose(np.asarray(large_out.logprobs), np.asarray(small_out.logprobs),
-                               atol=1e-6)
+                               atol=2e-6)
     np.testing.assert_allclose(np.asarray(large_out.entropies),
-                               np.asarray(small_out.entropies), atol=1e-6)
+                               np.asarray(small_out.entropies), atol=2e-6)
   np.testing.assert_array_equal(np.asarray(large_ds.lengths), np.asarray(small_ds.lengths))
   np.testing.assert_allclose(np.asarray(large_ds.next_logits), np.asarray(small_ds.next_logits),
                              atol=1e-5)
-  # Softmax sums over 48 or 256 slots (the extra terms exactly 0) may round differently in the
-  # last bits; second-layer keys and values of size ~2 then differ by a few ulps.
+  # Second-layer keys and values of size ~2 then differ by a few ulps too.
   for b, n in enumerate(np.asarray(small_ds.lengths)):
     for got, want in zip(large_ds.cache.keys, small_ds.cache.keys):  # [B, Hkv, D, S]
       np.testing.assert_allclose(np.asarray(got[b, ..., :n]), np.asarray(want[b, ..., :n]),

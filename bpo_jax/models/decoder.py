@@ -218,17 +218,11 @@ class Attention(nnx.Module):
     probs = probs.reshape(b, self.num_kv_heads, groups * t, -1)
     out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
     out = out.reshape(b, self.num_kv_heads, groups, t, self.head_dim).transpose(0, 3, 1, 2, 4)
-    out = out.reshape(b, t, self.num_heads, self.head_dim)
+    # [B, T, H·D] @ [H·D, h], heads major as in the HF layout: the kernel's reshape is free, where
+    # an einsum over (h, d) has XLA copy the kernel into another layout on every call.
+    out = out.reshape(b, t, self.num_heads * self.head_dim)
     o_kernel = self.o_kernel[...].astype(dt)
-    if t == 1:
-      # XLA contracts the einsum below over (d, h) in that order, copying the kernel into a
-      # [D, H, h] layout on every call. Spelled out, with the transposed kernel materialised
-      # (the barrier), the copy is loop-invariant and leaves the decode loop; the contraction
-      # order, hence every number, stays that of the einsum.
-      o_kernel = jax.lax.optimization_barrier(o_kernel.transpose(1, 0, 2))
-      out = out.transpose(0, 1, 3, 2).reshape(b, t, -1)
-      return out @ o_kernel.reshape(-1, o_kernel.shape[-1]), new_cache
-    return jnp.einsum("bthd,hdm->btm", out, o_kernel), new_cache
+    return out @ o_kernel.reshape(-1, o_kernel.shape[-1]), new_cache
 
 
 class MLP(nnx.Module):
