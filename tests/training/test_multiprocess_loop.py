@@ -52,7 +52,7 @@ def _config_file(tmp_path):
         config.model.num_heads = 4
         config.model.num_kv_heads = 2
         config.model.head_dim = 16
-        config.warm_start.steps = 100
+        config.warm_start.steps = 200
         config.warm_start.num_trajectories = 16
         config.warm_start.batch_size = 8
         config.rollout.tasks_per_iteration = 4
