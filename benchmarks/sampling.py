@@ -17,7 +17,10 @@ rounded up to a power of two); the decode loop attends over a window of the slot
 fill, so a longer cache should cost about the same. The transformers cache grows with the rows.
 
 With `--json` it prints one JSON object: per-case tokens/s of each side and their ratio, and
-`min_decode_speedup_vs_hf_torch`, the smallest ratio over the cases.
+`min_decode_speedup_vs_hf_torch`, the smallest ratio over the cases. Each case also times the
+prefill alone (ours: `Sampler.prefill`; transformers: the forward over the prompts with a cache
+that starts its `generate`) and reports `prefill_speedup` and `decode_phase_speedup` (the end to
+end times less the prefill times): where the end-to-end ratio comes from.
 """
 
 import json
@@ -77,15 +80,29 @@ def run_case(hf_model, graphdef, state, config, batch, prompt_length, new_tokens
                               min_new_tokens=new_tokens, pad_token_id=0)
     result["theirs"] = out[:, prompt_length:].numpy()
 
-  ours(), theirs()  # warm-up (compilation, allocators)
-  # Rounds alternate the two sides so both see the same machine load; the speedup is the median
-  # of the rounds' ratios.
-  rounds = [(timed(ours), timed(theirs)) for _ in range(repeats)]
-  ours_s = statistics.median(o for o, _ in rounds)
-  theirs_s = statistics.median(t for _, t in rounds)
+  def ours_prefill():
+    jax.block_until_ready(sampler.prefill(state, prompts.tolist()).next_logits)
+
+  def theirs_prefill():  # the forward over the prompts that starts `generate`
+    with torch.no_grad():
+      hf_model(torch.as_tensor(prompts), use_cache=True, logits_to_keep=1)
+
+  sides = (ours, theirs, ours_prefill, theirs_prefill)
+  for fn in sides:  # warm-up (compilation, allocators)
+    fn()
+  # Rounds alternate the sides so all see the same machine load; a speedup is the median of the
+  # rounds' ratios. The prefill alone is timed too: the decoding phase is the rest.
+  rounds = [tuple(timed(fn) for fn in sides) for _ in range(repeats)]
+  ours_s = statistics.median(r[0] for r in rounds)
+  theirs_s = statistics.median(r[1] for r in rounds)
   tokens = batch * new_tokens
   return dict(batch=batch, jax_tokens_per_s=tokens / ours_s, hf_torch_tokens_per_s=tokens / theirs_s,
-              speedup=statistics.median(t / o for o, t in rounds),
+              speedup=statistics.median(r[1] / r[0] for r in rounds),
+              jax_prefill_s=statistics.median(r[2] for r in rounds),
+              hf_torch_prefill_s=statistics.median(r[3] for r in rounds),
+              prefill_speedup=statistics.median(r[3] / r[2] for r in rounds),
+              decode_phase_speedup=statistics.median((r[1] - r[3]) / (r[0] - r[2])
+                                                     for r in rounds),
               greedy_tokens_agree=float(np.mean(result["ours"] == result["theirs"])))
 
 
@@ -116,8 +133,10 @@ def main():
       if not args.json:
         print(f"{name:>5} ({case['params'] / 1e6:.1f}M params) batch {batch:>2}: "
               f"jax {case['jax_tokens_per_s']:8.1f} tok/s  hf-torch "
-              f"{case['hf_torch_tokens_per_s']:8.1f} tok/s  speedup {case['speedup']:.2f}x  "
-              f"greedy tokens agree {case['greedy_tokens_agree']:.2f}", flush=True)
+              f"{case['hf_torch_tokens_per_s']:8.1f} tok/s  speedup {case['speedup']:.2f}x "
+              f"(prefill {case['prefill_speedup']:.2f}x, decoding phase "
+              f"{case['decode_phase_speedup']:.2f}x)  greedy tokens agree "
+              f"{case['greedy_tokens_agree']:.2f}", flush=True)
   summary = dict(
       reference="transformers PyTorch generate (greedy, same weights, batch and length)",
       device=jax.devices()[0].platform, torch_threads=torch.get_num_threads(),

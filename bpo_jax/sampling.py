@@ -351,7 +351,17 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
 # The shortest attention window (see "Attention window" above).
 MIN_ATTEND_LENGTH = 256
 
+def prefill_tokens(graphdef, state, config: ModelConfig, max_length: int, tokens: jax.Array,
+                   lengths: jax.Array, attend_length: Optional[int] = None) -> DecodeState:
+  """`append_tokens` on a new, empty DecodeState of `max_length` slots per row (pure; jit it
+  with `graphdef`, `config`, `max_length` and `attend_length` static)."""
+  empty = init_decode_state(config, tokens.shape[0], max_length)
+  return append_tokens(graphdef, state, empty, tokens, lengths, attend_length)
+
+
 _append_jit = jax.jit(append_tokens, static_argnums=(0,), static_argnames=("attend_length",))
+_prefill_jit = jax.jit(prefill_tokens, static_argnums=(0, 2, 3),
+                       static_argnames=("attend_length",))
 _generate_jit = jax.jit(generate, static_argnums=(0, 4),
                         static_argnames=("attend_length", "keep_state"))
 
@@ -424,19 +434,34 @@ class Sampler:
                        f"[{tokens.min()}, {tokens.max()}]")
 
   def prefill(self, state, rows: Sequence[Sequence[int]]) -> DecodeState:
-    """A new DecodeState with one row per token list (lists may differ in length)."""
-    return self.append(state, self.init_state(len(rows)), dict(enumerate(rows)))
+    """A new DecodeState with one row per token list (lists may differ in length).
+
+    The same as `append` on `init_state(len(rows))`, but the empty cache is made inside the
+    compiled call rather than passed in (and copied, as an input that is not donated).
+    """
+    tokens, lengths, window = self._pad_rows(np.zeros((len(rows),), np.int64),
+                                             dict(enumerate(rows)), self.max_length)
+    return _prefill_jit(self.graphdef, state, self.config, self.max_length, jnp.asarray(tokens),
+                        jnp.asarray(lengths), attend_length=window)
 
   def append(self, state, decode_state: DecodeState,
              rows: Mapping[int, Sequence[int]]) -> DecodeState:
     """Appends `rows[b]` to row b (continued prefill, e.g. an observation); others unchanged."""
-    batch = decode_state.batch_size
+    tokens, lengths, window = self._pad_rows(np.asarray(decode_state.lengths), rows,
+                                             decode_state.cache.max_length)
+    return _append_jit(self.graphdef, state, decode_state, jnp.asarray(tokens),
+                       jnp.asarray(lengths), attend_length=window)
+
+  def _pad_rows(self, lengths_now: np.ndarray, rows: Mapping[int, Sequence[int]],
+                cache_length: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(tokens [B, T], lengths [B], attention window) for appending `rows` to rows of
+    `lengths_now` tokens; checks the row indices, the token ids and the cache's room."""
+    batch = len(lengths_now)
     lists = [[] for _ in range(batch)]
     for b, row_tokens in rows.items():
       if not 0 <= b < batch:
         raise ValueError(f"row {b} is out of range for a batch of {batch}")
       lists[b] = list(row_tokens)
-    lengths_now = np.asarray(decode_state.lengths)
     added = np.asarray([len(r) for r in lists])
     over = np.nonzero(lengths_now + added > self.max_length)[0]
     if over.size:
@@ -444,9 +469,8 @@ class Sampler:
                        f"(have {lengths_now[over].tolist()}, adding {added[over].tolist()})")
     tokens, lengths = pad_token_rows(lists, maximum=self.max_length)
     self._check_tokens(tokens)
-    window = attend_length_for((lengths_now + added)[added > 0], decode_state.cache.max_length)
-    return _append_jit(self.graphdef, state, decode_state, jnp.asarray(tokens),
-                       jnp.asarray(lengths), attend_length=max(window, tokens.shape[1]))
+    window = attend_length_for((lengths_now + added)[added > 0], cache_length)
+    return tokens, lengths, max(window, tokens.shape[1])
 
   def generate(self, state, decode_state: DecodeState, key: jax.Array, params: SamplingParams,
                active: Optional[Sequence[bool]] = None, keep_state: bool = True):

@@ -122,6 +122,18 @@ def test_fork_and_append_continue_like_a_fresh_prefill(policy):
                                 np.asarray(forked.next_logits)[[3, 0]])
 
 
+def test_prefill_equals_an_append_to_an_empty_state(policy):
+  """`prefill` builds the empty cache inside its compiled call: the same state as `append`."""
+  _, _, _, state, sampler = policy
+  got = sampler.prefill(state, PROMPTS)
+  want = sampler.append(state, sampler.init_state(len(PROMPTS)), dict(enumerate(PROMPTS)))
+  for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+  np.testing.assert_array_equal(np.asarray(got.lengths), [len(p) for p in PROMPTS])
+  with pytest.raises(ValueError, match="exceed the cache length"):
+    sampler.prefill(state, [list(range(MAX_LENGTH + 1))])
+
+
 def test_stop_tokens_limits_and_inactive_rows(policy):
   _, _, _, state, sampler = policy
   ds = sampler.prefill(state, PROMPTS)
