@@ -362,10 +362,9 @@ def node_values(tree: RolloutTree, gamma: float = 1.0) -> Array:
   unbiased estimate of Q(s_i, a_i) when forks are decided online.
 
   Unrolled, Q̂(i) = Σ_{d ∈ subtree(i)} ρ(i, d) r_d with ρ(i, d) = Π_{j on the path below i down
-  to d} γ / n_j. It is computed by doubling: T_k(i) sums the descendants less than 2^k steps
-  below i, and T_{k+1}(i) = T_k(i) + Σ_{j exactly 2^k below i} ρ(i, j) T_k(j), one segment sum
-  per pass, ⌈log2 N⌉ passes. The relative factors ρ never underflow the way absolute path
-  weights of deep trees would.
+  to d} γ / n_j. It is computed by one reverse pass over the nodes (`_forest_subtree_sums`):
+  T(i) = r_i + Σ_{c ∈ children(i)} (γ / n_c) · T(c), every child finished before its parent. The
+  relative factors γ / n_c never underflow the way absolute path weights of deep trees would.
 
   Example: parent = [-1, 0, 0], reward = [1, 2, 4], γ = 0.5 → Q̂ = [1 + 0.5·3, 2, 4] = [2.5, 2, 4].
   """
