@@ -178,6 +178,14 @@ def append_tokens(graphdef, state, decode_state: DecodeState, tokens: jax.Array,
   return DecodeState(cache=cache, next_logits=next_logits)
 
 
+def prefill_tokens(graphdef, state, config: ModelConfig, max_length: int, tokens: jax.Array,
+                   lengths: jax.Array, attend_length: Optional[int] = None) -> DecodeState:
+  """`append_tokens` on a new, empty DecodeState of `max_length` slots per row (pure; jit it
+  with `graphdef`, `config`, `max_length` and `attend_length` static)."""
+  empty = init_decode_state(config, tokens.shape[0], max_length)
+  return append_tokens(graphdef, state, empty, tokens, lengths, attend_length)
+
+
 def is_per_row_key(key: jax.Array) -> bool:
   """Whether `key` holds one PRNG key per row (typed [B] or raw [B, 2]) rather than one key."""
   typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
@@ -350,14 +358,6 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
 
 # The shortest attention window (see "Attention window" above).
 MIN_ATTEND_LENGTH = 256
-
-def prefill_tokens(graphdef, state, config: ModelConfig, max_length: int, tokens: jax.Array,
-                   lengths: jax.Array, attend_length: Optional[int] = None) -> DecodeState:
-  """`append_tokens` on a new, empty DecodeState of `max_length` slots per row (pure; jit it
-  with `graphdef`, `config`, `max_length` and `attend_length` static)."""
-  empty = init_decode_state(config, tokens.shape[0], max_length)
-  return append_tokens(graphdef, state, empty, tokens, lengths, attend_length)
-
 
 _append_jit = jax.jit(append_tokens, static_argnums=(0,), static_argnames=("attend_length",))
 _prefill_jit = jax.jit(prefill_tokens, static_argnums=(0, 2, 3),

@@ -136,6 +136,11 @@ def test_cache_shardings_and_reshard_between_layouts():
   assert cache.keys[0].shape == (8, 2, 8, 16)
   assert sh.keys[0].spec == P(("data", "fsdp"), "tensor", None, None)
   assert sh.values[0].spec == P(("data", "fsdp"), "tensor", None, None)
+  # Slots split over "tensor" (heads replicated): keys and values find them on their own axis.
+  by_slots = {**sharding.SAMPLING_RULES, "kv_heads": None, "cache_length": "tensor"}
+  sh_slots = sharding.cache_shardings(cache, mesh, by_slots)
+  assert sh_slots.keys[0].spec == P(("data", "fsdp"), None, None, "tensor")
+  assert sh_slots.values[0].spec == P(("data", "fsdp"), None, "tensor", None)
   assert sh.lengths.spec == P(("data", "fsdp"))
   placed = sharding.reshard(cache, sh)
   assert placed.keys[0].sharding.spec == P(("data", "fsdp"), "tensor", None, None)
