@@ -27,7 +27,8 @@ forward pass solving the affine recurrence x_i = a_i x_{parent(i)} + c_i. Work i
 Under `jax.vmap` (`jax.custom_batching.custom_vmap`) a batch of B trees is one forest stored node
 by node ([N, B]): each of the N steps of a pass updates the B trees at once, so the N steps are
 shared by the batch instead of repeated per tree. `bpo_advantages` runs its two passes in one
-kernel (`_forest_bpo`) whose forward pass gathers, for each node, three values its parent
+kernel (`_forest_bpo`): the reverse pass pushes each node's value and a count into its parent's
+row as one complex number, the forward pass gathers, for each node, the values its parent
 prepared for its children, so that every step is a handful of row-sized fusions updated in place;
 the batch is transposed to node-major once on the way in and once on the way out. The kernels
 have no reverse-mode derivative (advantages are targets, not differentiated).
@@ -227,13 +228,16 @@ def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Arra
   trunk_baseline/gamma [W]. Returns (advantages, weights, values, baselines), each [W, N] and 0
   at invalid nodes.
 
-  The three inputs are transposed once to node-major [N, W] (plain transposes: XLA CPU copies a
-  bare transpose fast, but slowly when elementwise work is fused into it), so that step i of a
-  pass reads and writes contiguous rows of W nodes; the four outputs are transposed back once.
+  The inputs are turned once into node-major rows [N, W]: the rewards, and for each node the flat
+  index slot · W + column of its parent's row (slot N for the root state, N + 1 for an invalid
+  node), so that step i of a pass reads contiguous rows of W nodes and never recomputes where
+  its parents are. The outputs are transposed back once.
 
-  Reverse pass (i = N − 1, …, 0), on rows of (sum, count) of each node's children's values:
-  node i reads its row, forms Q̂(i) = r_i + γ · sum / count and scatter-adds (Q̂(i), 1) into its
-  parent's row (row N collects the steps at the root state, row N + 1 the invalid nodes).
+  Reverse pass (i = N − 1, …, 0) on a buffer of N + 2 rows holding, for each node, the sum and
+  the count of its valid children's values as ONE complex number sum + i·count: node i reads its
+  row, forms Q̂(i) = r_i + γ · sum / count and scatter-adds Q̂(i) + i into its parent's row. One
+  complex element per node is one scatter element per node; XLA CPU's scatter costs about the
+  same per element whatever its width, so a (sum, count) pair of floats cost twice as much.
 
   Forward pass (i = 0, …, N − 1). With p = parent(i), s_p and n_p the sum and count of p's
   children's values (n_p is also i's sibling count), the baseline is
@@ -241,85 +245,85 @@ def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Arra
     A_p = s_p / (n_p − 1)                  if n_p ≥ 2 (leave-one-out),
     A_p = (b_p − r_p) / γ                  if n_p = 1 (inherited),
     A_root = s_N / (n_N − 1) or the trunk baseline,
-  and the weight w_i = w_p / n_p. Each node computes A_i and w_i / n_i for its children as soon
-  as its own b_i and w_i are known, so a step gathers three values of the parent's row (A_p,
-  β_p, w_p / n_p) and writes rows of its own: a pure gather-and-write recurrence.
+  and the weight w_i = w_p / n_p. Each node i, once b_i and w_i are known, writes A_i + i·w_i/n_i
+  into its row of a complex buffer its children gather from, so a step gathers A_p, w_p / n_p and
+  β_p and writes rows of its own: a pure gather-and-write recurrence.
 
-  Every step is a few single-row fusions that update their buffer in place: each gathered value
-  has a single use (a value used twice would become a gather of its own, which XLA CPU splits
-  across threads at every step), and no fusion gathers from the buffer it writes (that would
-  copy the whole buffer each step), hence two sets of buffers in the forward pass (baselines and
-  weights; what the children gather). Each loop body compiles to 8 thunks: XLA CPU runs a body
-  of at most 8 thunks inline and a longer one through its thread pool, which costs more than the
-  step itself (one more output written per forward step made the kernel 1.4x slower, and
-  unrolling the loops is slower for the same reason). O(N · W) work in 2N steps of W-wide rows.
+  Each step is a few single-row fusions that update their buffer in place. Each gathered value
+  has a single use (a value used twice becomes a gather of its own, which XLA CPU splits across
+  threads at every step), hence the real and the imaginary part gathered separately; no fusion
+  gathers from the buffer it writes (that would copy the whole buffer each step), hence what
+  the children gather is kept apart from the baselines and weights. The loop bodies compile to 8 and 5
+  thunks: XLA CPU runs a body of at most 8 thunks inline and a longer one through its thread
+  pool, which costs more than the step itself (unrolling the loops is slower for that reason).
+  O(N · W) work in 2N steps of W-wide rows.
 
   Example (one tree, γ = 1, trunk 0): parent [[-1, 0, 0]], reward [[0, 1, 3]]: the reverse pass
-  gives Q̂ = [2, 1, 3] and row 0 = (4, 2); forward: A_root = 0, so b_0 = 0, w_0 = 1; node 0 hands
-  its children A_0 = 4 / 1, β_0 = 1, w_0 / 2, so b_1 = 4 − 1 = 3, b_2 = 1, w = [1, 0.5, 0.5].
+  gives Q̂ = [2, 1, 3] and row 0 = 4 + 2i; forward: A_root = 0, so b_0 = 0, w_0 = 1; node 0
+  hands its children A_0 = 4 / 1, β_0 = 1, w_0 / 2, so b_1 = 4 − 1 = 3, b_2 = 1,
+  w = [1, 0.5, 0.5].
   """
   width, n = parent.shape
   f32 = jnp.float32
   columns = jnp.arange(width, dtype=jnp.int32)
-  parent_rows, reward_rows, valid_rows = parent.T, reward.astype(f32).T, valid.T
+  slot = jnp.where(valid, jnp.where(parent < 0, n, parent), n + 1).astype(jnp.int32)
+  parent_at = slot.T * width + columns  # [N, W] flat index of each node's parent row
+  reward_rows = reward.astype(f32).T
   inv_gamma = 1.0 / gamma
 
   def row(x, i):
     return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
 
-  def parent_slot(i):
-    p, ok = row(parent_rows, i), row(valid_rows, i)
-    return jnp.where(ok, jnp.where(p < 0, n, p), n + 1), ok
+  def parent_of(i):
+    at = row(parent_at, i)
+    return at, at < (n + 1) * width  # invalid nodes point at row N + 1
 
   def reverse_step(k, carry):
-    children, values, own = carry  # children: flat [(N + 2) · W, 2]; own: node i's (sum, count)
+    children, values, own = carry  # children: flat [(N + 2) · W] complex; own: node i's row
     i = n - 1 - k
-    slot, ok = parent_slot(i)
-    value = jnp.where(ok, row(reward_rows, i) + gamma * own[:, 0] / jnp.maximum(own[:, 1], 1.0),
+    at, ok = parent_of(i)
+    value = jnp.where(ok, row(reward_rows, i) + gamma * own.real / jnp.maximum(own.imag, 1.0),
                       0.0)
-    children = children.at[slot * width + columns].add(
-        jnp.stack([value, ok.astype(f32)], -1), unique_indices=True)
+    children = children.at[at].add(lax.complex(value, ok.astype(f32)), unique_indices=True)
     values = lax.dynamic_update_index_in_dim(values, value, i, 0)
     # Read the next row after the scatter: reading it before, from the buffer the scatter
     # updates in place, would make XLA copy the whole buffer at every step.
     own = lax.dynamic_slice_in_dim(children, jnp.maximum(i - 1, 0) * width, width)
     return children, values, own
 
-  children = jnp.zeros(((n + 2) * width, 2), f32)
+  children = jnp.zeros(((n + 2) * width,), jnp.complex64)
   children, values, _ = lax.fori_loop(
       0, n, reverse_step, (children, jnp.zeros((n, width), f32), children[:width]))
-  sums = children[:, 0].reshape(n + 2, width)
-  counts = children[:, 1].reshape(n + 2, width)
+  counts = children.imag
   beta = jnp.where(counts >= 2, 1.0 / jnp.maximum(counts - 1.0, 1.0), 0.0)
-  root_sum, root_count = sums[n], counts[n]
-  root_a = jnp.where(root_count >= 2, root_sum / jnp.maximum(root_count - 1.0, 1.0),
+  root = children[n * width:(n + 1) * width]
+  root_a = jnp.where(root.imag >= 2, root.real / jnp.maximum(root.imag - 1.0, 1.0),
                      trunk_baseline)
-  for_children_a = jnp.zeros((n + 2, width), f32).at[n].set(root_a)
-  for_children_w = jnp.zeros((n + 2, width), f32).at[n].set(1.0 / jnp.maximum(root_count, 1.0))
+  for_children = jnp.zeros(((n + 2) * width,), jnp.complex64)
+  for_children = for_children.at[n * width:(n + 1) * width].set(
+      lax.complex(root_a, 1.0 / jnp.maximum(root.imag, 1.0)))
 
   def forward_step(i, carry):
-    for_children_a, for_children_w, baselines, weights, advantages = carry
-    slot, ok = parent_slot(i)
-    value, count, total = row(values, i), row(counts, i), row(sums, i)
-    a_p = for_children_a.at[slot, columns].get(mode="clip")
-    beta_p = beta.at[slot, columns].get(mode="clip")
+    for_children, baselines, weights = carry
+    at, ok = parent_of(i)
+    own = lax.dynamic_slice_in_dim(children, i * width, width)
+    value, total, count = row(values, i), own.real, own.imag
+    a_p = for_children.real.at[at].get(mode="clip")
+    w_p = for_children.imag.at[at].get(mode="clip")
+    beta_p = beta.at[at].get(mode="clip")
     baselines = lax.dynamic_update_index_in_dim(
         baselines, jnp.where(ok, a_p - beta_p * value, 0.0), i, 0)
-    w_p = for_children_w.at[slot, columns].get(mode="clip")
     weights = lax.dynamic_update_index_in_dim(weights, jnp.where(ok, w_p, 0.0), i, 0)
     b, w = row(baselines, i), row(weights, i)
     a = jnp.where(count >= 2, total / jnp.maximum(count - 1.0, 1.0),
                   jnp.where(count == 1, (b - row(reward_rows, i)) * inv_gamma, 0.0))
-    for_children_a = lax.dynamic_update_index_in_dim(for_children_a, a, i, 0)
-    for_children_w = lax.dynamic_update_index_in_dim(
-        for_children_w, w / jnp.maximum(count, 1.0), i, 0)
-    advantages = lax.dynamic_update_index_in_dim(advantages, value - b, i, 0)
-    return for_children_a, for_children_w, baselines, weights, advantages
+    for_children = lax.dynamic_update_slice_in_dim(
+        for_children, lax.complex(a, w / jnp.maximum(count, 1.0)), i * width, 0)
+    return for_children, baselines, weights
 
-  outputs = [jnp.zeros((n, width), f32) for _ in range(3)]
-  _, _, baselines, weights, advantages = lax.fori_loop(
-      0, n, forward_step, (for_children_a, for_children_w, *outputs))
-  return advantages.T, weights.T, values.T, baselines.T
+  zeros = jnp.zeros((n, width), f32)
+  _, baselines, weights = lax.fori_loop(0, n, forward_step, (for_children, zeros, zeros))
+  return (values - baselines).T, weights.T, values.T, baselines.T
 
 
 @jax.custom_batching.custom_vmap
