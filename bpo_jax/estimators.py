@@ -253,9 +253,10 @@ def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Arra
   has a single use (a value used twice becomes a gather of its own, which XLA CPU splits across
   threads at every step), hence the real and the imaginary part gathered separately; no fusion
   gathers from the buffer it writes (that would copy the whole buffer each step), hence what
-  the children gather is kept apart from the baselines and weights. The loop bodies compile to 8 and 5
-  thunks: XLA CPU runs a body of at most 8 thunks inline and a longer one through its thread
-  pool, which costs more than the step itself (unrolling the loops is slower for that reason).
+  the children gather is kept apart from the baselines and weights. The loop bodies compile to
+  8 and 5 thunks: XLA CPU runs a body of at most 8 thunks inline and a longer one through its
+  thread pool, which costs more than the step itself (unrolling the loops is slower for that
+  reason).
   O(N · W) work in 2N steps of W-wide rows.
 
   Example (one tree, γ = 1, trunk 0): parent [[-1, 0, 0]], reward [[0, 1, 3]]: the reverse pass
