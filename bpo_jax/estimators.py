@@ -228,10 +228,12 @@ def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Arra
   trunk_baseline/gamma [W]. Returns (advantages, weights, values, baselines), each [W, N] and 0
   at invalid nodes.
 
-  The inputs are turned once into node-major rows [N, W]: the rewards, and for each node the flat
-  index slot · W + column of its parent's row (slot N for the root state, N + 1 for an invalid
-  node), so that step i of a pass reads contiguous rows of W nodes and never recomputes where
-  its parents are. The outputs are transposed back once.
+  The three inputs are transposed once to node-major rows [N, W], so that step i of a pass reads
+  contiguous rows of W nodes; the outputs are transposed back once. These are plain transposes:
+  XLA CPU copies a bare transpose with a tiled kernel, but one with elementwise work fused into
+  it (computing each parent's row index on the way, say) as a plain loop, about 7x slower; the
+  steps compute the index of their parents' rows (slot · W + column, slot N for the root state,
+  N + 1 for an invalid node) inside their own fusions instead.
 
   Reverse pass (i = N − 1, …, 0) on a buffer of N + 2 rows holding, for each node, the sum and
   the count of its valid children's values as ONE complex number sum + i·count: node i reads its
@@ -267,17 +269,15 @@ def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Arra
   width, n = parent.shape
   f32 = jnp.float32
   columns = jnp.arange(width, dtype=jnp.int32)
-  slot = jnp.where(valid, jnp.where(parent < 0, n, parent), n + 1).astype(jnp.int32)
-  parent_at = slot.T * width + columns  # [N, W] flat index of each node's parent row
-  reward_rows = reward.astype(f32).T
+  parent_rows, valid_rows, reward_rows = parent.T, valid.T, reward.astype(f32).T
   inv_gamma = 1.0 / gamma
 
   def row(x, i):
     return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
 
   def parent_of(i):
-    at = row(parent_at, i)
-    return at, at < (n + 1) * width  # invalid nodes point at row N + 1
+    p, ok = row(parent_rows, i), row(valid_rows, i)
+    return jnp.where(ok, jnp.where(p < 0, n, p), n + 1) * width + columns, ok
 
   def reverse_step(k, carry):
     children, values, own = carry  # children: flat [(N + 2) · W] complex; own: node i's row
