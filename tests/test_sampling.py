@@ -122,6 +122,37 @@ def test_fork_and_append_continue_like_a_fresh_prefill(policy):
                                 np.asarray(forked.next_logits)[[3, 0]])
 
 
+def test_transposed_unembedding_is_made_once_per_embedding(policy):
+  """On the CPU a tied model's output projection over 2 rows or more runs on its embedding
+  transposed, made at the first call and again only for another embedding array; the tokens are
+  those of the model's own projection and the logprobs agree to float rounding."""
+  _, config, graphdef, state, _ = policy
+  sampler = sampling.Sampler(graphdef, config, MAX_LENGTH)
+  kernel = sampler.unembedding(state, len(PROMPTS))
+  np.testing.assert_array_equal(np.asarray(kernel), np.asarray(state["embed"][...]).T)
+  assert sampler.unembedding(state, len(PROMPTS)) is kernel
+  assert sampler.unembedding(state, 1) is None  # a single row: the model's own projection
+  params = SamplingParams(temperature=0.0, max_new_tokens=8)
+  ds = sampler.prefill(state, PROMPTS)
+  _, got = sampler.generate(state, ds, jax.random.key(0), params)
+  plain = sampling.prefill_tokens(graphdef, state, config, MAX_LENGTH,
+                                  *map(jnp.asarray, sampling.pad_token_rows(PROMPTS)))
+  _, want = sampling.generate(graphdef, state, plain, jax.random.key(0), params)
+  np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+  np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(want.logprobs), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(ds.next_logits), np.asarray(plain.next_logits),
+                             atol=1e-5)
+  # New parameters (an update): a new kernel from the new embedding, not the old one.
+  updated = jax.tree_util.tree_map(lambda x: x, state)
+  updated["embed"] = nnx.Param(2.0 * state["embed"][...])
+  new_kernel = sampler.unembedding(updated, len(PROMPTS))
+  assert new_kernel is not kernel
+  np.testing.assert_array_equal(np.asarray(new_kernel), 2.0 * np.asarray(state["embed"][...]).T)
+  untied = sampling.Sampler(graphdef, dataclasses.replace(config, tie_word_embeddings=False),
+                            MAX_LENGTH)
+  assert untied.unembedding(state, len(PROMPTS)) is None
+
+
 def test_prefill_equals_an_append_to_an_empty_state(policy):
   """`prefill` builds the empty cache inside its compiled call: the same state as `append`."""
   _, _, _, state, sampler = policy

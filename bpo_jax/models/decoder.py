@@ -7,7 +7,8 @@ frequency scaling, tied or untied output projection.
 Calling convention:
 
   logits, cache = model(tokens, positions=None, attention_mask=None, cache=None,
-                        input_lengths=None, attend_length=None, logits_at=None)
+                        input_lengths=None, attend_length=None, logits_at=None,
+                        unembedding=None)
 
 * Without a cache: `tokens` [B, T] is a whole sequence (or a packed tree). `positions` [B, T]
   feeds RoPE (default `0..T-1`); `attention_mask` [B, T, T] (True = may attend) replaces the
@@ -28,6 +29,10 @@ Calling convention:
   `logits[b, k]` is then the logits at time `logits_at[b, k]`, [B, K, V]. The output projection
   is a quarter of a small model's work per token, and a continued prefill needs only each row's
   last token: its logits equal those of the full output at that step.
+* `unembedding` [hidden, vocab] replaces the output projection's kernel (the transposed token
+  embedding of a tied model, the `lm_head` of an untied one) by the one given: a caller that
+  runs many steps with the same weights passes a tied embedding transposed once (see
+  `sampling.Sampler.unembedding`). The logits are the same up to the matmul's summation order.
 
 The cache is a pytree passed in and out (`KVCache`), with a fixed number of slots so shapes stay
 static; forking rows is a gather on the batch axis (`KVCache.take_rows`).
@@ -304,7 +309,7 @@ class Decoder(nnx.Module):
   def __call__(self, tokens: jax.Array, positions: Optional[jax.Array] = None,
                attention_mask: Optional[jax.Array] = None, cache: Optional[KVCache] = None,
                input_lengths: Optional[jax.Array] = None, attend_length: Optional[int] = None,
-               logits_at: Optional[jax.Array] = None):
+               logits_at: Optional[jax.Array] = None, unembedding: Optional[jax.Array] = None):
     if tokens.ndim != 2:
       raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
     b, t = tokens.shape
@@ -340,6 +345,10 @@ class Decoder(nnx.Module):
     if logits_at is not None and (logits_at.ndim != 2 or logits_at.shape[0] != b):
       raise ValueError(f"logits_at must be [batch, K] time indices with batch {b}, got shape "
                        f"{logits_at.shape}")
+    kernel_shape = (self.config.hidden_size, self.config.vocab_size)
+    if unembedding is not None and tuple(unembedding.shape) != kernel_shape:
+      raise ValueError(f"unembedding must be [hidden, vocab] = {kernel_shape}, got shape "
+                       f"{tuple(unembedding.shape)}")
 
     # Recomputed at trace time (numpy constants) rather than stored as a non-Variable attribute.
     inv_freq = rope_inverse_frequencies(self.config.head_dim, self.config.rope_theta,
@@ -358,7 +367,9 @@ class Decoder(nnx.Module):
     if logits_at is not None:
       x = jnp.take_along_axis(x, logits_at.astype(jnp.int32)[:, :, None], axis=1)
     x = self.final_norm(x)
-    if self.config.tie_word_embeddings:
+    if unembedding is not None:
+      logits = x @ unembedding.astype(x.dtype)
+    elif self.config.tie_word_embeddings:
       logits = jnp.einsum("btm,vm->btv", x, self.embed[...].astype(x.dtype))
     else:
       logits = x @ self.lm_head[...].astype(x.dtype)
@@ -407,14 +418,15 @@ def _stack_layers(layers):
 
 
 def forward(graphdef, state, tokens, positions=None, attention_mask=None, cache=None,
-            input_lengths=None, attend_length=None, logits_at=None):
+            input_lengths=None, attend_length=None, logits_at=None, unembedding=None):
   """Pure form of `Decoder.__call__` over `nnx.split(model)`, for `jax.jit` in hot loops.
 
   `attend_length` is a shape: jit with it static (`static_argnames="attend_length"`).
   """
   model = nnx.merge(graphdef, state)
   return model(tokens, positions=positions, attention_mask=attention_mask, cache=cache,
-               input_lengths=input_lengths, attend_length=attend_length, logits_at=logits_at)
+               input_lengths=input_lengths, attend_length=attend_length, logits_at=logits_at,
+               unembedding=unembedding)
 
 
 def logprobs_and_entropy_from_logits(logits: jax.Array, targets: jax.Array,

@@ -282,6 +282,21 @@ def test_logits_at_picks_the_logits_of_the_full_output(model):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+def test_unembedding_replaces_the_output_projection(model):
+  """A given [hidden, vocab] kernel is the output projection: the model's own (the tied
+  embedding transposed, or the untied lm_head) gives its logits; another kernel gives x @ it."""
+  config, graphdef, state = model
+  tokens = jnp.asarray(np.random.RandomState(8).randint(0, config.vocab_size, (2, 5)))
+  own = state["embed"][...].T if config.tie_word_embeddings else state["lm_head"][...]
+  want, _ = forward(graphdef, state, tokens)
+  got, _ = forward(graphdef, state, tokens, unembedding=jnp.asarray(np.asarray(own)))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+  doubled, _ = forward(graphdef, state, tokens, unembedding=2.0 * own)
+  np.testing.assert_allclose(np.asarray(doubled), 2.0 * np.asarray(want), atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match=r"unembedding must be \[hidden, vocab\]"):
+    models.forward(graphdef, state, tokens, unembedding=own.T)
+
+
 def test_training_logprobs_match_a_full_forward(model):
   config, graphdef, state = model
   tokens = np.random.RandomState(5).randint(0, config.vocab_size, (2, 6))
