@@ -122,7 +122,7 @@ def test_fork_and_append_continue_like_a_fresh_prefill(policy):
                                 np.asarray(forked.next_logits)[[3, 0]])
 
 
-def test_transposed_unembedding_is_made_once_per_embedding(policy):
+def test_transposed_unembedding_is_made_once_per_embedding(policy, monkeypatch):
   """On the CPU a tied model's output projection over 2 rows or more runs on its embedding
   transposed, made at the first call and again only for another embedding array; the tokens are
   those of the model's own projection and the logprobs agree to float rounding."""
@@ -132,9 +132,16 @@ def test_transposed_unembedding_is_made_once_per_embedding(policy):
   np.testing.assert_array_equal(np.asarray(kernel), np.asarray(state["embed"][...]).T)
   assert sampler.unembedding(state, len(PROMPTS)) is kernel
   assert sampler.unembedding(state, 1) is None  # a single row: the model's own projection
+  passed = []  # the kernel each compiled call of the Sampler receives
+  for name in ("_prefill_jit", "_generate_jit"):
+    compiled = getattr(sampling, name)
+    monkeypatch.setattr(sampling, name, lambda *a, _f=compiled, **k: (
+        passed.append(k["unembedding"]), _f(*a, **k))[1])
   params = SamplingParams(temperature=0.0, max_new_tokens=8)
   ds = sampler.prefill(state, PROMPTS)
   _, got = sampler.generate(state, ds, jax.random.key(0), params)
+  sampler.generate(state, sampling.take_rows(ds, [0]), jax.random.key(0), params)
+  assert passed[0] is kernel and passed[1] is kernel and passed[2] is None
   plain = sampling.prefill_tokens(graphdef, state, config, MAX_LENGTH,
                                   *map(jnp.asarray, sampling.pad_token_rows(PROMPTS)))
   _, want = sampling.generate(graphdef, state, plain, jax.random.key(0), params)
