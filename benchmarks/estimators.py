@@ -10,7 +10,14 @@ the allocator has returned freed pages; it is reported on its own (`jitted_first
 figures are medians over the rounds and the speedup is the median of the rounds' ratios. The
 target ratio is at 512 nodes; times per node show whether the cost grows linearly with the tree.
 
-  python benchmarks/estimators.py [--json] [--trees 256]
+Both sides run on one core by default (`--cores 1`): the process pins itself to one CPU before
+JAX starts, so XLA compiles and runs the jitted batch single-threaded, as the reference runs.
+This is the like-for-like comparison, and on a shared machine the steadier one: with more cores
+XLA splits every op of 512 KB or more (among them the scatter at each step of the reverse loop)
+between threads, which buys little at this size and waits whenever another process holds the
+other core. `--cores 0` uses every CPU the process may run on.
+
+  python benchmarks/estimators.py [--json] [--trees 256] [--cores 1]
 """
 
 from __future__ import annotations
@@ -34,12 +41,15 @@ from bpo_jax.tree import stack_trees
 def main():
   p = common.parser(__doc__.splitlines()[0])
   p.add_argument("--trees", type=int, default=256)
+  p.add_argument("--cores", type=int, default=1,
+                 help="CPUs to run on, the first of those allowed (0: all)")
   args = p.parse_args()
+  cores = common.pin_cores(args.cores)
   rng = np.random.default_rng(0)
   bpo = jax.jit(jax.vmap(lambda t: estimators.bpo_advantages(t)))
-  figures, lines = {"backend": jax.default_backend(), "num_trees": args.trees}, []
-  lines.append(f"bpo_advantages over {args.trees} trees, backend {jax.default_backend()} "
-               f"(medians of {args.repeats})")
+  figures = {"backend": jax.default_backend(), "num_trees": args.trees, "cpus": cores}
+  lines = [f"bpo_advantages over {args.trees} trees, backend {jax.default_backend()}, "
+           f"{len(cores)} CPU{'s' if len(cores) > 1 else ''} (medians of {args.repeats})"]
   lines.append(f"{'nodes':>6} {'jitted ms':>10} {'1st call':>9} {'python ms':>10} {'speedup':>8} "
                f"{'jit ns/node':>12} {'py ns/node':>11}")
   for nodes in (128, 512, 2048):
