@@ -28,7 +28,10 @@ Calling convention:
 * `logits_at` [B, K] (with or without a cache) picks the time steps whose logits are wanted:
   `logits[b, k]` is then the logits at time `logits_at[b, k]`, [B, K, V]. The output projection
   is a quarter of a small model's work per token, and a continued prefill needs only each row's
-  last token: its logits equal those of the full output at that step.
+  last token: its logits equal those of the full output at that step. With a cache, the last
+  layer also works at those steps only: it computes and caches the keys and values of every new
+  token, but its queries, attention and MLP only where logits are wanted (nothing after it reads
+  the other steps), 1/L of an L-layer prefill saved.
 * `unembedding` [hidden, vocab] replaces the output projection's kernel (the transposed token
   embedding of a tied model, the `lm_head` of an untied one) by the one given: a caller that
   runs many steps with the same weights passes a tied embedding transposed once (see
@@ -135,6 +138,12 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return x * cos + rotated * sin
 
 
+def _at_steps(x: jax.Array, steps: jax.Array) -> jax.Array:
+  """x [B, T, ...] at the time steps `steps` [B, K]: [B, K, ...]."""
+  index = steps.astype(jnp.int32).reshape(steps.shape + (1,) * (x.ndim - 2))
+  return jnp.take_along_axis(x, index, axis=1)
+
+
 def _normal(rngs: nnx.Rngs, shape, dtype, stddev=0.02):
   return nnx.Param(stddev * jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype))
 
@@ -171,19 +180,28 @@ class Attention(nnx.Module):
       self.k_bias = _normal(rngs, (config.num_kv_heads, d), pd)
       self.v_bias = _normal(rngs, (config.num_kv_heads, d), pd)
 
-  def __call__(self, x, cos, sin, mask, layer_cache=None, write_slots=None):
+  def __call__(self, x, cos, sin, mask, layer_cache=None, write_slots=None, query_at=None):
     """x [B,T,h]; layer_cache (keys [B,Hkv,D,S], values [B,Hkv,S,D]); mask [B,T,S'] (True = may
     attend).
 
     With a cache, attention reads the first S' <= S slots (S' = the mask's last dimension):
     slots past every row's last new token are masked out and need not be read at all.
 
-    Returns the output [B,T,h] and the updated (keys, values), or None without a cache.
+    `query_at` [B,K] (optional) keeps the queries of those time steps only: keys and values are
+    still those of all T tokens (and all are cached), and the output is [B,K,h], what the full
+    call gives at those steps.
+
+    Returns the output [B,T,h] (or [B,K,h]) and the updated (keys, values), or None without a
+    cache.
     """
     dt = self.dtype
     x = x.astype(dt)
-    b, t = x.shape[:2]
-    q = jnp.einsum("btm,mhd->bthd", x, self.q_kernel[...].astype(dt))
+    b = x.shape[0]
+    x_q, k_cos, k_sin = x, cos, sin
+    if query_at is not None:
+      x_q, cos, sin, mask = (_at_steps(a, query_at) for a in (x, cos, sin, mask))
+    t = x_q.shape[1]
+    q = jnp.einsum("btm,mhd->bthd", x_q, self.q_kernel[...].astype(dt))
     k = jnp.einsum("btm,mhd->bthd", x, self.k_kernel[...].astype(dt))
     v = jnp.einsum("btm,mhd->bthd", x, self.v_kernel[...].astype(dt))
     if self.qkv_bias:
@@ -191,7 +209,7 @@ class Attention(nnx.Module):
       k = k + self.k_bias[...].astype(dt)
       v = v + self.v_bias[...].astype(dt)
     q = apply_rope(q, cos, sin)
-    k = apply_rope(k, cos, sin)
+    k = apply_rope(k, k_cos, k_sin)
     new_cache = None
     if layer_cache is not None:
       cached_k, cached_v = layer_cache
@@ -256,8 +274,12 @@ class DecoderLayer(nnx.Module):
     self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
     self.mlp = MLP(config, rngs=rngs)
 
-  def __call__(self, x, cos, sin, mask, layer_cache=None, write_slots=None):
-    attn_out, new_cache = self.attn(self.input_norm(x), cos, sin, mask, layer_cache, write_slots)
+  def __call__(self, x, cos, sin, mask, layer_cache=None, write_slots=None, query_at=None):
+    """x [B,T,h] → ([B,T,h], or [B,K,h] at the steps `query_at` [B,K]; the new cache)."""
+    attn_out, new_cache = self.attn(self.input_norm(x), cos, sin, mask, layer_cache, write_slots,
+                                    query_at)
+    if query_at is not None:
+      x = _at_steps(x, query_at)
     x = x + attn_out
     x = x + self.mlp(self.post_attn_norm(x))
     return x, new_cache
@@ -359,13 +381,16 @@ class Decoder(nnx.Module):
     if cache is None:
       x = self._layers_without_cache(x, cos, sin, mask)
     else:
+      last = len(self.layers) - 1
       for i, layer in enumerate(self.layers):
+        # The last layer's output is read only where logits are wanted.
+        query_at = logits_at if i == last else None
         x, (keys, values) = layer(x, cos, sin, mask, (cache.keys[i], cache.values[i]),
-                                  write_slots)
+                                  write_slots, query_at)
         new_keys.append(keys)
         new_values.append(values)
-    if logits_at is not None:
-      x = jnp.take_along_axis(x, logits_at.astype(jnp.int32)[:, :, None], axis=1)
+    if logits_at is not None and cache is None:
+      x = _at_steps(x, logits_at)
     x = self.final_norm(x)
     if unembedding is not None:
       logits = x @ unembedding.astype(x.dtype)

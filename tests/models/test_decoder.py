@@ -280,6 +280,15 @@ def test_logits_at_picks_the_logits_of_the_full_output(model):
                              np.asarray(full)[np.arange(3), lengths - 1], atol=1e-6, rtol=1e-6)
   for got, want in zip(last_cache.keys + last_cache.values, full_cache.keys + full_cache.values):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  # Several steps per row, repeated and out of order: the last layer then runs its queries and
+  # MLP at those steps only, the keys and values of every token still cached.
+  picked, picked_cache = forward(graphdef, state, tokens, cache=cache,
+                                 input_lengths=jnp.asarray(lengths), logits_at=jnp.asarray(picks))
+  want = np.take_along_axis(np.asarray(full), picks[:, :, None], axis=1)
+  np.testing.assert_allclose(np.asarray(picked), want, atol=1e-6, rtol=1e-6)
+  for got, want in zip(picked_cache.keys + picked_cache.values,
+                       full_cache.keys + full_cache.values):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_unembedding_replaces_the_output_projection(model):
