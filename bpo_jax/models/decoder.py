@@ -378,18 +378,19 @@ class Decoder(nnx.Module):
     cos, sin = rope_cos_sin(positions, inv_freq)
     x = jnp.take(self.embed[...], tokens, axis=0).astype(self.config.compute_dtype)
     new_keys, new_values = [], []
+    # With a cache, the last layer's output is read only where logits are wanted: it runs its
+    # queries and MLP there alone, unless that is every step anyway (a decoding step).
+    narrow = cache is not None and logits_at is not None and logits_at.shape[1] < t
     if cache is None:
       x = self._layers_without_cache(x, cos, sin, mask)
     else:
       last = len(self.layers) - 1
       for i, layer in enumerate(self.layers):
-        # The last layer's output is read only where logits are wanted.
-        query_at = logits_at if i == last else None
         x, (keys, values) = layer(x, cos, sin, mask, (cache.keys[i], cache.values[i]),
-                                  write_slots, query_at)
+                                  write_slots, logits_at if narrow and i == last else None)
         new_keys.append(keys)
         new_values.append(values)
-    if logits_at is not None and cache is None:
+    if logits_at is not None and not narrow:
       x = _at_steps(x, logits_at)
     x = self.final_norm(x)
     if unembedding is not None:
