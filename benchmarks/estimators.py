@@ -42,7 +42,7 @@ def main():
   p = common.parser(__doc__.splitlines()[0])
   p.add_argument("--trees", type=int, default=256)
   p.add_argument("--cores", type=int, default=1,
-                 help="CPUs to run on, the first of those allowed (0: all)")
+                 help="CPUs to run on, the one it starts on first (0: all it may use)")
   args = p.parse_args()
   cores = common.pin_cores(args.cores)
   rng = np.random.default_rng(0)
