@@ -45,7 +45,7 @@ def pin_cores(count: int) -> list[int]:
   if count == 0 or count >= len(allowed):
     return allowed
   here = _current_cpu()
-  chosen = sorted((([here] if here in allowed else []) + [c for c in allowed if c != here])[:count])
+  chosen = sorted(sorted(allowed, key=lambda cpu: cpu != here)[:count])
   os.sched_setaffinity(0, chosen)
   return chosen
 
