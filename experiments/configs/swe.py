@@ -2,7 +2,9 @@
 
 Twelve shipped bug-fix tasks (8 train, 4 test) in SWE-bench's instance schema; actions are shell
 commands, file views and edits, and `submit` (see bpo_jax/sandboxes/swe/sandbox.py). Commands run
-confined (namespaces, read-only filesystem, no network, resource limits) in worker processes.
+confined (namespaces, a read-only view of the task, the interpreter and the system's files only,
+no network, resource limits) in worker processes; a host without namespaces (not root) needs
+`--config.env.options.confinement=rlimits-only`, which only limits resources.
 Observations (problem statement, file views, test output) are long, so they are cut at 512
 tokens and an episode has at most 12 turns; the expert (the reference patch as `replace`
 actions) solves each task in 2-3.
@@ -18,7 +20,8 @@ from bpo_jax.training import config as config_lib
 def get_config() -> ml_collections.ConfigDict:
   c = config_lib.default_config()
   c.env.name = "swe"
-  c.env.options = ml_collections.ConfigDict({"max_steps": 12, "show_tests": True})
+  c.env.options = ml_collections.ConfigDict(
+      {"max_steps": 12, "show_tests": True, "confinement": "namespaces"})
   c.env.num_train_tasks = 8
   c.env.num_eval_tasks = 4
   c.env.max_turns = 12

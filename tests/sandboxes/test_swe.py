@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,9 +23,11 @@ from bpo_jax.sandboxes.swe import grading
 from bpo_jax.sandboxes.swe import tasks as tasks_lib
 from bpo_jax.sandboxes.swe import workspace as workspace_lib
 
-NAMESPACES = confinement.protections()["read_only_filesystem"]
+NAMESPACES = confinement.namespaces_available()  # raises if their set-up fails
 needs_namespaces = pytest.mark.skipif(
-    not NAMESPACES, reason="host offers no namespaces (not root): protections() reports them off")
+    not NAMESPACES, reason="host offers no namespaces (not root): only 'rlimits-only' runs here")
+# Sandboxes use the namespaces where the host has them, else the explicit fallback.
+MODE = {} if NAMESPACES else {"confinement": "rlimits-only"}
 
 LRU_FIX = """replace lrucache/cache.py
 <<<<<<< SEARCH
@@ -65,14 +68,14 @@ def test_shipped_tasks_follow_swebench_schema():
 @pytest.mark.parametrize("name", tasks_lib.shipped_task_names())
 def test_each_task_fails_before_and_is_resolved_by_its_reference_patch(name):
   task = swe.load_shipped_task(name)
-  before = swe.evaluate_patch(task, "")
+  before = swe.evaluate_patch(task, "", mode=MODE.get("confinement", "namespaces"))
   assert before["patch_successfully_applied"] and not before["resolved"]
   status = before["tests_status"]
   assert sorted(status["FAIL_TO_PASS"]["failure"]) == sorted(task.fail_to_pass)
   assert sorted(status["PASS_TO_PASS"]["success"]) == sorted(task.pass_to_pass)
   # The expert's actions (the reference patch's hunks as `replace` actions) in the sandbox:
   # the graded diff is the reference patch byte for byte, and it resolves the task.
-  sandbox = swe.make_sandbox(show_tests=False)
+  sandbox = swe.make_sandbox(show_tests=False, **MODE)
   sandbox.reset(task)
   for action in sandbox.expert_actions():
     step = sandbox.step(action)
@@ -113,7 +116,7 @@ def test_swebench_report_on_hand_written_logs():
 
 @pytest.fixture(scope="module")
 def lru_sandbox():
-  sandbox = swe.make_sandbox(max_steps=20)
+  sandbox = swe.make_sandbox(max_steps=20, **MODE)
   sandbox.reset(swe.load_shipped_task("lru"))
   yield sandbox
   sandbox.close()
@@ -193,7 +196,7 @@ def test_commands_see_the_repository_read_only(lru_sandbox):
 
 
 def test_step_limit_ends_the_episode_graded():
-  sandbox = swe.make_sandbox(max_steps=2)
+  sandbox = swe.make_sandbox(max_steps=2, **MODE)
   sandbox.reset(swe.load_shipped_task("lru"))
   assert not sandbox.step(LRU_FIX).done
   step = sandbox.step("view lrucache")
@@ -207,13 +210,13 @@ def test_bad_config_and_task_raise_clearly():
   with pytest.raises(ValueError, match="wall_seconds"):
     swe.make_sandbox(limits={"wall_seconds": -1})
   with pytest.raises(TypeError, match="SweTask"):
-    swe.make_sandbox().reset("lru")
+    swe.make_sandbox(**MODE).reset("lru")
   with pytest.raises(ValueError, match="split"):
     swe.make_tasks("validation", 1, 0)
   with pytest.raises(KeyError, match="shipped tasks"):
     swe.load_shipped_task("nope")
   with pytest.raises(ValueError, match="not a SWE sandbox snapshot"):
-    swe.make_sandbox().restore(base.Snapshot(b"garbage"))
+    swe.make_sandbox(**MODE).restore(base.Snapshot(b"garbage"))
 
 
 # --------------------------------------------------------------------------- determinism
@@ -249,7 +252,7 @@ def test_forks_replay_byte_identically_in_a_fresh_sandbox(forked):
   listing = expected[0][1].observation
   assert "draft\n[core]\n" in listing and "./scratch/empty:" in listing
   # A fresh sandbox that never saw the task replays them from the bytes alone, identically.
-  fresh = swe.make_sandbox(max_steps=20)
+  fresh = swe.make_sandbox(max_steps=20, **MODE)
   for i, action in enumerate(FORKS):
     again = base.replay(fresh, base.Snapshot(snapshot.data), [action] + CONTINUATION)
     assert base.first_divergence(expected[i], again) is None, i
@@ -266,7 +269,7 @@ def test_forks_replay_byte_identically_in_worker_processes(forked):
   _, snapshot, expected = forked
   branches = ["fork0", "fork1", "fork2"]
   with pool_lib.SandboxPool.for_environment("swe", num_workers=2, timeout_s=60.0,
-                                            max_steps=20) as pool:
+                                            max_steps=20, **MODE) as pool:
     restored = pool.restore_many({b: pickle.loads(pickle.dumps(snapshot)) for b in branches})
     assert all(r is None for r in restored.values()), restored
     assert {pool.worker_of(b) for b in branches} == {0, 1}
@@ -318,7 +321,7 @@ def test_loader_reads_swebench_instance_json(tmp_path):
   [task] = swe.load_swebench_instances(str(path), str(tmp_path / "repos"))
   assert task.task_id == "acme__mathlib-7" and task.fail_to_pass == [
       "tests/test_double.py::test_two"]
-  sandbox = swe.make_sandbox()
+  sandbox = swe.make_sandbox(**MODE)
   assert "double(2) is 5" in sandbox.reset(task)
   snapshot = sandbox.snapshot()
   assert sandbox.step("submit").info["success"] is False
@@ -339,7 +342,7 @@ def test_registered_environment():
   with pytest.raises(TypeError, match="difficulty"):
     module.make_tasks("test", 1, 0, difficulty=2)
   assert len(tasks) == 5 and tasks[4] == tasks[0]
-  assert isinstance(module.make_sandbox(), base.Sandbox)
+  assert isinstance(module.make_sandbox(**MODE), base.Sandbox)
 
 
 # ------------------------------------------------------------------------------ confinement
@@ -364,27 +367,43 @@ def _children():
 
 
 @pytest.fixture
-def jail_dir(tmp_path):
-  work = tmp_path / "work"
-  work.mkdir()
-  if NAMESPACES:
+def jail_dir():
+  # Under a directory others may traverse: without namespaces, a root host's commands run as
+  # an unprivileged uid, which must reach it.
+  parent = tempfile.mkdtemp(prefix="bpo_jail_")
+  os.chmod(parent, 0o755)
+  work = os.path.join(parent, "work")
+  os.mkdir(work)
+  if os.geteuid() == 0:
     os.chown(work, confinement.default_uid(), confinement.default_uid())
-  return str(work)
+  yield work
+  shutil.rmtree(parent, ignore_errors=True)
 
 
 def test_protections_are_reported():
-  report = confinement.protections()
-  assert report["process_group_timeout"] and report["scrubbed_env"] and report["rlimits"]
-  if os.geteuid() == 0:
-    # This host runs as root; every namespace protection must then be active.
-    assert all(report.values()), report
+  fallback = confinement.protections("rlimits-only")
+  assert fallback["process_group_timeout"] and fallback["scrubbed_env"] and fallback["rlimits"]
+  assert not fallback["network_namespace"] and not fallback["private_filesystem_view"]
+  # Under root even the fallback runs commands as an unprivileged uid of their own.
+  assert fallback["unprivileged_uid"] == fallback["process_limit"] == (os.geteuid() == 0)
+  if NAMESPACES:
+    assert all(confinement.protections().values()), confinement.protections()
+  else:
+    with pytest.raises(confinement.ConfinementError, match="rlimits-only"):
+      confinement.protections("namespaces")
+  with pytest.raises(ValueError, match="confinement must be one of"):
+    confinement.protections("none")
+  assert swe.protections_record(max_steps=3, **MODE) == {
+      "confinement": MODE.get("confinement", "namespaces"),
+      "protections": confinement.protections(MODE.get("confinement", "namespaces"))}
 
 
 def test_command_output_and_exit_status(jail_dir):
-  result = confinement.run_confined("echo out; echo err >&2; exit 3", jail_dir)
+  result = confinement.run_confined("echo out; echo err >&2; exit 3", jail_dir,
+                                    namespaces=NAMESPACES)
   assert result.output == "out\nerr\n" and result.exit_code == 3 and not result.timed_out
   with pytest.raises(ValueError, match="NUL"):
-    confinement.run_confined("echo \0", jail_dir)
+    confinement.run_confined("echo \0", jail_dir, namespaces=NAMESPACES)
 
 
 @needs_namespaces
@@ -430,7 +449,8 @@ def test_fork_bomb_is_contained(jail_dir):
 def test_infinite_loop_is_killed(jail_dir):
   start = time.monotonic()
   result = confinement.run_confined(
-      "while :; do :; done", jail_dir, confinement.Limits(wall_seconds=2.0, cpu_seconds=1))
+      "while :; do :; done", jail_dir, confinement.Limits(wall_seconds=2.0, cpu_seconds=1),
+      namespaces=NAMESPACES)
   # Unconfined, the loop never ends; the bound leaves room for a loaded machine.
   assert result.exit_code < 0 and time.monotonic() - start < 10.0
   assert result.report().startswith("[")
@@ -440,11 +460,12 @@ def test_ten_gigabytes_of_output_are_cut_off(jail_dir):
   limits = confinement.Limits(wall_seconds=20.0, max_output_chars=1000,
                               kill_output_bytes=1 << 20, file_bytes=1 << 20)
   start = time.monotonic()
-  result = confinement.run_confined("head -c 10000000000 /dev/zero | tr '\\0' y", jail_dir, limits)
+  result = confinement.run_confined("head -c 10000000000 /dev/zero | tr '\\0' y", jail_dir, limits,
+                                    namespaces=NAMESPACES)
   assert result.output_limited and result.output_bytes < 2 << 20
   assert len(result.output) < 1100 and "characters truncated" in result.output
   to_file = confinement.run_confined("head -c 10000000000 /dev/zero > big; ls -l big", jail_dir,
-                                     limits)
+                                     limits, namespaces=NAMESPACES)
   assert os.path.getsize(os.path.join(jail_dir, "big")) == 1 << 20
   assert "File too large" in to_file.output
   assert time.monotonic() - start < 10.0
@@ -474,7 +495,7 @@ def test_host_environment_is_not_visible(jail_dir, monkeypatch):
   secret = secrets.token_hex(16)
   monkeypatch.setenv("BPO_SWE_SECRET", secret)
   env_before = dict(os.environ)
-  result = confinement.run_confined("env", jail_dir)
+  result = confinement.run_confined("env", jail_dir, namespaces=NAMESPACES)
   assert secret not in result.output and "PYTHONHASHSEED=0" in result.output
   if NAMESPACES:
     # Only the command's own processes are visible, so no other process's environment is.
@@ -491,7 +512,8 @@ def test_command_dies_with_the_process_that_ran_it(jail_dir):
   host = subprocess.Popen(
       [sys.executable, "-c", "import sys; from bpo_jax.sandboxes.swe import confinement; "
        "confinement.run_confined('sleep 300', sys.argv[1], "
-       "confinement.Limits(wall_seconds=300, cpu_seconds=300))", jail_dir],
+       "confinement.Limits(wall_seconds=300, cpu_seconds=300), namespaces=sys.argv[2] == '1')",
+       jail_dir, "1" if NAMESPACES else "0"],
       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
   uid = 1_000_000 + host.pid  # confinement.default_uid() of that process
   deadline = time.monotonic() + 30
@@ -525,9 +547,12 @@ def _descendants_running(command, pids):
 def test_fallback_without_namespaces_still_limits(jail_dir):
   # What a host without root gets: rlimits, timeout of the whole process group, scrubbed env.
   limits = confinement.Limits(wall_seconds=1.5, file_bytes=1 << 16)
-  result = confinement.run_confined("pwd; head -c 1000000 /dev/zero > big; echo $HOME", jail_dir,
+  result = confinement.run_confined("pwd; head -c 1000000 /dev/zero > big; id -u", jail_dir,
                                     limits, namespaces=False)
   assert result.output.startswith(os.path.realpath(jail_dir)) and "File too large" in result.output
+  # A root host drops to the command's own unprivileged uid even here.
+  uid = confinement.default_uid() if os.geteuid() == 0 else os.geteuid()
+  assert result.output.split()[-1] == str(uid)
   assert os.path.getsize(os.path.join(jail_dir, "big")) == 1 << 16
   duration = f"30.{secrets.randbelow(10**6):06d}"  # a unique command line to look for
   children = _children()

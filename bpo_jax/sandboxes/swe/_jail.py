@@ -12,18 +12,27 @@ near 15 ms.
 With `"namespaces": true` (root only) the order is:
   1. unshare mount, network, PID, IPC and UTS namespaces; fork so the child is PID 1 of the new
      PID namespace (when it exits the kernel kills every process left in it);
-  2. make every mount private, cover directories the unprivileged user cannot traverse (e.g. a
-     0700 home holding the interpreter) with a tmpfs and bind back only the needed child;
-  3. remount every mount read-only, mount a private size-capped tmpfs on /tmp, hide /run (host
-     daemons' sockets) behind an empty read-only tmpfs, bind each
-     writable directory read-write at its target path (the task directory always appears at
-     the same path, so what commands print does not depend on where the host keeps it), bind
-     the read-only directories (the task's git directory), copy in private files, mount
-     a fresh /proc (only this namespace's processes);
+  2. make every mount private and build a new root on an empty tmpfs, holding only: the
+     system's executables and libraries (`/usr`, `/bin`, `/lib*`, `/sbin`), a few files of
+     `/etc` (`_ETC_ENTRIES`: users, groups, the loader's cache; not `/etc/shadow`), a minimal
+     `/dev`, an empty `/run`, a private size-capped `/tmp`, each `reachable` directory (the
+     interpreter and its packages) at its own path, the writable directory bound read-write at
+     its target (the task directory always appears at the same path, so what commands print
+     does not depend on where the host keeps it), the read-only directories (the task's git
+     directory) and private copies of files. Host directories are opened before anything is
+     mounted, so directories that share an ancestor (a 0700 home holding a base interpreter
+     and a virtualenv) or live in the host's /tmp are all reachable;
+  3. pivot into the new root and detach the old one: nothing else of the host is reachable;
+     cover each `hidden` directory (the package's own files, with the shipped tasks' reference
+     patches and tests) with an empty read-only tmpfs, mount a fresh /proc (only this
+     namespace's processes) and make every mount read-only except the writable directory and
+     /tmp;
   4. drop to an unprivileged uid/gid with no supplementary groups, set no_new_privs and a
      parent-death SIGKILL, apply the rlimits, exec.
-Any failing step exits with status 125 and a message on stderr: the command never runs less
-confined than the host was told.
+Without namespaces a root process still drops to the spec's unprivileged uid before the
+rlimits and the exec; a spec that would run a command as uid 0 is refused. Any failing step
+exits with status 125 and "confinement set-up failed at step '<step>': <why>" on stderr: the
+command never runs less confined than the host was told.
 """
 
 import ctypes
@@ -31,6 +40,7 @@ import json
 import os
 import resource
 import signal
+import stat
 import sys
 
 CLONE_NEWNS = 0x00020000
@@ -38,6 +48,7 @@ CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+MNT_DETACH = 2
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -53,6 +64,16 @@ MS_STRICTATIME = 1 << 24
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 SETUP_FAILED = 125
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+
+# What the command sees of the host besides the spec's directories.
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_ETC_ENTRIES = ("alternatives", "group", "host.conf", "hosts", "ld.so.cache", "ld.so.conf",
+                "ld.so.conf.d", "localtime", "mime.types", "nsswitch.conf", "os-release",
+                "passwd", "protocols", "services")
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+_NEW_ROOT = "/tmp"  # where the new root is built (in this namespace only) before the pivot
+_MAX_OPENED_ENTRIES = 256  # entries re-bound from directories closed to other users
 
 _OPTION_FLAGS = {
     "ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
@@ -63,10 +84,16 @@ _OPTION_FLAGS = {
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_char_p]
+_step = ["start"]
+
+
+def _at(step):
+  """Names the set-up step under way, for the message if it fails."""
+  _step[0] = step
 
 
 def _fail(message):
-  sys.stderr.write(f"confinement set-up failed: {message}\n")
+  sys.stderr.write(f"confinement set-up failed at step '{_step[0]}': {message}\n")
   sys.stderr.flush()
   os._exit(SETUP_FAILED)
 
@@ -83,6 +110,10 @@ def _mount(source, target, fstype, flags, data=None):
          f"mount {source} on {target} ({fstype}, flags {flags:#x})")
 
 
+def _bind(fd, target, recursive=True):
+  _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | (MS_REC if recursive else 0))
+
+
 def _mount_points():
   """(mount point, per-mount flags) from /proc/self/mountinfo, parents before children."""
   points = []
@@ -97,79 +128,205 @@ def _mount_points():
   return points
 
 
-def _cover_closed_ancestors(paths):
-  """Makes each path traversable for an unprivileged user without opening its 0700 ancestors.
+def _under(path, parents):
+  return any(path == p or path.startswith(p.rstrip("/") + "/") for p in parents)
 
-  For the first ancestor `a` the user cannot traverse, `a` is covered by an empty tmpfs and only
-  its child on the way to the path is bound back; repeated until the whole chain is open.
-  """
-  for path in paths:
-    for _ in range(16):
-      parts = os.path.abspath(path).strip("/").split("/")
-      closed = None
-      for depth in range(len(parts)):
-        ancestor = "/" + "/".join(parts[:depth])
-        if not os.stat(ancestor).st_mode & 0o001:
-          closed = (ancestor, parts[depth])
-          break
-      if closed is None:
-        break
-      ancestor, child_name = closed
-      child_fd = os.open(os.path.join(ancestor, child_name), os.O_PATH)
-      _mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-      child = os.path.join(ancestor, child_name)
-      os.mkdir(child, 0o755)
-      _mount(f"/proc/self/fd/{child_fd}", child, None, MS_BIND | MS_REC)
-      os.close(child_fd)
+
+def _outermost(paths):
+  """The paths not inside another of them (nor inside a system directory), sorted."""
+  kept = []
+  for path in sorted(set(paths)):
+    if not _under(path, kept) and not _under(path, _SYSTEM_DIRS):
+      kept.append(path)
+  return kept
+
+
+def _open(path, flags=os.O_PATH):
+  _at(f"open {path}")
+  return os.open(path, flags)
+
+
+def _open_sources(spec):
+  """Opens every host directory the command will see before anything is mounted over them."""
+  targets = [t for _, t in spec["writable"] + spec["readonly"]] + [t for _, t in spec["copy_in"]]
+  reachable = _outermost(spec["reachable"])
+  for path in reachable:
+    if _under(path, targets) or any(_under(t, [path]) for t in targets):
+      _at(f"check {path}")
+      _fail(f"the interpreter directory {path} overlaps the task's paths {targets}")
+  system = [(d, os.readlink(d) if os.path.islink(d) else _open(d, os.O_PATH | os.O_DIRECTORY))
+            for d in _SYSTEM_DIRS if os.path.lexists(d)]
+  sources = {
+      "system": system,
+      "reachable": [(p, _open(p, os.O_RDONLY | os.O_DIRECTORY)) for p in reachable],
+      "writable": [(t, _open(s, os.O_PATH | os.O_DIRECTORY)) for s, t in spec["writable"]],
+      "readonly": [(t, _open(s, os.O_PATH | os.O_DIRECTORY)) for s, t in spec["readonly"]],
+      "copy_in": [],
+  }
+  for source, target in spec["copy_in"]:
+    _at(f"read {source}")
+    with open(source, "rb") as f:
+      sources["copy_in"].append((target, f.read()))
+  return sources
+
+
+def _show(fd, target, budget):
+  """Shows the host directory `fd` at `target`: a bind mount; or, for a directory other users
+  may not list and enter (a virtualenv made with mode 0700), an open tmpfs holding a bind of
+  each of its entries (the same, recursively, for closed subdirectories)."""
+  if os.fstat(fd).st_mode & 0o005 == 0o005:
+    _bind(fd, target)
+    return
+  _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+  for name in sorted(os.listdir(fd)):
+    budget[0] -= 1
+    if budget[0] < 0:
+      _fail(f"more than {_MAX_OPENED_ENTRIES} entries in directories closed to other users "
+            f"(mode 0700) under {target}; open them (chmod o+rx)")
+    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    path = os.path.join(target, name)
+    if stat.S_ISLNK(info.st_mode):
+      os.symlink(os.readlink(name, dir_fd=fd), path)
+      continue
+    if stat.S_ISDIR(info.st_mode):
+      os.mkdir(path, 0o755)
+      child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+      _show(child, path, budget)
+    else:
+      open(path, "wb").close()
+      child = os.open(name, os.O_PATH | os.O_NOFOLLOW, dir_fd=fd)
+      _bind(child, path, recursive=False)
+    os.close(child)
+
+
+def _populate_etc(root):
+  _at("populate /etc")
+  os.mkdir(root + "/etc", 0o755)
+  names = list(_ETC_ENTRIES) + sorted(n for n in os.listdir("/etc") if n.startswith("python3"))
+  for name in names:
+    source, target = "/etc/" + name, root + "/etc/" + name
+    _at(f"copy {source}")
+    if os.path.islink(source):
+      os.symlink(os.readlink(source), target)
+    elif os.path.isdir(source):
+      os.mkdir(target, 0o755)
+      fd = os.open(source, os.O_PATH | os.O_DIRECTORY)
+      _bind(fd, target)
+      os.close(fd)
+    elif os.path.isfile(source):
+      with open(source, "rb") as f:
+        content = f.read()
+      with open(target, "wb") as f:
+        f.write(content)
+      os.chmod(target, os.stat(source).st_mode & 0o755)
+
+
+def _populate_dev(root):
+  _at("populate /dev")
+  os.mkdir(root + "/dev", 0o755)
+  for name in _DEVICES:
+    if os.path.exists("/dev/" + name):
+      open(root + "/dev/" + name, "wb").close()
+      fd = os.open("/dev/" + name, os.O_PATH)
+      _bind(fd, root + "/dev/" + name, recursive=False)
+      os.close(fd)
+  for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                       ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    os.symlink(target, f"{root}/dev/{name}")
+
+
+def _build_root(spec, sources):
+  """Mounts the new root's tmpfs on `_NEW_ROOT` and puts into it what the command may see."""
+  root = _NEW_ROOT
+  _at("mount the new root")
+  _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=0755")
+  for path, fd_or_link in sources["system"]:
+    _at(f"bind {path}")
+    if isinstance(fd_or_link, str):
+      os.symlink(fd_or_link, root + path)
+    else:
+      os.mkdir(root + path, 0o755)
+      _bind(fd_or_link, root + path)
+      os.close(fd_or_link)
+  _populate_etc(root)
+  _populate_dev(root)
+  for name in ("proc", "run", "tmp"):
+    os.mkdir(f"{root}/{name}", 0o755)
+  _at("mount the private /tmp")
+  _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+         f"size={spec['tmp_bytes']},mode=1777")
+  budget = [_MAX_OPENED_ENTRIES]
+  for kind in ("reachable", "writable", "readonly"):
+    for target, fd in sources[kind]:
+      _at(f"bind {target}")
+      os.makedirs(root + target, mode=0o755, exist_ok=True)
+      if kind == "reachable":
+        _show(fd, root + target, budget)
+      else:
+        _bind(fd, root + target, recursive=kind != "writable")
+      if kind == "writable":
+        _mount(None, root + target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+      os.close(fd)
+  for target, content in sources["copy_in"]:  # private copies the command may change
+    _at(f"copy in {target}")
+    with open(root + target, "wb") as f:
+      f.write(content)
+    os.chown(root + target, spec["uid"], spec["gid"])
+  return root
+
+
+def _enter_root(root):
+  """Makes `root` the root directory and detaches the old one (pivot_root(2)'s "." idiom)."""
+  _at("pivot into the new root")
+  os.chdir(root)
+  number = _SYS_PIVOT_ROOT.get(os.uname().machine)
+  if number is None:
+    _fail(f"pivot_root's system call number is not known for {os.uname().machine}")
+  _check(_libc.syscall(number, b".", b"."), "pivot_root")
+  _check(_libc.umount2(b".", MNT_DETACH), "detach the old root")
+  os.chdir("/")
 
 
 def _confine_filesystem(spec):
   # The UTS namespace is private: a fixed host name keeps outputs the same on every host.
+  _at("set the host name")
   _check(_libc.sethostname(b"sandbox", 7), "sethostname")
+  _at("make the mounts private")
   _mount(None, "/", None, MS_REC | MS_PRIVATE)
-  writable_fds = [os.open(source, os.O_PATH | os.O_DIRECTORY) for source, _ in spec["writable"]]
-  readonly_fds = [os.open(source, os.O_PATH | os.O_DIRECTORY) for source, _ in spec["readonly"]]
-  copies = []
-  for source, target in spec["copy_in"]:
-    with open(source, "rb") as f:
-      copies.append((target, f.read()))
-  _cover_closed_ancestors(spec["reachable"])
-  for point, flags in _mount_points():
-    _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
-  _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-         f"size={spec['tmp_bytes']},mode=1777")
-  # Host daemons' sockets live under /run; a read-only mount does not stop connecting to a
-  # socket, so hide them behind an empty, read-only tmpfs.
-  for run_dir in ("/run", "/var/run"):
-    if os.path.isdir(run_dir) and not os.path.islink(run_dir):
-      _mount("tmpfs", run_dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+  umask = os.umask(0o022)
+  _enter_root(_build_root(spec, _open_sources(spec)))
+  for path in spec["hidden"]:
+    _at(f"hide {path}")
+    if os.path.isdir(path) and not os.path.islink(path):
+      _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
              "size=4k,mode=0755")
-  for (_, target), fd in zip(spec["writable"], writable_fds):
-    os.makedirs(target, mode=0o755, exist_ok=True)
-    _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)
-    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
-    os.close(fd)
-  for (_, target), fd in zip(spec["readonly"], readonly_fds):
-    os.makedirs(target, mode=0o755, exist_ok=True)
-    _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
-    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    os.close(fd)
-  for target, content in copies:  # private copies the command may change (in the private /tmp)
-    with open(target, "wb") as f:
-      f.write(content)
-    os.chown(target, spec["uid"], spec["gid"])
+  _at("mount /proc")
   _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+  keep = {"/tmp", "/proc"} | {target for _, target in spec["writable"]}
+  for point, flags in _mount_points():
+    if point not in keep:
+      _at(f"make {point} read-only")
+      _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
+  os.umask(umask)
 
 
 def _drop_privileges(spec):
+  _at("drop privileges")
   uid, gid = spec["uid"], spec["gid"]
+  if uid is None or uid == 0 or gid == 0:
+    _fail(f"refusing to run a command as uid {uid} / gid {gid}")
   os.setgroups([])
   os.setresgid(gid, gid, gid)
   os.setresuid(uid, uid, uid)
+  if 0 in os.getresuid() or 0 in os.getresgid():
+    _fail("the process still holds uid or gid 0")
   _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+  # Changing credentials clears the parent-death signal; set it again.
+  _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
 
 
 def _apply_rlimits(spec):
+  _at("apply the rlimits")
   for name, value in spec["rlimits"].items():
     limit = getattr(resource, f"RLIMIT_{name}")
     _, hard = resource.getrlimit(limit)
@@ -178,6 +335,7 @@ def _apply_rlimits(spec):
 
 
 def _exec(spec):
+  _at("start the command")
   os.chdir(spec["cwd"])
   signal.signal(signal.SIGPIPE, signal.SIG_DFL)
   os.execve(spec["argv"][0], spec["argv"], spec["env"])
@@ -186,8 +344,14 @@ def _exec(spec):
 def _launch(spec):
   """Becomes the launcher of one command: confines and execs it (never returns)."""
   if not spec["namespaces"]:
-    _apply_rlimits(spec)
-    _exec(spec)
+    try:
+      if os.geteuid() == 0:
+        _drop_privileges(spec)  # a root host never runs an agent's command as root
+      _apply_rlimits(spec)
+      _exec(spec)
+    except OSError as e:
+      _fail(str(e))
+  _at("unshare namespaces")
   _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS),
          "unshare")
   pid = os.fork()
@@ -195,7 +359,6 @@ def _launch(spec):
     try:
       _confine_filesystem(spec)
       _drop_privileges(spec)
-      _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
       _apply_rlimits(spec)
       _exec(spec)
     except OSError as e:

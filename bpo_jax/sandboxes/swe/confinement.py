@@ -1,22 +1,35 @@
 """Runs shell commands confined to one writable directory.
 
-Every command gets, in all modes: its own session and process group (killed as a whole at the
+Every command gets, in both modes: its own session and process group (killed as a whole at the
 wall-clock timeout), CPU-time / address-space / file-size / open-file rlimits, an environment
 rebuilt from a short whitelist (nothing of the host's is inherited), stdin from /dev/null, its
 output truncated (the process group is killed once it has printed `kill_output_bytes`), and a
 disk limit on the writable directory (watched while it runs). The command dies with the process
-that started it.
+that started it. A root process never runs a command as uid 0: it drops to an unprivileged uid
+private to the host process first, which also gives a process-count limit and a clean-up that
+kills whatever the command left running.
 
-Where the host allows it (running as root with namespaces available, which `protections()`
-probes once per process) the command also runs in fresh mount, network, PID, IPC and UTS
-namespaces as an unprivileged uid with no capabilities and a process-count limit: every mount is
-read-only except the writable directory and a private, size-capped /tmp; /run (where host
-daemons keep their sockets) is hidden; the network namespace has no usable interface; /proc
-shows only the command's own processes, so the host's environment variables cannot be read
-through it; when the command ends the kernel kills what it left behind. The writable directory
-appears at the fixed path `CONFINED_WORKDIR`, so what commands print about paths does not depend
-on where the host keeps it. Without root the namespace protections are off (paths are then the
-host's, and other processes of the same user are visible), and `protections()` says so.
+Two modes (`MODES`), chosen by the caller, never by the host:
+
+* "namespaces" (the default; needs root on Linux): the command also runs in fresh mount,
+  network, PID, IPC and UTS namespaces, in a filesystem built for it (see `_jail.py`) that
+  holds only the task directory (read-write, at the fixed path `CONFINED_WORKDIR`, so what
+  commands print about paths does not depend on where the host keeps it), the interpreter with
+  its packages, the system's executables and libraries, a few files of /etc, and a private,
+  size-capped /tmp; all of it read-only but the task directory and /tmp. The host's other
+  directories, its /tmp, /run (host daemons' sockets) and the package's own files (the shipped
+  tasks' instances, reference patches and hidden tests, even when the interpreter's
+  site-packages point at them) are not there. The network namespace has no usable interface;
+  /proc shows only the command's own processes; when the command ends the kernel kills what it
+  left behind. If this host cannot give namespaces, or setting them up fails, commands do not
+  run: `ConfinementError` says why, naming the step that failed.
+* "rlimits-only" (explicit): no namespaces; the host's filesystem is seen with the permissions
+  of the command's uid (the package's task data included), the network is the host's, paths are
+  the host's. Under root the uid is unprivileged, so the interpreter must be reachable for it
+  (a 0700 home directory holding it is not).
+
+`protections(mode)` reports what commands get; it probes the namespaces once per process by
+running one command in them, so a host that lacks them is told apart from a set-up that fails.
 
 Memory is bounded per process (RLIMIT_AS); all of a command's processes together stay under
 `max_processes * memory_bytes`, not a single total (that would need a cgroup).
@@ -38,8 +51,10 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import select
 import signal
+import site
 import socket
 import struct
 import subprocess
@@ -54,6 +69,14 @@ _JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jail.py")
 # command prints about its location is the same in every sandbox and process.
 CONFINED_WORKDIR = "/tmp/task"
 SETUP_FAILED = 125
+MODES = ("namespaces", "rlimits-only")
+# The bpo_jax package directory: the agent's commands never see it (it holds the shipped tasks).
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class ConfinementError(RuntimeError):
+  """Commands cannot be confined as asked: the mode is not available here, or set-up failed."""
+
 
 # Variables a command sees; anything else of the host's environment is dropped.
 _BASE_ENV = {
@@ -140,14 +163,57 @@ class CommandResult:
 
 @functools.lru_cache(maxsize=None)
 def _python_paths() -> tuple[str, ...]:
-  """Directories the interpreter (and its pytest) needs to be reachable in the confinement."""
+  """Directories the interpreter (and its pytest) needs to be reachable in the confinement: its
+  executable's directory, prefix and base prefix (a virtualenv and its base interpreter),
+  library and site-packages directories."""
   paths = {os.path.dirname(os.path.realpath(sys.executable)), os.path.realpath(sys.prefix),
-           os.path.realpath(sys.base_prefix)}
+           os.path.realpath(sys.base_prefix), os.path.realpath(sys.exec_prefix)}
   for key in ("stdlib", "platstdlib", "purelib", "platlib"):
     path = sysconfig.get_paths().get(key)
     if path:
       paths.add(os.path.realpath(path))
+  paths.update(os.path.realpath(p) for p in site.getsitepackages())
   return tuple(sorted(p for p in paths if os.path.isdir(p)))
+
+
+def _installed_copies(site_dir: str) -> set[str]:
+  """Directories of bpo_jax that `site_dir` holds or points at (.pth lines, editable finders)."""
+  found = {os.path.join(site_dir, "bpo_jax")}
+  try:
+    names = [n for n in os.listdir(site_dir) if n.endswith(".pth") or
+             (n.startswith("__editable__") and n.endswith(".py"))]
+  except OSError:
+    names = []
+  for name in names:
+    try:
+      with open(os.path.join(site_dir, name), encoding="utf-8", errors="replace") as f:
+        text = f.read(1 << 16)
+    except OSError:
+      continue
+    for path in re.findall(r"""(?:^|['"])(/[^'"\n]*)""", text, flags=re.M):
+      path = path.rstrip()
+      found.add(path if os.path.basename(path) == "bpo_jax" else os.path.join(path, "bpo_jax"))
+  return {os.path.realpath(p) for p in found if os.path.isfile(os.path.join(p, "__init__.py"))}
+
+
+@functools.lru_cache(maxsize=None)
+def _hidden_paths() -> tuple[str, ...]:
+  """Directories covered by an empty one in the confinement: every copy of the package (the
+  running one, one installed in the interpreter's site-packages, one a .pth file or an editable
+  install points at), and the source checkout around each (when it is one) unless an
+  interpreter directory lives inside it. Only those under a directory the command sees matter;
+  the rest are not in its view anyway."""
+  packages = {os.path.realpath(_PACKAGE_DIR)}
+  for site_dir in _python_paths():
+    packages |= _installed_copies(site_dir)
+  paths = set(packages)
+  markers = ("pyproject.toml", "setup.py", ".git")
+  for package in packages:
+    checkout = os.path.dirname(package)
+    if (checkout != "/" and any(os.path.exists(os.path.join(checkout, m)) for m in markers) and
+        not any(p == checkout or p.startswith(checkout + os.sep) for p in _python_paths())):
+      paths.add(checkout)
+  return tuple(sorted(paths))
 
 
 def command_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -169,11 +235,12 @@ def _spec(argv, cwd, limits, namespaces, uid, env, readonly=None, copy_in=None) 
   rlimits = {"CPU": int(limits.cpu_seconds), "AS": int(limits.memory_bytes),
              "FSIZE": int(limits.file_bytes), "NOFILE": int(limits.max_open_files),
              "CORE": 0}
-  if namespaces:
+  if uid is not None:  # a uid of its own: the process count is the command's alone
     rlimits["NPROC"] = int(limits.max_processes)
   target = CONFINED_WORKDIR if namespaces else cwd
   return {"argv": list(argv), "cwd": target, "env": env, "namespaces": namespaces,
-          "writable": [[cwd, target]], "reachable": list(_python_paths()), "uid": uid, "gid": uid,
+          "writable": [[cwd, target]], "reachable": list(_python_paths()),
+          "hidden": list(_hidden_paths()), "uid": uid, "gid": uid,
           "tmp_bytes": int(limits.tmp_bytes), "rlimits": rlimits, "host_pid": os.getpid(),
           "readonly": [[source, target] for target, source in (readonly or {}).items()],
           "copy_in": [[source, target] for target, source in (copy_in or {}).items()]}
@@ -316,7 +383,7 @@ def _watch(spec: dict, limits: Limits, start: float, pid: int, fd: int,
       _kill_group(pid)
     os.close(fd)
     exit_code = _exit_code(wait())
-    if spec["namespaces"]:
+    if spec["uid"] not in (None, 0):  # the command's own uid: nothing of it outlives the call
       _wait_until_gone(spec["uid"])
   disk_limited = disk_limited or disk_usage(watched) > limits.disk_bytes
   data = bytes(head) if total <= keep else bytes(head) + b"\n...\n" + tail
@@ -359,11 +426,14 @@ def _processes_of(uid: int) -> list[int]:
 
 
 def _wait_until_gone(uid: int, timeout: float = 5.0) -> None:
-  """Waits for the kernel to finish tearing down the command's PID namespace.
+  """Kills every process of the command's own uid and waits until they are gone.
 
-  The namespace's processes are killed when its first process dies, but reaping them is
-  asynchronous; returning only once they are gone means a command never outlives its call.
+  With namespaces they die with the namespace's first process, but reaping them is
+  asynchronous; without, this is what ends the processes a command detached from its process
+  group. Returning only once they are gone means a command never outlives its call.
   """
+  if uid == 0:
+    raise ValueError("refusing to kill every process of uid 0")
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
     pids = _processes_of(uid)
@@ -386,51 +456,119 @@ def _kill_group(pid: int) -> None:
       pass
 
 
+_ALWAYS = ("process_group_timeout", "rlimits", "scrubbed_env", "output_truncation", "disk_limit")
+_NAMESPACED = ("network_namespace", "read_only_filesystem", "private_tmp", "pid_namespace",
+               "private_filesystem_view")
+_OWN_UID = ("unprivileged_uid", "process_limit")
+# What the probe writes: its pid, uid, network interfaces, root mount's flag, the interpreter's
+# output and /tmp's listing (in its own directory).
+_PROBE = ("echo $$ > pid; id -u > uid; wc -l < /proc/net/dev > net; "
+          "awk '$5 == \"/\" {split($6, o, \",\"); print o[1]}' /proc/self/mountinfo > root; "
+          "python -I -S -c 'print(7 * 6)' > python 2>&1; ls -A /tmp | tr '\\n' ' ' > tmp")
+
+
+def _check_mode(mode: str) -> None:
+  if mode not in MODES:
+    raise ValueError(f"confinement must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+
+
 @functools.lru_cache(maxsize=None)
-def protections() -> Mapping[str, bool]:
-  """Which protections commands get on this host (probed once per process by running one).
+def _namespaces_missing() -> str | None:
+  """None when commands run confined in namespaces here; else why this host cannot give them
+  (not Linux, not root, the kernel refuses to unshare).
+
+  Raises:
+    ConfinementError: the namespaces were granted but a later set-up step failed, or the probe
+      command saw something other than the confinement promised.
+  """
+  if not sys.platform.startswith("linux"):
+    return f"namespaces need Linux, this is {sys.platform}"
+  if os.geteuid() != 0:
+    return "namespaces need root, this process runs as uid %d" % os.geteuid()
+  import tempfile  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory(prefix="bpo_probe_") as probe_dir:
+    os.chown(probe_dir, default_uid(), default_uid())
+    limits = Limits(wall_seconds=20.0)
+    spec = _spec(["/bin/sh", "-c", _PROBE], probe_dir, limits, True, default_uid(),
+                 command_env())
+    result = _run_spec(spec, limits)
+    if result.exit_code == SETUP_FAILED and "confinement set-up failed" in result.output:
+      if "at step 'unshare namespaces'" in result.output:
+        return result.output.strip().rsplit(": ", 1)[-1] + " (unshare refused)"
+      raise ConfinementError(result.output.strip())
+
+    def read(name):
+      path = os.path.join(probe_dir, name)
+      return open(path, encoding="utf-8").read().strip() if os.path.exists(path) else ""
+
+    expected = {"pid": ("1", "its process id (1 in a new PID namespace)"),
+                "uid": (str(default_uid()), "its uid"),
+                "net": ("3", "the lines of /proc/net/dev (loopback only)"),
+                "root": ("ro", "the root mount's flag"),
+                "python": ("42", "the interpreter's output")}
+    for name, (want, what) in expected.items():
+      if read(name) != want:
+        raise ConfinementError(
+            f"the confinement probe printed {read(name)!r} for {what}, not {want!r} "
+            f"(exit code {result.exit_code}; output {result.output.strip()!r})")
+    if os.path.basename(probe_dir) in read("tmp").split():
+      raise ConfinementError(f"the confinement probe saw the host's /tmp: {read('tmp')!r}")
+  return None
+
+
+def namespaces_available() -> bool:
+  """Whether this host confines commands in namespaces (see `_namespaces_missing`).
+
+  Raises:
+    ConfinementError: setting them up failed (not the same as a host without them).
+  """
+  return _namespaces_missing() is None
+
+
+def protections(mode: str = "namespaces") -> dict[str, bool]:
+  """Which protections commands get in `mode` on this host.
 
   Always on: process_group_timeout, rlimits, scrubbed_env, output_truncation, disk_limit.
-  With root and namespaces: network_namespace, read_only_filesystem, private_tmp,
-  pid_namespace, unprivileged_uid, process_limit.
+  Under root: unprivileged_uid, process_limit (the command's own uid). With namespaces also:
+  network_namespace, read_only_filesystem, private_tmp, pid_namespace, private_filesystem_view
+  (only the task, the interpreter and the system's files; not the package's task data).
+
+  Raises:
+    ValueError: `mode` is not one of `MODES`.
+    ConfinementError: "namespaces" is not available on this host, or its set-up fails.
   """
-  always = {"process_group_timeout": True, "rlimits": True, "scrubbed_env": True,
-            "output_truncation": True, "disk_limit": True}
-  namespaced = ("network_namespace", "read_only_filesystem", "private_tmp", "pid_namespace",
-                "unprivileged_uid", "process_limit")
-  available = False
-  if os.geteuid() == 0 and sys.platform.startswith("linux"):
-    import tempfile
-    with tempfile.TemporaryDirectory(prefix="bpo_probe_") as probe_dir:
-      os.chown(probe_dir, default_uid(), default_uid())
-      # Reads only: the process id (1 in a new PID namespace), the uid, the network interfaces
-      # (2 header lines + loopback), and the flags of the root mount.
-      probe = ("echo $$ > pid && id -u > uid && wc -l < /proc/net/dev > net && "
-               "awk '$5 == \"/\" {split($6, o, \",\"); print o[1]}' /proc/self/mountinfo "
-               "> root")
-      spec = _spec(["/bin/sh", "-c", probe], probe_dir, Limits(wall_seconds=10.0), True,
-                   default_uid(), command_env())
-      result = _run_spec(spec, Limits(wall_seconds=10.0))
-      read = lambda name: open(os.path.join(probe_dir, name)).read().strip() if os.path.exists(
-          os.path.join(probe_dir, name)) else ""
-      available = (result.exit_code == 0 and read("pid") == "1" and
-                   read("uid") == str(default_uid()) and read("net") == "3" and
-                   read("root") == "ro")
-  return {**always, **{name: available for name in namespaced}}
+  _check_mode(mode)
+  report = {name: True for name in _ALWAYS}
+  if mode == "namespaces":
+    missing = _namespaces_missing()
+    if missing is not None:
+      raise ConfinementError(
+          f"commands cannot run in namespaces on this host: {missing}. Configure the "
+          "confinement 'rlimits-only' (the sandbox option confinement='rlimits-only') to run "
+          "them with resource limits only, seeing the host's files")
+    return {**report, **{name: True for name in _NAMESPACED + _OWN_UID}}
+  root = os.geteuid() == 0
+  return {**report, **{name: False for name in _NAMESPACED}, **{name: root for name in _OWN_UID}}
 
 
 def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
                  uid: int | None = None, env: Mapping[str, str] | None = None,
-                 namespaces: bool | None = None, readonly: Mapping[str, str] | None = None,
+                 namespaces: bool = True, readonly: Mapping[str, str] | None = None,
                  copy_in: Mapping[str, str] | None = None) -> CommandResult:
   """Runs `sh -c command` in `cwd` under `limits`; see the module docstring for the confinement.
 
-  With namespaces, `cwd` must be writable by `uid` (default `default_uid()`); the caller owns
-  that (the SWE sandbox chowns its task directory). `namespaces=False` forces the fallback that
-  hosts without root get (None: use them when `protections()` found them available).
+  `namespaces=True` is the mode "namespaces", False the mode "rlimits-only". Under root the
+  command runs as `uid` (default `default_uid()`; never 0), and `cwd` must be writable by it;
+  the caller owns that (the SWE sandbox chowns its task directory). Without root `uid` is
+  ignored: the command runs as this process's user.
 
   Only with namespaces: `readonly` maps paths under /tmp to host directories bound there
   read-only; `copy_in` maps paths under /tmp to host files copied there, owned by `uid`.
+
+  Raises:
+    ValueError: bad arguments.
+    ConfinementError: namespaces are not available here, or the command's confinement could not
+      be set up (the command did not run).
   """
   if not isinstance(command, str) or not command.strip():
     raise ValueError(f"command must be non-empty text, got {command!r}")
@@ -438,18 +576,23 @@ def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
     raise ValueError("command contains a NUL character")
   if not os.path.isdir(cwd):
     raise ValueError(f"cwd {cwd!r} is not a directory")
-  available = protections()["network_namespace"]
-  if namespaces and not available:
-    raise ValueError("namespaces were requested but this host does not offer them")
-  namespaces = available if namespaces is None else namespaces
+  namespaces = bool(namespaces)
+  if namespaces:
+    protections("namespaces")  # raises when this host cannot give them
   for target in list(readonly or {}) + list(copy_in or {}):
     if not namespaces:
       raise ValueError("readonly and copy_in need namespaces")
     if not target.startswith("/tmp/") or ".." in target.split("/"):
       raise ValueError(f"readonly and copy_in targets must be under /tmp, got {target!r}")
-  spec = _spec(["/bin/sh", "-c", command], os.path.realpath(cwd), limits, namespaces,
-               default_uid() if uid is None else uid, command_env(env), readonly, copy_in)
+  if os.geteuid() == 0:
+    uid = default_uid() if uid is None else uid
+    if uid == 0:
+      raise ValueError("a command never runs as uid 0; pass an unprivileged uid")
+  else:
+    uid = None
+  spec = _spec(["/bin/sh", "-c", command], os.path.realpath(cwd), limits, namespaces, uid,
+               command_env(env), readonly, copy_in)
   result = _run_spec(spec, limits)
   if result.exit_code == SETUP_FAILED and "confinement set-up failed" in result.output:
-    raise RuntimeError(f"could not confine the command: {result.output.strip()}")
+    raise ConfinementError(f"could not confine the command: {result.output.strip()}")
   return result

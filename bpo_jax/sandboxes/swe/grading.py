@@ -10,6 +10,13 @@ inside the confinement, and the log is written in the harness's format so that `
 
 Only the grading half of `swebench` is used (log parsers and report); its Docker harness and
 dataset download are not needed.
+
+Infrastructure is never a verdict: a test command that cannot start (exit status 126 or 127, or
+a confinement that cannot be set up), a log without the harness's markers, or a grader that
+crashes raises `GradingError`, which fails the branch (see sandboxes/pool.py) instead of
+scoring it. Harness markers printed by the tests themselves are defanged, so the command's
+output cannot forge or cut the harness's own lines. Grading leaves no trace of the test patch
+in the task's git directory (commands can read it), so tests hidden from the agent stay hidden.
 """
 
 from __future__ import annotations
@@ -27,6 +34,12 @@ from bpo_jax.sandboxes.swe import workspace as workspace_lib
 GRADING_LIMITS = confinement.Limits(wall_seconds=60.0, cpu_seconds=60, max_output_chars=2_000_000,
                                     kill_output_bytes=8 << 20)
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+# Exit statuses of `sh -c` for a command that could not start (not executable; not found).
+CANNOT_START = (126, 127)
+
+
+class GradingError(RuntimeError):
+  """The tests could not be run or read: an infrastructure failure, not a verdict on the patch."""
 
 
 def patched_files(patch: str) -> list[str]:
@@ -41,21 +54,36 @@ def _swebench():
   return constants, grading, types
 
 
+def _reset_test_files(ws: workspace_lib.Workspace, tree: str, test_files: list[str]) -> None:
+  """Puts each of `test_files` back as it is in `tree` (removed if not there), from the object
+  store, so no other version of them is ever written into it."""
+  for path in test_files:
+    ws.git("checkout", tree, "--", path, check=False)
+    if path not in ws.git("ls-tree", "-r", "--name-only", tree, "--", path).decode():
+      full = ws.resolve(path)
+      if os.path.lexists(full) and not os.path.isdir(full):
+        os.unlink(full)
+
+
+def _defang(output: str) -> str:
+  """The harness's markers start lines with ">>>>>"; the tests' own such lines get a space."""
+  return re.sub(r"^>>>>>", "> >>>>", output, flags=re.M)
+
+
 def run_tests(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib.SweTask,
-              limits: confinement.Limits = GRADING_LIMITS, uid: int | None = None) -> str:
+              limits: confinement.Limits = GRADING_LIMITS, uid: int | None = None,
+              namespaces: bool = True) -> str:
   """Resets the test patch's files, applies it, runs the tests; returns the harness-format log.
 
   The working directory is left with the test patch applied; callers restore their tree.
+
+  Raises:
+    GradingError: the test command could not start or could not be confined.
   """
   constants, _, _ = _swebench()
   test_patch = task.instance["test_patch"]
   test_files = patched_files(test_patch)
-  for path in test_files:
-    ws.git("checkout", base_tree, "--", path, check=False)
-    if path not in ws.git("ls-tree", "-r", "--name-only", base_tree, "--", path).decode():
-      full = ws.resolve(path)
-      if os.path.lexists(full):
-        os.unlink(full)
+  _reset_test_files(ws, base_tree, test_files)
   try:
     ws.git("apply", "--whitespace=nowarn", "-", input=test_patch.encode())
   except workspace_lib.GitError as e:
@@ -63,14 +91,31 @@ def run_tests(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib.SweTa
   ws.fix_ownership()
   lines = [constants.APPLY_PATCH_PASS]
   command = " ".join([task.test_command] + test_files)
-  result = confinement.run_confined(command, ws.workdir, limits, uid=uid)
-  lines += [constants.START_TEST_OUTPUT, result.output, constants.END_TEST_OUTPUT,
+  try:
+    result = confinement.run_confined(command, ws.workdir, limits, uid=uid, namespaces=namespaces)
+  except confinement.ConfinementError as e:
+    raise GradingError(f"the tests of {task.task_id} could not run: {e}") from e
+  if result.exit_code in CANNOT_START:
+    raise GradingError(f"the test command of {task.task_id} could not start (exit code "
+                       f"{result.exit_code}): {result.output.strip()[-500:]}")
+  lines += [constants.START_TEST_OUTPUT, _defang(result.output), constants.END_TEST_OUTPUT,
             f"{constants.TEST_EXIT_CODE}: {result.exit_code}"]
   if result.timed_out:
     lines.append(constants.TESTS_TIMEOUT)
   elif result.output_limited:
     lines.append(constants.TESTS_ERROR)
   return "\n".join(lines) + "\n"
+
+
+def _check_log(log: str) -> None:
+  constants, _, _ = _swebench()
+  if log.startswith(constants.APPLY_PATCH_FAIL):
+    return
+  for marker in (constants.APPLY_PATCH_PASS, constants.START_TEST_OUTPUT,
+                 constants.END_TEST_OUTPUT, constants.TEST_EXIT_CODE):
+    if log.count(marker) != 1:
+      raise GradingError(f"the test log holds the harness marker {marker!r} {log.count(marker)} "
+                         "times, not once")
 
 
 def report_from_log(task: tasks_lib.SweTask, model_patch: str, log: str) -> dict[str, Any]:
@@ -92,33 +137,45 @@ def report_from_log(task: tasks_lib.SweTask, model_patch: str, log: str) -> dict
 
 
 def grade_workspace(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib.SweTask,
-                    limits: confinement.Limits = GRADING_LIMITS,
-                    uid: int | None = None) -> dict[str, Any]:
+                    limits: confinement.Limits = GRADING_LIMITS, uid: int | None = None,
+                    namespaces: bool = True) -> dict[str, Any]:
   """Grades the working directory's current state; leaves the directory as it found it.
 
   Returns swebench's report for the instance (`resolved`, `tests_status`, ...) plus
   `model_patch` (the diff graded) and `log`.
+
+  Raises:
+    GradingError: the tests could not be run or read (infrastructure, not the patch).
   """
   tree = ws.write_tree()
   model_patch = ws.diff(base_tree, tree)
   try:
-    log = run_tests(ws, base_tree, task, limits, uid)
+    log = run_tests(ws, base_tree, task, limits, uid, namespaces)
   finally:
+    _reset_test_files(ws, tree, patched_files(task.instance["test_patch"]))
     ws.checkout_tree(tree)
-  report = report_from_log(task, model_patch, log)
+  _check_log(log)
+  try:
+    report = report_from_log(task, model_patch, log)
+  except Exception as e:  # pylint: disable=broad-except
+    raise GradingError(f"the grader crashed on the log of {task.task_id}: "
+                       f"{type(e).__name__}: {e}") from e
   return {**report, "model_patch": model_patch, "log": log}
 
 
 def evaluate_patch(task: tasks_lib.SweTask, patch: str,
-                   limits: confinement.Limits = GRADING_LIMITS) -> dict[str, Any]:
-  """Grades `patch` (git format; "" for none) applied to the task's base in a scratch directory.
+                   limits: confinement.Limits = GRADING_LIMITS,
+                   mode: str = "namespaces") -> dict[str, Any]:
+  """Grades `patch` (git format; "" for none) applied to the task's base in a scratch directory,
+  with commands confined in `mode` (see confinement.py).
 
   Raises:
     ValueError: the patch does not apply to the base.
+    GradingError: the tests could not be run or read.
   """
+  uid = confinement.default_uid() if confinement.protections(mode)["unprivileged_uid"] else None
   with tempfile.TemporaryDirectory(prefix="bpo_swe_grade_") as parent:
     os.chmod(parent, 0o755)
-    uid = confinement.default_uid() if confinement.protections()["unprivileged_uid"] else None
     ws = workspace_lib.Workspace(parent, owner_uid=uid)
     base_tree = tasks_lib.materialize(task, ws)
     if patch:
@@ -126,4 +183,4 @@ def evaluate_patch(task: tasks_lib.SweTask, patch: str,
         ws.git("apply", "--whitespace=nowarn", "-", input=patch.encode())
       except workspace_lib.GitError as e:
         raise ValueError(f"patch does not apply to task {task.task_id}: {e}") from e
-    return grade_workspace(ws, base_tree, task, limits, uid)
+    return grade_workspace(ws, base_tree, task, limits, uid, mode == "namespaces")

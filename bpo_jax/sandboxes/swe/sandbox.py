@@ -14,14 +14,24 @@ Actions (one per step; the first word is the command):
     >>>>>>> REPLACE
     submit                           end the episode; the task directory is graded
 
-Commands run confined (confinement.py) in the task directory, which they see at /tmp/task. With
-namespaces, the task's repository is readable there (HEAD = the state after reset), so `git
-diff`, `git status` and `git checkout -- <file>` work, while commits do not (it is read-only).
+Commands run confined (confinement.py) in the task directory, which they see at /tmp/task. In the
+mode "namespaces" (the default) they see nothing else of the host but the interpreter and the
+system's files: not the package's shipped task data (instances, reference patches, hidden
+tests), not the host's other directories or its /tmp; the task's repository is readable there
+(HEAD = the state after reset), so `git diff`, `git status` and `git checkout -- <file>` work,
+while commits do not (it is read-only). A host that cannot give namespaces fails the sandbox's
+construction unless it is built with `confinement="rlimits-only"` (commands then see the host's
+files; under root they run as an unprivileged uid). The sandbox logs which protections its
+commands get when it is built (`protections` holds them; `protections_record` in the package
+gives the same for a run's config.json).
 
 Reward is 1.0 on the final step if the graded state resolves the task (every FAIL_TO_PASS and
 PASS_TO_PASS test passes under swebench's report), else 0.0; every other step gives 0.0. After
 `max_steps` steps the episode ends truncated and is graded the same way. The final Step's
-`info["success"]` is the grade and `info["report"]` swebench's per-test report.
+`info["success"]` is the grade and `info["report"]` swebench's per-test report. A step whose
+command or grading cannot run for the infrastructure's sake (`confinement.ConfinementError`,
+`grading.GradingError`: tests that cannot start, a log without the harness's markers, a
+crashed grader) raises instead: the pool fails the branch with the reason, never a reward.
 
 State = the task directory's files (a git tree; see workspace.py) + step count + whether the
 episode is over + the last observation. Snapshots pack them as bytes any process can restore;
@@ -36,11 +46,14 @@ from __future__ import annotations
 import base64
 import os
 import tempfile
+import threading
 import uuid
 from typing import Any, Mapping
 
+from absl import logging
+
 from bpo_jax.sandboxes import base
-from bpo_jax.sandboxes.swe import confinement
+from bpo_jax.sandboxes.swe import confinement as confinement_lib
 from bpo_jax.sandboxes.swe import grading
 from bpo_jax.sandboxes.swe import tasks as tasks_lib
 from bpo_jax.sandboxes.swe import workspace as workspace_lib
@@ -56,7 +69,7 @@ _MAX_LISTED_FILES = 100  # files named in the first observation
 # `git status`, `git log` and `git checkout -- <file>` work; commits and `git add` do not.
 _GIT_DIR, _GIT_INDEX = "/tmp/task.git", "/tmp/task.index"
 _GIT_ENV = {
-    "GIT_DIR": _GIT_DIR, "GIT_WORK_TREE": confinement.CONFINED_WORKDIR,
+    "GIT_DIR": _GIT_DIR, "GIT_WORK_TREE": confinement_lib.CONFINED_WORKDIR,
     "GIT_INDEX_FILE": _GIT_INDEX, "GIT_PAGER": "cat", "PAGER": "cat",
     # The repository belongs to the host's user; git would refuse it as "dubious ownership".
     "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*",
@@ -96,13 +109,15 @@ class SweSandbox:
       Snapshots restore only into sandboxes with the same setting.
     max_view_lines: most lines one `view` shows.
     root: where task directories are made (default: the system temp directory).
+    confinement: how commands are confined, one of `confinement.MODES`: "namespaces" (raises
+      `confinement.ConfinementError` where the host cannot give them) or "rlimits-only".
   """
 
-  def __init__(self, limits: confinement.Limits | Mapping[str, Any] | None = None,
-               grading_limits: confinement.Limits | Mapping[str, Any] | None = None,
+  def __init__(self, limits: confinement_lib.Limits | Mapping[str, Any] | None = None,
+               grading_limits: confinement_lib.Limits | Mapping[str, Any] | None = None,
                max_steps: int = 30, show_tests: bool = True, max_view_lines: int = 200,
-               root: str | None = None):
-    self.limits = _limits(limits, confinement.Limits())
+               root: str | None = None, confinement: str = "namespaces"):
+    self.limits = _limits(limits, confinement_lib.Limits())
     self.grading_limits = _limits(grading_limits, grading.GRADING_LIMITS)
     if not isinstance(max_steps, int) or max_steps < 1:
       raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
@@ -112,8 +127,11 @@ class SweSandbox:
     self.show_tests = bool(show_tests)
     self.max_view_lines = max_view_lines
     self.root = root
-    self.protections = dict(confinement.protections())
-    self.uid = confinement.default_uid() if self.protections["unprivileged_uid"] else None
+    self.confinement = confinement
+    self.protections = dict(confinement_lib.protections(confinement))
+    self._namespaces = confinement == "namespaces"
+    _log_protections(confinement, self.protections)
+    self.uid = confinement_lib.default_uid() if self.protections["unprivileged_uid"] else None
     self._ws: workspace_lib.Workspace | None = None
     self._ws_token = ""
     self._task: tasks_lib.SweTask | None = None
@@ -263,11 +281,11 @@ class SweSandbox:
         return base.invalid_action_step("run needs a command", HELP)
       before = self._ws.write_tree()
       git_access = {}
-      if self.protections["read_only_filesystem"]:
+      if self._namespaces:
         git_access = dict(env=_GIT_ENV, readonly={_GIT_DIR: self._ws.gitdir},
                           copy_in={_GIT_INDEX: self._ws.agent_index})
-      result = confinement.run_confined(command, self._ws.workdir, self.limits, uid=self.uid,
-                                        **git_access)
+      result = confinement_lib.run_confined(command, self._ws.workdir, self.limits, uid=self.uid,
+                                            namespaces=self._namespaces, **git_access)
       report = result.report()
       if result.disk_limited:
         # A directory past its disk limit would make every snapshot huge: undo the command.
@@ -377,7 +395,7 @@ class SweSandbox:
   def _grade(self) -> base.Step:
     try:
       report = grading.grade_workspace(self._ws, self._base_tree, self._task,
-                                       self.grading_limits, self.uid)
+                                       self.grading_limits, self.uid, self._namespaces)
     except (workspace_lib.GitError, ValueError, OSError) as e:
       # E.g. test files replaced by links out of the task directory: not gradable, not resolved.
       return base.Step(observation=f"Submitted: the task directory could not be graded ({e}). "
@@ -397,6 +415,21 @@ class SweSandbox:
     return base.Step(observation=text, reward=1.0 if resolved else 0.0, done=True,
                      info={"success": resolved, "report": summary,
                            "model_patch": report["model_patch"]})
+
+
+_LOGGED_MODES: set[str] = set()
+_LOG_LOCK = threading.Lock()
+
+
+def _log_protections(mode: str, protections: Mapping[str, bool]) -> None:
+  """Says once per process and mode which protections the sandbox's commands get."""
+  with _LOG_LOCK:
+    if mode in _LOGGED_MODES:
+      return
+    _LOGGED_MODES.add(mode)
+  on = ", ".join(name for name, value in protections.items() if value)
+  off = ", ".join(name for name, value in protections.items() if not value) or "none"
+  logging.info("SWE sandbox commands run with confinement %r: on: %s; off: %s", mode, on, off)
 
 
 _REFERENCE_FILES: dict[str, list[tuple[str, bytes | None]]] = {}
@@ -443,11 +476,11 @@ def _patch_hunks(patch: str) -> dict[str, list[tuple[str, str]]]:
   return hunks
 
 
-def _limits(value, default: confinement.Limits) -> confinement.Limits:
+def _limits(value, default: confinement_lib.Limits) -> confinement_lib.Limits:
   if value is None:
     return default
-  if isinstance(value, confinement.Limits):
+  if isinstance(value, confinement_lib.Limits):
     return value
   if isinstance(value, Mapping):
-    return confinement.Limits(**{**default.__dict__, **value})
+    return confinement_lib.Limits(**{**default.__dict__, **value})
   raise TypeError(f"limits must be a Limits or a mapping, got {type(value).__name__}")
