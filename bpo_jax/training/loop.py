@@ -592,6 +592,9 @@ def _check_workdir_config(config, workdir: str):
   """A workdir holds one experiment: resuming with other settings would not be exact."""
   path = os.path.join(workdir, "config.json")
   current = config_lib.to_plain(config)
+  env = registry.get_environment(config.env.name)
+  if hasattr(env, "protections_record"):  # what the sandbox's commands are confined by
+    current["env_protections"] = env.protections_record(**dict(config.env.options))
   # Every process checks the saved file before process 0 rewrites it.
   if os.path.exists(path):
     with open(path, encoding="utf-8") as f:
