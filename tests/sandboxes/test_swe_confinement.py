@@ -178,6 +178,52 @@ def _new_blobs(patch):
   return blobs
 
 
+INSTALLED_DRIVER = r"""
+import json, os, sys, bpo_jax
+from bpo_jax.sandboxes import swe
+copy = sys.argv[1]  # an installed copy of the package
+sandbox = swe.make_sandbox(show_tests=False)
+sandbox.reset(swe.load_shipped_task("lru"))
+instance = os.path.join(copy, "sandboxes", "swe", "tasks", "lru", "instance.json")
+out = {"running": os.path.dirname(os.path.abspath(bpo_jax.__file__)),
+       "host_sees": os.path.isfile(instance)}
+out["cat"] = sandbox.step(f"run cat {instance}").info["exit_code"]
+out["listing"] = sandbox.step(f"run ls -A {copy}").observation
+out["site"] = sandbox.step(f"run ls -A {os.path.dirname(copy)}").observation
+sandbox.close()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@needs_namespaces
+def test_an_installed_copy_of_the_package_is_hidden_too():
+  # A regular install puts the package, shipped tasks and all, in the virtualenv's
+  # site-packages, which the commands see: hidden whether it is the running copy or not.
+  venv = _venv(tempfile.gettempdir())
+  try:
+    python = os.path.join(venv, "bin", "python")
+    site_packages = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    copy = os.path.realpath(os.path.join(site_packages, "bpo_jax"))
+    shutil.copytree(os.path.dirname(os.path.abspath(bpo_jax.__file__)), copy,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for running, extra in ((copy, {}), (os.path.join(REPO_ROOT, "bpo_jax"),
+                                        {"PYTHONPATH": REPO_ROOT})):
+      proc = subprocess.run([python, "-c", INSTALLED_DRIVER, copy], capture_output=True,
+                            text=True, timeout=300, cwd=tempfile.gettempdir(),
+                            env={**env, **extra})
+      assert proc.returncode == 0, proc.stderr[-3000:]
+      out = json.loads(proc.stdout.splitlines()[-1])
+      assert os.path.realpath(out["running"]) == os.path.realpath(running) and out["host_sees"]
+      assert out["cat"] != 0 and out["listing"] == "[exit code 0]"  # an empty directory
+      assert "bpo_jax" in out["site"]  # the rest of site-packages is there
+  finally:
+    shutil.rmtree(venv, ignore_errors=True)
+
+
 @needs_namespaces
 def test_grading_leaves_no_hidden_test_in_the_repository(lru):
   sandbox, task = lru
