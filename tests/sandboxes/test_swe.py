@@ -509,27 +509,28 @@ def test_host_environment_is_not_visible(jail_dir, monkeypatch):
 
 def test_command_dies_with_the_process_that_ran_it(jail_dir):
   # A sandbox worker killed at its timeout must not leave its command running.
+  sleep = f"sleep 300.{secrets.randbelow(10**6):06d}"  # a command line no other process has
   host = subprocess.Popen(
       [sys.executable, "-c", "import sys; from bpo_jax.sandboxes.swe import confinement; "
-       "confinement.run_confined('sleep 300', sys.argv[1], "
+       "confinement.run_confined(sys.argv[3], sys.argv[1], "
        "confinement.Limits(wall_seconds=300, cpu_seconds=300), namespaces=sys.argv[2] == '1')",
-       jail_dir, "1" if NAMESPACES else "0"],
+       jail_dir, "1" if NAMESPACES else "0", sleep],
       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
   uid = 1_000_000 + host.pid  # confinement.default_uid() of that process
   deadline = time.monotonic() + 30
   marker = None
   while time.monotonic() < deadline and not (marker and marker.stdout.strip()):
     time.sleep(0.05)
-    marker = subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True, text=True)
+    marker = subprocess.run(["pgrep", "-f", f"^{sleep}$"], capture_output=True, text=True)
   assert marker.stdout.strip(), "the command never started"
   host.kill()
   host.wait()
   deadline = time.monotonic() + 5
   while time.monotonic() < deadline and (
-      _jail_processes(uid) or _descendants_running("sleep 300", marker.stdout.split())):
+      _jail_processes(uid) or _descendants_running(sleep, marker.stdout.split())):
     time.sleep(0.05)
   assert _jail_processes(uid) == 0
-  assert not _descendants_running("sleep 300", marker.stdout.split())
+  assert not _descendants_running(sleep, marker.stdout.split())
 
 
 def _descendants_running(command, pids):
