@@ -33,6 +33,7 @@ Module interface (see `registry.py`):
     sandbox.admissible_actions()                   # e.g. ["go east", "take red key"]
     expert_actions(tasks[0])                       # a shortest solution
     vocabulary()                                   # every word of observations and actions
+    parse_action("I need the key.\\ntake red key")  # "take red key" (a model's reply)
 
 Words are what `split_words` returns: runs of letters and each punctuation mark.
 """
@@ -48,6 +49,7 @@ import re
 from typing import Any
 
 from bpo_jax.sandboxes import base
+from bpo_jax.sandboxes import free_text
 
 ROOM_NAMES = ("kitchen", "hall", "cellar", "study", "garden", "attic", "library", "pantry",
               "bedroom", "office", "bathroom", "garage")
@@ -498,6 +500,22 @@ def vocabulary() -> list[str]:
     words.update(group)
   words.update(("key", "door", "in"))
   return sorted(words)
+
+
+# The action syntax for language-model agents (see free_text.py).
+SYSTEM_PROMPT = ("You are in a house of rooms. Reach the goal. Reply with one command: go "
+                 "<direction>, take <object>, drop <object>, open <colour> door, or put <object> "
+                 "in <container>.")
+NO_ACTION_HINT = "Reply with one command: go, take, drop, open or put."
+
+
+def parse_action(text: str) -> str | None:
+  """The first line of a reply that starts with go, take, drop, open or put; None if none does.
+
+  >>> parse_action("The key first.\\ntake red key")
+  'take red key'
+  """
+  return free_text.first_command(text, VERBS)
 
 
 def _rejection_text(reason: str) -> str:

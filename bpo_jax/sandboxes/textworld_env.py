@@ -24,6 +24,10 @@ Module interface (see `registry.py`); games live in `games_dir/train/*.z8` and
 
     sandbox = make_sandbox(max_steps=100)
     tasks = make_tasks("train", num=2, seed=0, games_dir="tests/fixtures/textworld_games")
+
+For language-model agents, `SYSTEM_PROMPT` states the command syntax and `parse_action(text)`
+takes the command out of a reply (the first line that starts with one of TextWorld's command
+verbs; see `free_text.py`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import warnings
 from typing import Any
 
 from bpo_jax.sandboxes import base
+from bpo_jax.sandboxes import free_text
 
 try:
   import jericho
@@ -56,6 +61,25 @@ _STATUS_LINE = re.compile(r"\n>[^\n]*$")
 _RESTART_PROMPT = re.compile(r"\s*Would you like to RESTART, RESTORE[^\n]*$")
 _WON = "*** The End ***"
 _LOST = "*** You lost! ***"
+
+# The first words of the commands of TextWorld's grammar (its default knowledge base).
+COMMAND_VERBS = ("look", "goal", "inventory", "examine", "go", "take", "drop", "put", "insert",
+                 "open", "close", "lock", "unlock", "eat", "drink", "cook", "slice", "chop",
+                 "dice", "prepare")
+SYSTEM_PROMPT = ("You play a text adventure. Reply with one command, such as: go east, take "
+                 "<thing>, take <thing> from <container>, open <container>, unlock <container> "
+                 "with <key>, insert <thing> into <container>, put <thing> on <supporter>, "
+                 "examine <thing>, look, inventory.")
+NO_ACTION_HINT = "Reply with one command such as 'look' or 'go east'."
+
+
+def parse_action(text: str) -> str | None:
+  """The first line of a reply that starts with a TextWorld command verb; None if none does.
+
+  >>> parse_action("The box is locked.\\nunlock box with latchkey")
+  'unlock box with latchkey'
+  """
+  return free_text.first_command(text, COMMAND_VERBS)
 
 
 @dataclasses.dataclass(frozen=True)

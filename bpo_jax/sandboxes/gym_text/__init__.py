@@ -14,7 +14,9 @@ registry interface:
 
 A task is a reset seed (plus, for FrozenLake, a generated map); "train" uses even reset seeds
 and "test" odd ones. Actions are words ("left", "pickup", "hit"); anything else gets an
-observation listing the valid ones.
+observation listing the valid ones. For language-model agents each module also has
+`SYSTEM_PROMPT` and `parse_action(text)` (the first line of a reply that starts with an action
+word; see `free_text.py`), built here from its spec by `system_prompt` and `parse_action`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bpo_jax.sandboxes import base
+from bpo_jax.sandboxes import free_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,3 +178,13 @@ def make_split_tasks(env_name: str, split: str, num: int, seed: int,
     tasks.append(GymTask(task_id=f"{env_name}-{reset_seed}", env_name=env_name,
                          reset_seed=reset_seed, env_kwargs=env_kwargs_for(rng)))
   return tasks
+
+
+def system_prompt(spec: GymTextSpec) -> str:
+  """The action syntax of a toy-text world, for a language model's system turn."""
+  return f"Reply with one action word: {', '.join(spec.actions)}."
+
+
+def parse_action(spec: GymTextSpec, text: str) -> str | None:
+  """The first line of a reply that starts with one of `spec.actions`; None if none does."""
+  return free_text.first_command(text, spec.actions)

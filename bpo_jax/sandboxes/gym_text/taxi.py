@@ -34,6 +34,15 @@ SPEC = gym_text.GymTextSpec(
 )
 
 
+# The action syntax for language-model agents (see free_text.py).
+SYSTEM_PROMPT = gym_text.system_prompt(SPEC)
+NO_ACTION_HINT = SYSTEM_PROMPT
+
+
+def parse_action(text: str) -> str | None:
+  return gym_text.parse_action(SPEC, text)
+
+
 def make_sandbox(max_steps: int | None = None, **unused) -> gym_text.GymTextSandbox:
   del unused
   return gym_text.GymTextSandbox(SPEC, max_steps=max_steps)
