@@ -503,9 +503,8 @@ def vocabulary() -> list[str]:
 
 
 # The action syntax for language-model agents (see free_text.py).
-SYSTEM_PROMPT = ("You are in a house of rooms. Reach the goal. Reply with one command: go "
-                 "<direction>, take <object>, drop <object>, open <colour> door, or put <object> "
-                 "in <container>.")
+SYSTEM_PROMPT = ("Reply with one command: go <direction>, take <object>, drop <object>, open "
+                 "<colour> door, or put <object> in <container>.")
 NO_ACTION_HINT = "Reply with one command: go, take, drop, open or put."
 
 

@@ -1,0 +1,21 @@
+"""The text path of a language-model agent: tokenizer, chat format, from-scratch BPE.
+
+    chat.py    ChatFormat: an episode as the turns of a tokenizer's chat template, stop ids,
+               token budgets; TokenizerError
+    bpe.py     a byte-level BPE tokenizer trained on an environment's text, with a ChatML
+               template, saved in Hugging Face format
+    corpus.py  the environment's text: expert episodes as chat turns
+    build.py   build_text: a run's tokenizer and format in one call (a checkpoint's, or a
+               from-scratch BPE kept in the workdir)
+
+Actions are free text: each environment's system prompt and parser are in `bpo_jax.sandboxes`
+(`free_text.py`, `registry.get_action_syntax`). Importing this package imports neither
+`tokenizers` nor `transformers`; the functions that need them import them.
+"""
+
+from bpo_jax.text.bpe import DEFAULT_VOCAB_SIZE, save_bpe, train_bpe
+from bpo_jax.text.build import build_text, ensure_bpe_tokenizer, load_format, load_tokenizer
+from bpo_jax.text.chat import ChatFormat, TokenizerError
+
+__all__ = ["ChatFormat", "DEFAULT_VOCAB_SIZE", "TokenizerError", "build_text",
+           "ensure_bpe_tokenizer", "load_format", "load_tokenizer", "save_bpe", "train_bpe"]
