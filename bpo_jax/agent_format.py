@@ -31,6 +31,9 @@ A tokenizer is anything with `encode(text) -> list[int]` and `decode(ids) -> str
 special tokens of its own. For a Hugging Face model, `AgentFormat.for_chat_template(tokenizer)`
 reads the pieces off the tokenizer's chat template (observations as user turns, actions as
 assistant turns ending with the end-of-turn token) and wraps the tokenizer in `HuggingFaceText`.
+`bpo_jax.text.ChatFormat` is the fuller form of that layout (every stop token, observation
+pieces tokenised as the template's rendering is, budgets from the template's token counts); it
+has the same methods, so `chain_tree_tokens` and `expert_tree_tokens` take it too.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A WebShop-compatible shop (Yao et al., 2022) as a snapshot-able sandbox.
 
 `make_sandbox(**config)` and `make_tasks(split, num, seed, **config)` are the entry points; see
-`shop.py` for pages and actions, `reward.py` for the reward, `catalogue.py` for the data.
+`shop.py` for pages and actions, `reward.py` for the reward, `catalogue.py` for the data, and
+`actions.py` for the action syntax a language model is told and the parser of its replies.
 """
 
 from bpo_jax.sandboxes.webshop.catalogue import (
