@@ -35,7 +35,8 @@ sequences with `<|endoftext|>`; Llama 3 with `<|eot_id|>` and `<|end_of_text|>`)
 
 Budgets come from the template's token counts: an observation piece holds at most
 `observation_overhead + max_observation_tokens` tokens (the prompt `prompt_overhead + ...`), and
-`path_token_bound` adds them up for a path.
+`path_token_bound` adds them up for a path (an observation after a reply cut by the token limit
+starts with the end-of-turn token the reply lacks: one token more).
 
     fmt = ChatFormat.from_tokenizer(tokenizer, system_prompt=syntax.system_prompt)
     prompt = fmt.prompt_tokens("WebShop [SEP] Instruction: ...")
@@ -226,11 +227,18 @@ class ChatFormat:
     """The tokens before the first reply: system turn, the first observation, the cue."""
     return self._piece(self.prompt_head, first_observation, self.prompt_overhead)[0]
 
-  def observation_tokens(self, observation: str, done: bool = False) -> list[int]:
-    """The tokens after a reply's end-of-turn token; empty when the episode is over."""
+  def observation_tokens(self, observation: str, done: bool = False,
+                         reply_ended: bool = True) -> list[int]:
+    """The tokens after a reply's end-of-turn token; empty when the episode is over.
+
+    `reply_ended=False`: the reply was cut by the token limit before any stop token, so the
+    piece starts with the end-of-turn token the template puts after an assistant message (the
+    policy's context stays a well-formed conversation; the token is not the policy's action).
+    """
     if done:
       return []
-    return self._piece(self.observation_head, observation, self.observation_overhead)[0]
+    ids = self._piece(self.observation_head, observation, self.observation_overhead)[0]
+    return ids if reply_ended else [self.turn_end_id] + ids
 
   def action_tokens(self, action: str) -> list[int]:
     """The tokens of a reply as the policy should generate it, ending with the end-of-turn
@@ -269,10 +277,11 @@ class ChatFormat:
 
   def path_token_bound(self, max_turns: int, max_action_tokens: int) -> int | None:
     """Most tokens of one path: the prompt, `max_turns` replies of at most `max_action_tokens`
-    tokens (end-of-turn included) and the `max_turns - 1` observations between them. None when
-    observations are not cut (no bound is known before the rollout)."""
+    tokens (end-of-turn included) and the `max_turns - 1` observations between them, each with
+    the end-of-turn token a cut reply lacks. None when observations are not cut (no bound is
+    known before the rollout)."""
     if self.max_observation_tokens is None:
       return None
     n = self.max_observation_tokens
     return (self.prompt_overhead + n + max_turns * max_action_tokens
-            + (max_turns - 1) * (self.observation_overhead + n))
+            + (max_turns - 1) * (self.observation_overhead + 1 + n))

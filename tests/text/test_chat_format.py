@@ -124,6 +124,10 @@ def test_decode_cuts_at_any_stop_token(family):
   assert fmt.decode_action(fmt.action_tokens(reply)) == reply
   # No stop token (cut by the token limit): the text as it stands.
   assert fmt.decode_action(body[:5]) == tok.decode(body[:5]).strip()
+  # After a reply cut before any stop token the observation closes the turn.
+  assert fmt.observation_tokens("x", reply_ended=False) == (
+      [fmt.turn_end_id] + fmt.observation_tokens("x"))
+  assert fmt.observation_tokens("x", done=True, reply_ended=False) == []
   with pytest.raises(ValueError, match="encodes to the stop token"):
     fmt.action_tokens("go" + tok.convert_ids_to_tokens(fmt.turn_end_id))
 
@@ -152,9 +156,16 @@ def test_observation_budget(family):
   turns, action_tokens = 4, 40
   bound = cut.path_token_bound(turns, action_tokens)
   assert bound == (cut.prompt_overhead + limit + turns * action_tokens
-                   + (turns - 1) * (cut.observation_overhead + limit))
+                   + (turns - 1) * (cut.observation_overhead + 1 + limit))
   worst = episode_ids(cut, long, [ACTIONS[0]] * turns, [long] * turns, done=True)
   assert len(worst) <= bound
+  # Replies cut by the token limit (no stop token): each observation closes the turn.
+  reply = tok.encode(" ".join(["search"] * 60), add_special_tokens=False)[:action_tokens]
+  cut_path = cut.prompt_tokens(long)
+  for _ in range(turns - 1):
+    cut_path += reply + cut.observation_tokens(long, reply_ended=False)
+  cut_path += reply
+  assert len(cut_path) == bound
   assert fmt.path_token_bound(turns, action_tokens) is None
 
 
