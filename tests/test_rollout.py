@@ -121,7 +121,7 @@ def replay_checks(result: rollout.TaskRollout, snapshot_state_ids=False):
   digest_at = {rollout.ROOT: None}
   state_id_at = {}
   assert sandbox.reset(result.task) == result.first_observation
-  digest_at[rollout.ROOT] = rollout._digest(sandbox.snapshot().data)
+  digest_at[rollout.ROOT] = rollout.state_ids._digest(sandbox.snapshot().data)
   state_id_at[rollout.ROOT] = rollout.text_state_id(sandbox.snapshot().data)
   alive = result.tokens.alive()
   for node in range(result.num_nodes):
@@ -139,7 +139,7 @@ def replay_checks(result: rollout.TaskRollout, snapshot_state_ids=False):
       assert tree.truncated[node]
     elif tree.truncated[node]:  # cut by the rollout: the turn limit (or the cache length)
       assert not step.done
-    digest_at[node] = rollout._digest(sandbox.snapshot().data)
+    digest_at[node] = rollout.state_ids._digest(sandbox.snapshot().data)
     state_id_at[node] = rollout.text_state_id(sandbox.snapshot().data)
     if snapshot_state_ids:
       parent = int(tree.parent[node])

@@ -69,12 +69,11 @@ Example:
   batch.summary()                            # compute counters, seconds per phase
 """
 
+
 from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
-import hashlib
 import itertools
 import time
 from typing import Any, Hashable, Sequence
@@ -88,400 +87,13 @@ from bpo_jax import branching
 from bpo_jax import packing
 from bpo_jax import sampling
 from bpo_jax import tree as tree_lib
-from bpo_jax.models.decoder import logprobs_and_entropy_from_logits
+from bpo_jax.rollout import entropy as entropy_lib
+from bpo_jax.rollout import keys as keys_lib
+from bpo_jax.rollout.config import RolloutConfig
+from bpo_jax.rollout.records import (PHASES, ROOT, Compute, Decision, Failure, RolloutBatch,
+                                     TaskRollout)
+from bpo_jax.rollout.state_ids import _digest, text_state_id
 from bpo_jax.sandboxes import pool as pool_lib
-
-ROOT = tree_lib.ROOT
-TOPOLOGIES = ("tree", "group")
-FORK_RULES = ("entropy", "random", "never", "top_k_after")
-BUDGET_ACCOUNTING = ("worst_case", "used")
-STATE_IDS = ("none", "observation", "snapshot")
-ENTROPY_MEASURES = ("first_token", "greedy_action")
-PHASES = ("reset", "prefill", "fork", "decode", "env", "append", "host")
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-  """How trees are grown.
-
-  Attributes:
-    topology: "tree" (BPO: forks decided online along the way) or "group" (`group_size`
-      independent rollouts per task: a fork of N at the root state and none after).
-    num_siblings: K, the actions tried at a fork (the branch itself plus K-1 new ones).
-    group_size: N for the group topology.
-    fork_rule: "entropy" (fork when the state's entropy, see `entropy_measure`, exceeds the
-      threshold), "random"
-      (fork with probability `fork_prob`), "never" (a single backbone), or "top_k_after": once
-      the backbone has finished, fork at its `max_forks` highest-entropy states
-      (`branching.top_k_fork_steps`). The last is BIASED (where the forks go depends on the
-      backbone's own later actions) and is kept only to measure that bias against the online
-      rule; it snapshots every backbone state and supports only the leaf budget.
-    entropy_measure: what "the entropy at a state" is, in nats, for the fork rule and the trees:
-      "first_token", the entropy of the policy's first-token distribution there (free: the
-      logits are known once the observation is prefilled); or "greedy_action", the sum of the
-      token entropies along the greedy action from the state (one extra greedy decode of every
-      live row per turn, counted in `Compute.tokens_probed`). Both are functions of the state
-      alone, so the online rule stays unbiased. The second sees decisions that come after the
-      first token of an action ("put apple in *basket*"), which the first misses.
-    entropy_threshold: the threshold of the entropy rule, in nats (`rollout(threshold=...)`
-      overrides it per call, e.g. with a running quantile from earlier batches).
-    fork_prob: the probability of the random rule.
-    siblings_fork: whether branches started at a fork may fork too (else only the backbone).
-    max_leaves: most leaves per tree (every started branch ends in one leaf); None: no limit.
-    max_env_steps: most sandbox steps per tree; None: no limit.
-    max_tokens: most tokens the policy processes per tree (prefill + decode); None: no limit.
-    budget_accounting: "worst_case" (hard limits) or "used" (see the module docstring).
-    max_turns: most actions per branch; a branch reaching it is cut (truncated).
-    max_new_tokens: most tokens per action.
-    temperature, top_p, top_k: sampling (see `sampling.SamplingParams`).
-    max_length: KV-cache slots per row: the longest path (prompt, actions, observations).
-    batch_buckets: batch sizes the device sees (rows padded up; beyond the largest, multiples
-      of it), so `generate` and `append` compile a bounded number of times.
-    capacity: nodes per `RolloutTree`; default `max_leaves * max_turns` (tree) or
-      `group_size * max_turns` (group). Forks that could overflow it are refused.
-    state_ids: how `RolloutTree.state_id` is filled: "none" (-1), "observation" (a hash of the
-      observation text at the state) or "snapshot" (a hash of the sandbox snapshot, an exact
-      state key; costs one snapshot per step).
-  """
-
-  topology: str = "tree"
-  num_siblings: int = 4
-  group_size: int = 8
-  fork_rule: str = "entropy"
-  entropy_measure: str = "first_token"
-  entropy_threshold: float = 1.0
-  fork_prob: float = 0.25
-  siblings_fork: bool = False
-  max_leaves: int | None = 16
-  max_env_steps: int | None = None
-  max_tokens: int | None = None
-  budget_accounting: str = "worst_case"
-  max_turns: int = 16
-  max_new_tokens: int = 16
-  temperature: float = 1.0
-  top_p: float = 1.0
-  top_k: int = 0
-  max_length: int = 1024
-  batch_buckets: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
-  capacity: int | None = None
-  state_ids: str = "none"
-
-  def __post_init__(self):
-    def choice(name, options):
-      if getattr(self, name) not in options:
-        raise ValueError(f"RolloutConfig.{name} must be one of {options}, got "
-                         f"{getattr(self, name)!r}")
-
-    choice("topology", TOPOLOGIES)
-    choice("fork_rule", FORK_RULES)
-    choice("entropy_measure", ENTROPY_MEASURES)
-    choice("budget_accounting", BUDGET_ACCOUNTING)
-    choice("state_ids", STATE_IDS)
-    for name in ("num_siblings", "group_size", "max_turns", "max_new_tokens", "max_length"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"RolloutConfig.{name} must be positive, got {getattr(self, name)}")
-    if self.topology == "tree" and self.fork_rule != "never" and self.num_siblings < 2:
-      raise ValueError(f"RolloutConfig.num_siblings must be >= 2 to fork, got "
-                       f"{self.num_siblings}")
-    for name in ("max_leaves", "max_env_steps", "max_tokens", "capacity"):
-      value = getattr(self, name)
-      if value is not None and value < 1:
-        raise ValueError(f"RolloutConfig.{name} must be positive or None, got {value}")
-    if not 0.0 <= self.fork_prob <= 1.0:
-      raise ValueError(f"RolloutConfig.fork_prob must be in [0, 1], got {self.fork_prob}")
-    buckets = tuple(int(b) for b in self.batch_buckets)
-    if not buckets or min(buckets) < 1 or list(buckets) != sorted(set(buckets)):
-      raise ValueError(f"RolloutConfig.batch_buckets must be increasing positive sizes, got "
-                       f"{self.batch_buckets}")
-    object.__setattr__(self, "batch_buckets", buckets)
-    if self.topology == "tree" and self.capacity is None and self.max_leaves is None:
-      raise ValueError("RolloutConfig: a tree needs max_leaves or an explicit capacity")
-    if self.topology == "tree" and self.fork_rule == "top_k_after":
-      if self.max_leaves is None or self.max_env_steps is not None or self.max_tokens is not None:
-        raise ValueError("RolloutConfig: fork_rule 'top_k_after' takes its forks from "
-                         "max_leaves and supports no env-step or token budget")
-      if self.siblings_fork:
-        raise ValueError("RolloutConfig: fork_rule 'top_k_after' forks the backbone only "
-                         "(siblings_fork must be False)")
-    if self.node_capacity < self.max_turns:
-      raise ValueError(f"RolloutConfig.capacity {self.node_capacity} cannot hold one branch of "
-                       f"max_turns={self.max_turns} steps")
-    if self.topology == "group" and self.node_capacity < self.group_size * self.max_turns:
-      raise ValueError(f"RolloutConfig.capacity {self.node_capacity} cannot hold "
-                       f"group_size={self.group_size} rollouts of max_turns={self.max_turns}")
-    self.sampling_params()  # validates temperature, top_p, top_k
-
-  @property
-  def node_capacity(self) -> int:
-    if self.capacity is not None:
-      return self.capacity
-    if self.topology == "group":
-      return self.group_size * self.max_turns
-    return self.max_leaves * self.max_turns
-
-  @property
-  def max_forks(self) -> int | None:
-    """Forks a tree may make within `max_leaves` (each adds K-1 leaves)."""
-    if self.topology == "group" or self.max_leaves is None:
-      return None
-    return (self.max_leaves - 1) // (self.num_siblings - 1) if self.num_siblings > 1 else 0
-
-  def sampling_params(self, stop_token_ids: Sequence[int] = ()) -> sampling.SamplingParams:
-    return sampling.SamplingParams(temperature=self.temperature, top_p=self.top_p,
-                                   top_k=self.top_k, max_new_tokens=self.max_new_tokens,
-                                   stop_token_ids=tuple(stop_token_ids))
-
-  def batch_size(self, rows: int) -> int:
-    """The padded batch size for `rows` live rows."""
-    for bucket in self.batch_buckets:
-      if bucket >= rows:
-        return bucket
-    largest = self.batch_buckets[-1]
-    return -(-rows // largest) * largest
-
-
-# ----------------------------------------------------------------------------- records
-
-
-@dataclasses.dataclass
-class Compute:
-  """What growing one tree (or a batch of trees) cost.
-
-  Attributes:
-    tokens_prefilled: prompt and observation tokens run through the policy (plus, with
-      "top_k_after", the one token each after-the-fact sibling re-runs).
-    tokens_decoded: action tokens the policy generated (each runs through it once).
-    env_steps: sandbox steps taken (failed ones included).
-    snapshots: sandbox snapshots taken.
-    restores: sandbox restores (one per new branch at a fork).
-    forks: fork decisions carried out.
-    failed_branches: branches that ended in a failure (step, snapshot, restore or reset).
-    tokens_probed: tokens decoded by the "greedy_action" entropy measure to score states (not
-      part of any tree, so not in `tokens_processed`).
-  """
-
-  tokens_prefilled: int = 0
-  tokens_decoded: int = 0
-  env_steps: int = 0
-  snapshots: int = 0
-  restores: int = 0
-  forks: int = 0
-  failed_branches: int = 0
-  tokens_probed: int = 0
-
-  @property
-  def tokens_processed(self) -> int:
-    return self.tokens_prefilled + self.tokens_decoded
-
-  def add(self, other: "Compute") -> None:
-    for f in dataclasses.fields(self):
-      setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-  def as_dict(self) -> dict[str, int]:
-    out = dataclasses.asdict(self)
-    out["tokens_processed"] = self.tokens_processed
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Decision:
-  """A fork decision at a state (one per state a branch reached; logged for audits).
-
-  `node` is the step that led to the state (-1: the root state); `entropy` the first-token
-  entropy there; `eligible` whether the branch may fork at all; `rule` what the fork rule said;
-  `affordable` whether the budgets allowed K-1 more branches; `num_siblings` the branches that
-  took an action at the state (1: no fork; fewer than asked if restores failed; 0 if the
-  branch's snapshot failed). `forks_used`, `leaves_started`, `env_steps_used` and `tokens_used`
-  are the tree's counters the decision saw; `snapshot_digest` identifies the forked state.
-  """
-
-  node: int
-  depth: int
-  entropy: float
-  eligible: bool
-  rule: bool
-  affordable: bool
-  num_siblings: int
-  forks_used: int = 0
-  leaves_started: int = 0
-  env_steps_used: int = 0
-  tokens_used: int = 0
-  snapshot_digest: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Failure:
-  """A failed branch: `node` is its failed step (-1: it failed before taking one, e.g. a failed
-  restore), `parent` the step that led to its state, `op` the sandbox call that failed."""
-
-  node: int
-  parent: int
-  op: str
-  reason: str
-
-
-@dataclasses.dataclass
-class TaskRollout:
-  """Everything grown for one task.
-
-  Attributes:
-    task: the task.
-    tree: the `RolloutTree` (NumPy arrays padded to the capacity).
-    tokens: the `packing.TreeTokens` (nodes as in `tree`; padding nodes left out).
-    first_observation: what `reset` returned.
-    action_texts, observation_texts: per node (for drawing a tree).
-    node_success: bool per node, `info["success"]` of the step that ended an episode.
-    decisions: every fork decision, in the order made.
-    failures: every failed branch.
-    compute: what the tree cost.
-  """
-
-  task: Any
-  tree: tree_lib.RolloutTree
-  tokens: packing.TreeTokens
-  first_observation: str
-  action_texts: list[str]
-  observation_texts: list[str]
-  node_success: np.ndarray
-  decisions: list[Decision]
-  failures: list[Failure]
-  compute: Compute
-
-  @property
-  def num_nodes(self) -> int:
-    return self.tokens.num_nodes
-
-  def leaves(self) -> np.ndarray:
-    """Indices of valid nodes without valid children (one per finished path)."""
-    alive = self.tokens.alive()
-    has_child = np.zeros(self.num_nodes, bool)
-    for i in range(self.num_nodes):
-      if alive[i] and self.tokens.parent[i] >= 0:
-        has_child[self.tokens.parent[i]] = True
-    return np.nonzero(alive & ~has_child)[0]
-
-  def path(self, node: int) -> list[int]:
-    """The nodes from the root state down to `node`."""
-    out = []
-    while node != ROOT:
-      out.append(int(node))
-      node = int(self.tokens.parent[node])
-    return out[::-1]
-
-  def leaf_returns(self) -> np.ndarray:
-    """Undiscounted return of each leaf's path, in `leaves()` order."""
-    reward = np.asarray(self.tree.reward)
-    return np.asarray([reward[self.path(leaf)].sum() for leaf in self.leaves()], np.float32)
-
-  def success_rate(self) -> float:
-    """The fraction of leaves whose episode succeeded (0 for a tree without leaves)."""
-    leaves = self.leaves()
-    return float(np.mean(self.node_success[leaves])) if leaves.size else 0.0
-
-  def path_tokens(self) -> int:
-    """Tokens of all leaf paths counted separately: what rolling each leaf out on its own,
-    replaying the shared prefixes, would run through the policy."""
-    total = 0
-    for leaf in self.leaves():
-      total += self.tokens.prompt.size + sum(self.tokens.segment(i).size for i in self.path(leaf))
-    return total
-
-
-@dataclasses.dataclass
-class RolloutBatch:
-  """The rollouts of one `rollout` call, their total compute and the wall time per phase."""
-
-  rollouts: list[TaskRollout]
-  compute: Compute
-  phase_seconds: dict[str, float]
-  device_row_tokens: int  # rows x decode steps the device ran, padding included
-  turns: int
-  threshold: float        # the entropy threshold the rule used
-
-  @classmethod
-  def concatenate(cls, batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
-    """One batch of the parts' rollouts in order (e.g. each process's share of the tasks).
-
-    Compute counters and device row-tokens add up; the wall time of each phase and the turns
-    are the largest part's (the parts ran side by side). The parts must share the threshold.
-    """
-    batches = list(batches)
-    if not batches:
-      raise ValueError("concatenate needs at least one batch")
-    if len(batches) == 1:
-      return batches[0]
-    thresholds = {b.threshold for b in batches}
-    if len(thresholds) != 1:
-      raise ValueError(f"the batches used different fork thresholds: {sorted(thresholds)}")
-    compute = Compute()
-    for b in batches:
-      compute.add(b.compute)
-    return cls(rollouts=[r for b in batches for r in b.rollouts], compute=compute,
-               phase_seconds={k: max(b.phase_seconds.get(k, 0.0) for b in batches)
-                              for k in batches[0].phase_seconds},
-               device_row_tokens=sum(b.device_row_tokens for b in batches),
-               turns=max(b.turns for b in batches), threshold=batches[0].threshold)
-
-  def stacked_trees(self) -> tree_lib.RolloutTree:
-    return tree_lib.stack_trees([r.tree for r in self.rollouts])
-
-  def tree_tokens(self) -> list[packing.TreeTokens]:
-    return [r.tokens for r in self.rollouts]
-
-  def state_entropies(self) -> np.ndarray:
-    """float32[S]: the first-token entropy of every state a fork decision was made at, once per
-    state (the siblings of a fork share their state's entropy, so the nodes would repeat it)."""
-    return np.asarray([d.entropy for r in self.rollouts for d in r.decisions], np.float32)
-
-  def update_threshold(self, threshold: branching.QuantileThreshold, quantile: float,
-                       decay: float = 0.9) -> branching.QuantileThreshold:
-    """The running entropy threshold for the NEXT batch (`branching.update_quantile_threshold`
-    over this batch's state entropies); pass its `.threshold` to the next `rollout` call.
-
-    Example:
-      running = branching.init_quantile_threshold(1.0)
-      batch = engine.rollout(params, tasks, key, threshold=float(running.threshold))
-      running = batch.update_threshold(running, quantile=0.8)
-    """
-    entropy = self.state_entropies()
-    if not entropy.size:
-      return threshold
-    return branching.update_quantile_threshold(threshold, jnp.asarray(entropy),
-                                               jnp.ones(entropy.shape, bool),
-                                               quantile=quantile, decay=decay)
-
-  def summary(self) -> dict[str, Any]:
-    out = self.compute.as_dict()
-    out["unique_tokens"] = sum(r.tokens.num_unique_tokens() for r in self.rollouts)
-    out["leaves"] = int(sum(r.leaves().size for r in self.rollouts))
-    out["success_rate"] = float(np.mean([r.success_rate() for r in self.rollouts]))
-    out["turns"] = self.turns
-    out["threshold"] = self.threshold
-    out["device_row_tokens"] = self.device_row_tokens
-    out.update({f"seconds_{k}": v for k, v in self.phase_seconds.items()})
-    return out
-
-
-def matched_group_size(rollout: TaskRollout, by: str = "leaves") -> int:
-  """How many independent rollouts cost what this tree cost.
-
-  `by="leaves"`: one per leaf. `by="env_steps"`: the tree's steps over the mean leaf depth (an
-  independent rollout is one root-to-leaf path). `by="tokens"`: the tokens the tree's policy
-  processed over the mean tokens of one leaf path. Uses `branching.matched_group_size` (>= 2).
-  """
-  leaves = rollout.leaves()
-  if not leaves.size:
-    raise ValueError("matched_group_size: the tree has no valid leaves")
-  if by == "leaves":
-    return branching.matched_group_size(float(leaves.size))
-  if by == "env_steps":
-    mean_steps = float(np.mean([len(rollout.path(leaf)) for leaf in leaves]))
-    return branching.matched_group_size(float(rollout.compute.env_steps), mean_steps)
-  if by == "tokens":
-    mean_tokens = rollout.path_tokens() / leaves.size
-    return branching.matched_group_size(float(rollout.compute.tokens_processed), mean_tokens)
-  raise ValueError(f"by must be 'leaves', 'env_steps' or 'tokens', got {by!r}")
-
 
 # ----------------------------------------------------------------------------- host state
 
@@ -582,39 +194,6 @@ class _TreeState:
                        failures=self.failures, compute=self.compute)
 
 
-def text_state_id(text: str | bytes) -> int:
-  """A non-negative int32 hash of a state's text or snapshot bytes (-1 stays "unknown")."""
-  data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-  return int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "little") & 0x7FFFFFFF
-
-
-def _digest(data: bytes) -> str:
-  return hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _fold_in_rows(impl, key_data: jax.Array, values: jax.Array) -> jax.Array:
-  """Row n: the raw words of `fold_in(...fold_in(key_n, values[n, 0])..., values[n, -1])`."""
-  keys = jax.random.wrap_key_data(key_data, impl=impl)
-  for column in range(values.shape[1]):
-    keys = jax.vmap(jax.random.fold_in)(keys, values[:, column])
-  return jax.random.key_data(keys)
-
-
-def child_key(key: jax.Array, depth: int, child: int) -> jax.Array:
-  """The key of the `child`-th action tried at the state at `depth` of a branch keyed `key`:
-  `fold_in(fold_in(key, depth), child)` (child 0: the branch's own action; see "Randomness")."""
-  return jax.random.fold_in(jax.random.fold_in(key, depth), child)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def first_token_entropy(next_logits: jax.Array, temperature: float) -> jax.Array:
-  """[B] entropy of each row's next-token distribution `softmax(logits / T)`: the quantity the
-  fork rule reads at a state, before any action token there is sampled."""
-  targets = jnp.zeros(next_logits.shape[:1], jnp.int32)
-  return logprobs_and_entropy_from_logits(next_logits, targets, temperature)[1]
-
-
 # ----------------------------------------------------------------------------- the engine
 
 
@@ -637,61 +216,26 @@ class RolloutEngine:
     self.sampler = sampling.Sampler(graphdef, model_config, config.max_length)
     self.sampling_params = config.sampling_params(fmt.stop_token_ids)
     self._calls = itertools.count()
-    self._key_impl = None
+    self._keys = None  # the current call's `keys.BranchKeys`
 
-  # --------------------------------------------------------------------------- keys
-
-  def _fold_in(self, key_data: Sequence[np.ndarray], values: Sequence[Sequence[int]]):
-    """`_fold_in_rows` with the rows padded to a batch bucket (bounded compiles); returns the
-    raw words of the first `len(key_data)` rows as a device array."""
-    n = len(key_data)
-    padded = self.config.batch_size(n)
-    data = np.zeros((padded,) + np.shape(key_data[0]), np.uint32)
-    data[:n] = np.asarray(key_data, np.uint32)
-    folds = np.zeros((padded, len(values[0])), np.int32)
-    folds[:n] = np.asarray(values, np.int32)
-    return _fold_in_rows(self._key_impl, jnp.asarray(data), jnp.asarray(folds))[:n]
-
-  def _child_key_data(self, parents: Sequence[np.ndarray], depths: Sequence[int],
-                      children: Sequence[int]) -> np.ndarray:
-    """Raw words of `child_key(parent, depth, child)` per row (host arrays)."""
-    if not parents:
-      return np.zeros((0, 0), np.uint32)
-    return np.asarray(self._fold_in(parents, list(zip(depths, children))))
-
-  def _action_keys(self, live: Sequence[_Branch], batch: int) -> jax.Array:
-    """Typed keys [batch] for `generate`: row `branch.row`'s is `child_key(key, depth, 0)` of
-    its branch (rows without a live branch get the key of zeros' child, and emit nothing)."""
-    rows = [np.zeros_like(live[0].key)] * batch
-    depths = [0] * batch
-    for branch in live:
-      rows[branch.row], depths[branch.row] = branch.key, branch.depth
-    data = self._fold_in(rows, [(d, 0) for d in depths])
-    return jax.random.wrap_key_data(data, impl=self._key_impl)
+  # --------------------------------------------------------------------------- entropy
 
   def _state_entropies(self, params, decode_state: sampling.DecodeState,
                        live: Sequence[_Branch], states: list[_TreeState]) -> np.ndarray:
-    """float32[batch]: the entropy at each live row's state (`RolloutConfig.entropy_measure`).
-
-    "greedy_action" decodes the greedy action of every live row on a copy of the decode state
-    (top-k 1 at the sampling temperature, so the reported token entropies are those of
-    `softmax(logits / T)` along the argmax path) and sums them; the copy is dropped (so the
-    last probed token is never run through the model).
-    """
+    """float32[batch]: the entropy at each live row's state (`RolloutConfig.entropy_measure`)."""
     cfg = self.config
     if cfg.entropy_measure == "first_token":
-      return np.asarray(first_token_entropy(decode_state.next_logits, cfg.temperature))
-    probe = dataclasses.replace(self.sampling_params, top_k=1, top_p=1.0,
-                                temperature=cfg.temperature or 1.0)
+      return np.asarray(entropy_lib.first_token_entropy(decode_state.next_logits,
+                                                        cfg.temperature))
     active = np.zeros((decode_state.batch_size,), bool)
     active[[b.row for b in live]] = True
-    _, out = self.sampler.generate(params, decode_state,
-                                   self._action_keys(live, decode_state.batch_size), probe,
-                                   active, keep_state=False)
-    num_tokens = np.asarray(out.num_tokens)
+    entropies, num_tokens = entropy_lib.greedy_action_entropy(
+        self.sampler, params, decode_state,
+        self._keys.action_keys(live, decode_state.batch_size), active, self.sampling_params,
+        cfg.temperature)
     for branch in live:
       states[branch.task].compute.tokens_probed += int(num_tokens[branch.row])
-    return np.asarray(jnp.sum(jnp.where(out.mask, out.entropies, 0.0), axis=1))
+    return entropies
 
   # --------------------------------------------------------------------------- budgets
 
@@ -768,13 +312,8 @@ class RolloutEngine:
                        f"{len(tasks)} tasks")
     if len(set(task_ids)) != len(task_ids) or min(task_ids) < 0:
       raise ValueError(f"task_ids must be distinct non-negative integers, got {task_ids}")
-    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-      key = jax.random.wrap_key_data(key)
-    if key.shape:
-      raise ValueError(f"rollout takes one PRNG key, got keys of shape {key.shape}")
-    self._key_impl = jax.random.key_impl(key)
-    root_words = np.asarray(jax.random.key_data(key))
-    task_keys = np.asarray(self._fold_in([root_words] * len(tasks), [[t] for t in task_ids]))
+    self._keys = keys_lib.BranchKeys(key, cfg.batch_size)
+    task_keys = self._keys.task_keys(task_ids)
     call = next(self._calls)
     seconds = dict.fromkeys(PHASES, 0.0)
     clock = [time.perf_counter()]
@@ -855,7 +394,7 @@ class RolloutEngine:
 
       # 3. One decode call for every row of every tree.
       decode_state, out = self.sampler.generate(params, decode_state,
-                                                self._action_keys(live, batch),
+                                                self._keys.action_keys(live, batch),
                                                 self.sampling_params, active)
       tokens = np.asarray(out.tokens)
       logprobs = np.asarray(out.logprobs)
@@ -987,7 +526,7 @@ class RolloutEngine:
               state_id=past.state_id, row=backbone.row, rewind_token=past.cue_token,
               state_entropy=past.decision.entropy))
     # Each new branch's key: `child_key(backbone key, depth of the state, child)`.
-    keys = self._child_key_data([backbone.key for backbone, _, _ in requests.values()],
+    keys = self._keys.child_key_data([backbone.key for backbone, _, _ in requests.values()],
                                 [branch.depth for _, _, branch in requests.values()],
                                 children)
     for n, (_, _, branch) in enumerate(requests.values()):
@@ -1124,7 +663,7 @@ class RolloutEngine:
       for child in range(1, extra + 1):
         restore_requests[new_branch_id(branch.task)] = (index, snap, child)
     restored = self.pool.restore_many({b: s for b, (_, s, _) in restore_requests.items()})
-    sibling_keys = self._child_key_data(
+    sibling_keys = self._keys.child_key_data(
         [live[i].key for i, _, _ in restore_requests.values()],
         [live[i].depth for i, _, _ in restore_requests.values()],
         [child for _, _, child in restore_requests.values()])

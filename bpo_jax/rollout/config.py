@@ -1,0 +1,155 @@
+"""How trees are grown: `RolloutConfig`, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from bpo_jax import sampling
+
+TOPOLOGIES = ("tree", "group")
+FORK_RULES = ("entropy", "random", "never", "top_k_after")
+BUDGET_ACCOUNTING = ("worst_case", "used")
+STATE_IDS = ("none", "observation", "snapshot")
+ENTROPY_MEASURES = ("first_token", "greedy_action")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """How trees are grown.
+
+  Attributes:
+    topology: "tree" (BPO: forks decided online along the way) or "group" (`group_size`
+      independent rollouts per task: a fork of N at the root state and none after).
+    num_siblings: K, the actions tried at a fork (the branch itself plus K-1 new ones).
+    group_size: N for the group topology.
+    fork_rule: "entropy" (fork when the state's entropy, see `entropy_measure`, exceeds the
+      threshold), "random"
+      (fork with probability `fork_prob`), "never" (a single backbone), or "top_k_after": once
+      the backbone has finished, fork at its `max_forks` highest-entropy states
+      (`branching.top_k_fork_steps`). The last is BIASED (where the forks go depends on the
+      backbone's own later actions) and is kept only to measure that bias against the online
+      rule; it snapshots every backbone state and supports only the leaf budget.
+    entropy_measure: what "the entropy at a state" is, in nats, for the fork rule and the trees:
+      "first_token", the entropy of the policy's first-token distribution there (free: the
+      logits are known once the observation is prefilled); or "greedy_action", the sum of the
+      token entropies along the greedy action from the state (one extra greedy decode of every
+      live row per turn, counted in `Compute.tokens_probed`). Both are functions of the state
+      alone, so the online rule stays unbiased. The second sees decisions that come after the
+      first token of an action ("put apple in *basket*"), which the first misses.
+    entropy_threshold: the threshold of the entropy rule, in nats (`rollout(threshold=...)`
+      overrides it per call, e.g. with a running quantile from earlier batches).
+    fork_prob: the probability of the random rule.
+    siblings_fork: whether branches started at a fork may fork too (else only the backbone).
+    max_leaves: most leaves per tree (every started branch ends in one leaf); None: no limit.
+    max_env_steps: most sandbox steps per tree; None: no limit.
+    max_tokens: most tokens the policy processes per tree (prefill + decode); None: no limit.
+    budget_accounting: "worst_case" (hard limits) or "used" (see the module docstring).
+    max_turns: most actions per branch; a branch reaching it is cut (truncated).
+    max_new_tokens: most tokens per action.
+    temperature, top_p, top_k: sampling (see `sampling.SamplingParams`).
+    max_length: KV-cache slots per row: the longest path (prompt, actions, observations).
+    batch_buckets: batch sizes the device sees (rows padded up; beyond the largest, multiples
+      of it), so `generate` and `append` compile a bounded number of times.
+    capacity: nodes per `RolloutTree`; default `max_leaves * max_turns` (tree) or
+      `group_size * max_turns` (group). Forks that could overflow it are refused.
+    state_ids: how `RolloutTree.state_id` is filled: "none" (-1), "observation" (a hash of the
+      observation text at the state) or "snapshot" (a hash of the sandbox snapshot, an exact
+      state key; costs one snapshot per step).
+  """
+
+  topology: str = "tree"
+  num_siblings: int = 4
+  group_size: int = 8
+  fork_rule: str = "entropy"
+  entropy_measure: str = "first_token"
+  entropy_threshold: float = 1.0
+  fork_prob: float = 0.25
+  siblings_fork: bool = False
+  max_leaves: int | None = 16
+  max_env_steps: int | None = None
+  max_tokens: int | None = None
+  budget_accounting: str = "worst_case"
+  max_turns: int = 16
+  max_new_tokens: int = 16
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  max_length: int = 1024
+  batch_buckets: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
+  capacity: int | None = None
+  state_ids: str = "none"
+
+  def __post_init__(self):
+    def choice(name, options):
+      if getattr(self, name) not in options:
+        raise ValueError(f"RolloutConfig.{name} must be one of {options}, got "
+                         f"{getattr(self, name)!r}")
+
+    choice("topology", TOPOLOGIES)
+    choice("fork_rule", FORK_RULES)
+    choice("entropy_measure", ENTROPY_MEASURES)
+    choice("budget_accounting", BUDGET_ACCOUNTING)
+    choice("state_ids", STATE_IDS)
+    for name in ("num_siblings", "group_size", "max_turns", "max_new_tokens", "max_length"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"RolloutConfig.{name} must be positive, got {getattr(self, name)}")
+    if self.topology == "tree" and self.fork_rule != "never" and self.num_siblings < 2:
+      raise ValueError(f"RolloutConfig.num_siblings must be >= 2 to fork, got "
+                       f"{self.num_siblings}")
+    for name in ("max_leaves", "max_env_steps", "max_tokens", "capacity"):
+      value = getattr(self, name)
+      if value is not None and value < 1:
+        raise ValueError(f"RolloutConfig.{name} must be positive or None, got {value}")
+    if not 0.0 <= self.fork_prob <= 1.0:
+      raise ValueError(f"RolloutConfig.fork_prob must be in [0, 1], got {self.fork_prob}")
+    buckets = tuple(int(b) for b in self.batch_buckets)
+    if not buckets or min(buckets) < 1 or list(buckets) != sorted(set(buckets)):
+      raise ValueError(f"RolloutConfig.batch_buckets must be increasing positive sizes, got "
+                       f"{self.batch_buckets}")
+    object.__setattr__(self, "batch_buckets", buckets)
+    if self.topology == "tree" and self.capacity is None and self.max_leaves is None:
+      raise ValueError("RolloutConfig: a tree needs max_leaves or an explicit capacity")
+    if self.topology == "tree" and self.fork_rule == "top_k_after":
+      if self.max_leaves is None or self.max_env_steps is not None or self.max_tokens is not None:
+        raise ValueError("RolloutConfig: fork_rule 'top_k_after' takes its forks from "
+                         "max_leaves and supports no env-step or token budget")
+      if self.siblings_fork:
+        raise ValueError("RolloutConfig: fork_rule 'top_k_after' forks the backbone only "
+                         "(siblings_fork must be False)")
+    if self.node_capacity < self.max_turns:
+      raise ValueError(f"RolloutConfig.capacity {self.node_capacity} cannot hold one branch of "
+                       f"max_turns={self.max_turns} steps")
+    if self.topology == "group" and self.node_capacity < self.group_size * self.max_turns:
+      raise ValueError(f"RolloutConfig.capacity {self.node_capacity} cannot hold "
+                       f"group_size={self.group_size} rollouts of max_turns={self.max_turns}")
+    self.sampling_params()  # validates temperature, top_p, top_k
+
+  @property
+  def node_capacity(self) -> int:
+    if self.capacity is not None:
+      return self.capacity
+    if self.topology == "group":
+      return self.group_size * self.max_turns
+    return self.max_leaves * self.max_turns
+
+  @property
+  def max_forks(self) -> int | None:
+    """Forks a tree may make within `max_leaves` (each adds K-1 leaves)."""
+    if self.topology == "group" or self.max_leaves is None:
+      return None
+    return (self.max_leaves - 1) // (self.num_siblings - 1) if self.num_siblings > 1 else 0
+
+  def sampling_params(self, stop_token_ids: Sequence[int] = ()) -> sampling.SamplingParams:
+    return sampling.SamplingParams(temperature=self.temperature, top_p=self.top_p,
+                                   top_k=self.top_k, max_new_tokens=self.max_new_tokens,
+                                   stop_token_ids=tuple(stop_token_ids))
+
+  def batch_size(self, rows: int) -> int:
+    """The padded batch size for `rows` live rows."""
+    for bucket in self.batch_buckets:
+      if bucket >= rows:
+        return bucket
+    largest = self.batch_buckets[-1]
+    return -(-rows // largest) * largest
+
