@@ -128,6 +128,17 @@ class TreeBuilder:
     self._depth.append(0 if parent == ROOT else self._depth[parent] + 1)
     return n
 
+  def parent_of(self, node: int) -> int:
+    """The step before `node` on its path (-1: `node` was taken at the root state)."""
+    return self._parent[node]
+
+  def children_of(self, node: int) -> list[int]:
+    """The steps added under `node`, in the order added."""
+    return [i for i in range(node + 1, len(self._parent)) if self._parent[i] == node]
+
+  def is_valid(self, node: int) -> bool:
+    return self._valid[node]
+
   def set_outcome(self, node: int, reward: float, *, terminal: bool = False,
                   truncated: bool = False) -> None:
     """Records what the sandbox step of `node` returned."""

@@ -69,9 +69,12 @@ def test_mark_failed_invalidates_subtree_only():
   y = b.add(r)
   b.add(x)
   b.add(y)
+  assert [b.parent_of(i) for i in range(5)] == [-1, 0, 0, 1, 2]
+  assert b.children_of(r) == [1, 2] and b.children_of(-1) == [0] and b.children_of(4) == []
   b.mark_failed(x)
   tree = b.build()
   np.testing.assert_array_equal(tree.valid[:5], [1, 0, 1, 0, 1])
+  assert [b.is_valid(i) for i in range(5)] == [True, False, True, False, True]
   validate(tree)
 
 

@@ -84,15 +84,13 @@ import numpy as np
 
 from bpo_jax import agent_format
 from bpo_jax import branching
-from bpo_jax import packing
 from bpo_jax import sampling
-from bpo_jax import tree as tree_lib
 from bpo_jax.rollout import entropy as entropy_lib
 from bpo_jax.rollout import keys as keys_lib
 from bpo_jax.rollout.config import RolloutConfig
-from bpo_jax.rollout.records import (PHASES, ROOT, Compute, Decision, Failure, RolloutBatch,
-                                     TaskRollout)
+from bpo_jax.rollout.records import PHASES, ROOT, Compute, Decision, Failure, RolloutBatch
 from bpo_jax.rollout.state_ids import _digest, text_state_id
+from bpo_jax.rollout.tree_state import TreeState
 from bpo_jax.sandboxes import pool as pool_lib
 
 # ----------------------------------------------------------------------------- host state
@@ -130,70 +128,6 @@ class _Branch:
   state_entropy: float | None = None
 
 
-class _TreeState:
-  """One task's growing tree: builder, token and text records, budget counters."""
-
-  def __init__(self, task, capacity: int, rule_rng: np.random.Generator | None = None):
-    self.task = task
-    self.rule_rng = rule_rng  # the random fork rule's draws for this tree
-    self.builder = tree_lib.TreeBuilder(capacity)
-    self.parent: list[int] = []
-    self.valid: list[bool] = []
-    self.children: dict[int, list[int]] = collections.defaultdict(list)
-    self.action_tokens: list[np.ndarray] = []
-    self.action_logprobs: list[np.ndarray] = []
-    self.observation_tokens: list[np.ndarray] = []
-    self.action_texts: list[str] = []
-    self.observation_texts: list[str] = []
-    self.success: list[bool] = []
-    self.decisions: list[Decision] = []
-    self.failures: list[Failure] = []
-    self.compute = Compute()
-    self.prompt: list[int] | None = None
-    self.first_observation = ""
-    self.branches_started = 0
-
-  def add_node(self, parent: int, entropy: float, state_id: int) -> int:
-    node = self.builder.add(parent, entropy=entropy, state_id=state_id)
-    self.parent.append(parent)
-    self.valid.append(parent == ROOT or self.valid[parent])
-    self.children[parent].append(node)
-    self.action_tokens.append(np.zeros((0,), np.int32))
-    self.action_logprobs.append(np.zeros((0,), np.float32))
-    self.observation_tokens.append(np.zeros((0,), np.int32))
-    self.action_texts.append("")
-    self.observation_texts.append("")
-    self.success.append(False)
-    return node
-
-  def fail_node(self, node: int) -> None:
-    """Invalidates `node` with its subtree, then every ancestor left without a valid child."""
-    while True:
-      self.builder.mark_failed(node)
-      stack = [node]
-      while stack:
-        i = stack.pop()
-        self.valid[i] = False
-        stack.extend(self.children[i])
-      parent = self.parent[node]
-      if parent == ROOT or any(self.valid[c] for c in self.children[parent]):
-        return
-      node = parent
-
-  def result(self) -> TaskRollout:
-    tree = self.builder.build()
-    tokens = packing.TreeTokens(
-        prompt=np.asarray(self.prompt if self.prompt else [0], np.int32),
-        parent=np.asarray(self.parent, np.int32), action_tokens=self.action_tokens,
-        action_logprobs=self.action_logprobs, observation_tokens=self.observation_tokens,
-        valid=np.asarray(self.valid, bool))
-    return TaskRollout(task=self.task, tree=tree, tokens=tokens,
-                       first_observation=self.first_observation,
-                       action_texts=self.action_texts, observation_texts=self.observation_texts,
-                       node_success=np.asarray(self.success, bool), decisions=self.decisions,
-                       failures=self.failures, compute=self.compute)
-
-
 # ----------------------------------------------------------------------------- the engine
 
 
@@ -221,7 +155,7 @@ class RolloutEngine:
   # --------------------------------------------------------------------------- entropy
 
   def _state_entropies(self, params, decode_state: sampling.DecodeState,
-                       live: Sequence[_Branch], states: list[_TreeState]) -> np.ndarray:
+                       live: Sequence[_Branch], states: list[TreeState]) -> np.ndarray:
     """float32[batch]: the entropy at each live row's state (`RolloutConfig.entropy_measure`)."""
     cfg = self.config
     if cfg.entropy_measure == "first_token":
@@ -239,7 +173,7 @@ class RolloutEngine:
 
   # --------------------------------------------------------------------------- budgets
 
-  def _affordable(self, state: _TreeState, live: Sequence[_Branch], branch: _Branch,
+  def _affordable(self, state: TreeState, live: Sequence[_Branch], branch: _Branch,
                   pending: tuple[int, int]) -> bool:
     """Whether the tree's budgets allow K-1 more branches from `branch`'s state.
 
@@ -256,7 +190,7 @@ class RolloutEngine:
     new_steps = extra * (cfg.max_turns - branch.depth)
     new_tokens = extra * (cfg.max_length - branch.length)
     # Every step is a node, so the node capacity is an env-step limit that always holds.
-    if len(state.parent) + worst_steps + new_steps > cfg.node_capacity:
+    if state.num_nodes + worst_steps + new_steps > cfg.node_capacity:
       return False
     if cfg.budget_accounting == "worst_case":
       steps_needed = state.compute.env_steps + worst_steps + new_steps
@@ -270,7 +204,7 @@ class RolloutEngine:
       return False
     return True
 
-  def _rule(self, entropy: float, state: _TreeState, threshold: float,
+  def _rule(self, entropy: float, state: TreeState, threshold: float,
             rng: np.random.Generator) -> bool:
     cfg = self.config
     max_forks = cfg.max_forks if cfg.max_forks is not None else np.iinfo(np.int32).max
@@ -323,7 +257,7 @@ class RolloutEngine:
       seconds[phase] += now - clock[0]
       clock[0] = now
 
-    states = [_TreeState(task, cfg.node_capacity, np.random.default_rng(words.tolist()))
+    states = [TreeState(task, cfg.node_capacity, np.random.default_rng(words.tolist()))
               for task, words in zip(tasks, task_keys)]
     branch_numbers = itertools.count()
 
@@ -488,13 +422,7 @@ class RolloutEngine:
 
   # --------------------------------------------------------------------------- pieces
 
-  @staticmethod
-  def _cue_token(state: _TreeState, node: int) -> int:
-    """The last token before an action at the state after `node` (-1: the root state)."""
-    tokens = state.prompt if node == ROOT else state.observation_tokens[node]
-    return int(tokens[-1])
-
-  def _fork_after_the_fact(self, backbones: Sequence[_Branch], states: list[_TreeState],
+  def _fork_after_the_fact(self, backbones: Sequence[_Branch], states: list[TreeState],
                            new_branch_id) -> list[_Branch]:
     """With "top_k_after": forks each finished backbone at its highest-entropy states.
 
@@ -554,7 +482,7 @@ class RolloutEngine:
     return out
 
   def _rewind(self, params, decode_state: sampling.DecodeState, live: Sequence[_Branch],
-              states: list[_TreeState]) -> sampling.DecodeState:
+              states: list[TreeState]) -> sampling.DecodeState:
     """Cuts the rows of branches started after the fact back to their state.
 
     Such a row is a copy of the finished backbone's row, whose first `length` slots hold the
@@ -577,7 +505,7 @@ class RolloutEngine:
       branch.rewind_token = None
     return decode_state
 
-  def _restored(self, state: _TreeState, node: int, branch_id, result) -> bool:
+  def _restored(self, state: TreeState, node: int, branch_id, result) -> bool:
     """Counts one restore into `branch_id`; a failed one is recorded against `node` (the step
     whose sibling it was to start), its branch closed, and False returned."""
     state.compute.restores += 1
@@ -591,7 +519,7 @@ class RolloutEngine:
   def _initial_state_id(self, observation: str) -> int:
     return text_state_id(observation) if self.config.state_ids == "observation" else -1
 
-  def _snapshot_state_ids(self, branches: Sequence[_Branch], states: list[_TreeState]) -> None:
+  def _snapshot_state_ids(self, branches: Sequence[_Branch], states: list[TreeState]) -> None:
     """Fills `state_id` from a snapshot of each branch; a failed snapshot leaves -1 (the
     branch's next step then reports the failure)."""
     if not branches:
@@ -603,7 +531,7 @@ class RolloutEngine:
       branch.state_id = (-1 if isinstance(snap, pool_lib.BranchFailure)
                          else text_state_id(snap.data))
 
-  def _fork(self, live: list[_Branch], states: list[_TreeState], entropies: np.ndarray,
+  def _fork(self, live: list[_Branch], states: list[TreeState], entropies: np.ndarray,
             threshold: float, new_branch_id):
     """Decides at every live state, forks the chosen ones.
 
@@ -688,7 +616,7 @@ class RolloutEngine:
         if not isinstance(snap, pool_lib.BranchFailure):
           branch.history.append(_PastState(
               Decision(branch.node, branch.depth, entropy, True, False, False, 1, **seen),
-              snap, branch.state_id, self._cue_token(state, branch.node), branch.length))
+              snap, branch.state_id, state.cue_token(branch.node), branch.length))
           new_live.append(branch)
           sources.append(branch.row)
           row_entropy.append(entropy)
@@ -701,7 +629,7 @@ class RolloutEngine:
         continue
       if isinstance(snap, pool_lib.BranchFailure):
         # The branch's sandbox failed at its current state: the branch ends here.
-        parent = state.parent[branch.node] if branch.node != ROOT else ROOT
+        parent = state.builder.parent_of(branch.node) if branch.node != ROOT else ROOT
         state.failures.append(Failure(branch.node, parent, snap.op, snap.reason))
         state.compute.failed_branches += 1
         if index in wanted:
