@@ -57,13 +57,14 @@ class Compute:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Decision:
   """A fork decision at a state (one per state a branch reached; logged for audits).
 
-  `node` is the step that led to the state (-1: the root state); `entropy` the first-token
-  entropy there; `eligible` whether the branch may fork at all; `rule` what the fork rule said;
-  `affordable` whether the budgets allowed K-1 more branches; `num_siblings` the branches that
+  `node` is the step that led to the state (-1: the root state); `entropy` the entropy there
+  (`RolloutConfig.entropy_measure`); `eligible` whether the branch may fork at all; `rule` what
+  the fork rule said; `affordable` whether the budgets allowed the new branches; `num_siblings`
+  the branches that
   took an action at the state (1: no fork; fewer than asked if restores failed; 0 if the
   branch's snapshot failed). `forks_used`, `leaves_started`, `env_steps_used` and `tokens_used`
   are the tree's counters the decision saw; `snapshot_digest` identifies the forked state.
@@ -83,7 +84,7 @@ class Decision:
   snapshot_digest: str = ""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Failure:
   """A failed branch: `node` is its failed step (-1: it failed before taking one, e.g. a failed
   restore), `parent` the step that led to its state, `op` the sandbox call that failed."""
