@@ -24,12 +24,12 @@ class RolloutConfig:
     num_siblings: K, the actions tried at a fork (the branch itself plus K-1 new ones).
     group_size: N for the group topology.
     fork_rule: "entropy" (fork when the state's entropy, see `entropy_measure`, exceeds the
-      threshold), "random"
-      (fork with probability `fork_prob`), "never" (a single backbone), or "top_k_after": once
-      the backbone has finished, fork at its `max_forks` highest-entropy states
-      (`branching.top_k_fork_steps`). The last is BIASED (where the forks go depends on the
-      backbone's own later actions) and is kept only to measure that bias against the online
-      rule; it snapshots every backbone state and supports only the leaf budget.
+      threshold), "random" (fork with probability `fork_prob`), "never" (a single backbone),
+      or "top_k_after": once the backbone has finished, fork at its `max_forks`
+      highest-entropy states (`rollout.top_k_after`). The last is BIASED (where the forks go
+      depends on the backbone's own later actions) and is kept only to measure that bias
+      against the online rule; it snapshots every backbone state and supports only the leaf
+      budget. The group topology ignores the rule.
     entropy_measure: what "the entropy at a state" is, in nats, for the fork rule and the trees:
       "first_token", the entropy of the policy's first-token distribution there (free: the
       logits are known once the observation is prefilled); or "greedy_action", the sum of the
@@ -39,12 +39,13 @@ class RolloutConfig:
       first token of an action ("put apple in *basket*"), which the first misses.
     entropy_threshold: the threshold of the entropy rule, in nats (`rollout(threshold=...)`
       overrides it per call, e.g. with a running quantile from earlier batches).
-    fork_prob: the probability of the random rule.
+    fork_prob: the probability of the random rule (drawn from a NumPy generator per tree,
+      seeded with the task key's words).
     siblings_fork: whether branches started at a fork may fork too (else only the backbone).
     max_leaves: most leaves per tree (every started branch ends in one leaf); None: no limit.
     max_env_steps: most sandbox steps per tree; None: no limit.
     max_tokens: most tokens the policy processes per tree (prefill + decode); None: no limit.
-    budget_accounting: "worst_case" (hard limits) or "used" (see the module docstring).
+    budget_accounting: "worst_case" (hard limits) or "used" (see `rollout.budget`).
     max_turns: most actions per branch; a branch reaching it is cut (truncated).
     max_new_tokens: most tokens per action.
     temperature, top_p, top_k: sampling (see `sampling.SamplingParams`).

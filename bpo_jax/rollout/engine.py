@@ -103,7 +103,7 @@ class RolloutEngine:
   def rollout(self, params, tasks: Sequence[Any], key: jax.Array,
               threshold: float | None = None,
               task_ids: Sequence[int] | None = None) -> RolloutBatch:
-    """Grows one tree (or group) per task; see the module docstring.
+    """Grows one tree (or group) per task; see the module docstring and `bpo_jax.rollout`.
 
     Args:
       params: the policy's `nnx.split` state.

@@ -204,7 +204,7 @@ class RolloutBatch:
     return [r.tokens for r in self.rollouts]
 
   def state_entropies(self) -> np.ndarray:
-    """float32[S]: the first-token entropy of every state a fork decision was made at, once per
+    """float32[S]: the entropy of every state a fork decision was made at, once per
     state (the siblings of a fork share their state's entropy, so the nodes would repeat it)."""
     return np.asarray([d.entropy for r in self.rollouts for d in r.decisions], np.float32)
 
