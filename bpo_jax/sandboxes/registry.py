@@ -57,7 +57,7 @@ ACTION_SYNTAX = {
     "cliffwalking": "bpo_jax.sandboxes.gym_text.cliffwalking",
     "blackjack": "bpo_jax.sandboxes.gym_text.blackjack",
     "webshop": "bpo_jax.sandboxes.webshop.actions",
-    "alfworld": "bpo_jax.sandboxes.alfworld_actions",
+    "alfworld": "bpo_jax.sandboxes.alfworld.actions",
 }
 
 

@@ -107,7 +107,7 @@ def test_generated_games_are_kept_in_the_cache_dir_and_reloaded(tmp_path, monkey
   def no_generation(*args, **kwargs):
     raise AssertionError("generated again instead of loading the cache")
 
-  monkeypatch.setattr(alfworld, "generate_game_dirs", no_generation)
+  monkeypatch.setattr(alfworld.tasks, "generate_game_dirs", no_generation)
   again = alfworld.make_tasks("test", 1, 3, **config)
   assert again == first and again[0].task_id.startswith("test/pick_cool_then_place_in_recep-")
 
@@ -302,14 +302,14 @@ def test_games_the_expert_fails_are_redrawn_and_leave_no_files(tmp_path, monkeyp
     calls.append(game_dir)
     return None if len(calls) == 1 else real_expert(game_dir, **kwargs)
 
-  monkeypatch.setattr(alfworld, "expert_walkthrough", fails_first)
+  monkeypatch.setattr(alfworld.generator, "expert_walkthrough", fails_first)
   (kept,) = alfworld.generate_game_dirs(str(tmp_path), "train", 1, 5,
                                         task_types=["pick_heat_then_place_in_recep"],
                                         num_distractors=(1, 2))
   assert len(calls) == 2 and calls[1] == kept != calls[0]
   assert not os.path.exists(calls[0])  # the rejected draw is gone, its task folder too
   assert sorted(os.listdir(tmp_path / "train")) == [os.path.basename(os.path.dirname(kept))]
-  monkeypatch.setattr(alfworld, "expert_walkthrough", lambda game_dir, **kwargs: None)
+  monkeypatch.setattr(alfworld.generator, "expert_walkthrough", lambda game_dir, **kwargs: None)
   with pytest.raises(RuntimeError, match="the expert failed 20 drawn pick_two_obj_and_place"):
     alfworld.generate_game_dirs(str(tmp_path / "never"), "train", 1, 0,
                                 task_types=["pick_two_obj_and_place"])

@@ -4,7 +4,7 @@ The commands are those of ALFWorld's grammar (its `help` text): `look`, `invento
 (receptacle)`, `open`/`close (receptacle)`, `take (object) from (receptacle)`, `move (object) to
 (receptacle)`, `examine (something)`, `use (object)`, `heat`/`clean`/`cool (object) with
 (receptacle)`, `slice (object) with (object)`. A reply's command is its first line that starts
-with one of these verbs. Kept beside `alfworld.py` rather than in it, which is long already.
+with one of these verbs.
 
     parse_action("The mug is in the cabinet.\\ngo to cabinet 1")   # "go to cabinet 1"
 """
