@@ -213,6 +213,111 @@ def _option_value(value: str) -> str:
   return value.strip().replace("/", " | ").lower()
 
 
+def _load_reviews(path: str | os.PathLike[str]) -> dict[str, tuple[tuple[str, ...], str]]:
+  """asin -> (review texts, average rating) from WebShop's reviews file."""
+  reviews: dict[str, tuple[tuple[str, ...], str]] = {}
+  for r in _load_json(path, "reviews"):
+    texts = tuple(str(x.get("review", x.get("body", ""))) for x in r.get("reviews", []))
+    reviews[r["asin"]] = (texts, str(r.get("average_rating", "N.A.")))
+  return reviews
+
+
+def _parse_product(p: Mapping[str, Any], asin: str, where: str, rng: random.Random,
+                   attributes: Mapping[str, Any],
+                   reviews: Mapping[str, tuple[tuple[str, ...], str]]) -> Product:
+  """One record of the products file; a price range draws its price from `rng`."""
+  pricing = parse_pricing(p.get("pricing"), where)
+  if len(pricing) == 1:
+    price, tag = pricing[0], f"${pricing[0]}"
+  else:
+    price, tag = rng.uniform(*pricing), f"${pricing[0]} to ${pricing[1]}"
+  options = []
+  for name, contents in (p.get("customization_options") or {}).items():
+    if contents is None:
+      continue
+    values = tuple(_option_value(c["value"] if isinstance(c, Mapping) else str(c)) for c in contents)
+    options.append((name.lower(), values))
+  bullets = p.get("small_description", [])
+  bullets = tuple(bullets) if isinstance(bullets, list) else (str(bullets),)
+  product_reviews, rating = reviews.get(asin, ((), "N.A."))
+  return Product(
+      asin=asin,
+      title=str(_require(p, "name", where)),
+      category=str(_require(p, "category", where)),
+      query=str(_require(p, "query", where)).lower().strip(),
+      product_category=str(_require(p, "product_category", where)),
+      description=str(p.get("full_description") or ""),
+      bullet_points=bullets,
+      attributes=tuple(attributes.get(asin, {}).get("attributes", ())),
+      options=tuple(options),
+      price=float(price),
+      price_tag=tag,
+      rating=rating,
+      reviews=product_reviews,
+  )
+
+
+def _parse_products(raw_products: Sequence[Mapping[str, Any]], rng: random.Random,
+                    attributes: Mapping[str, Any],
+                    reviews: Mapping[str, tuple[tuple[str, ...], str]]) -> list[Product]:
+  """The usable records of the products file, in order (the release drops the same ones)."""
+  products: list[Product] = []
+  seen: set[str] = set()
+  for i, p in enumerate(raw_products):
+    asin = str(_require(p, "asin", f"product {i}"))
+    if asin == "nan" or len(asin) > 10 or asin in seen:
+      continue  # The release drops these too.
+    products.append(_parse_product(p, asin, f"product {i} (asin {asin!r})", rng, attributes,
+                                   reviews))
+    seen.add(asin)
+  return products
+
+
+def _goal(product: Product, instruction: str, attrs: Sequence[str], opts: Sequence[str],
+          upper: float) -> WebShopTask:
+  return WebShopTask(
+      task_id="", catalogue="", asin=product.asin, instruction=instruction,
+      attributes=tuple(attrs), goal_options=tuple(opts), price_upper=upper,
+      query=product.query, name=product.title, product_category=product.product_category,
+      category=product.category)
+
+
+def _human_goals(product: Product, instructions: Sequence[Mapping[str, Any]],
+                 rng: random.Random) -> list[WebShopTask]:
+  """One goal per human instruction of `product` that names at least one attribute."""
+  goals = []
+  for j, ins in enumerate(instructions):
+    where = f"human instruction {j} of asin {product.asin!r}"
+    attrs = _require(ins, "instruction_attributes", where)
+    if not attrs:
+      continue  # The release skips instructions without attributes.
+    opts = ins.get("instruction_options", [])
+    opts = list(opts.values()) if isinstance(opts, Mapping) else list(opts)
+    upper = price_limit(product.price, rng)
+    text = str(_require(ins, "instruction", where)).strip(".") + price_text(upper)
+    goals.append(_goal(product, text, attrs, opts, upper))
+  return goals
+
+
+def _synthetic_goals(product: Product, record: Mapping[str, Any],
+                     rng: random.Random) -> list[WebShopTask]:
+  """One goal per combination of `product`'s option values, from the attribute file's
+  synthetic instruction (none without one)."""
+  text = record.get("instruction")
+  attrs = record.get("instruction_attributes")
+  if not text or not attrs:
+    return []
+  upper = price_limit(product.price, rng)
+  names = sorted(name for name, _ in product.options)
+  values = dict(product.options)
+  goals = []
+  for combo in itertools.product(*(values[n] for n in names)):
+    option_text = ", and ".join(f"{n}: {v}" for n, v in zip(names, combo))
+    option_text = f" with {option_text}" if option_text else ""
+    goals.append(_goal(product, f"{text}{option_text}{price_text(upper)}", attrs, combo, upper))
+  return goals
+
+
 def load_webshop_files(
     products_path: str | os.PathLike[str],
     attributes_path: str | os.PathLike[str] | None = None,
@@ -238,87 +343,18 @@ def load_webshop_files(
     raise ValueError("human_goals=True needs human_instructions_path")
   if not human_goals and not attributes_path:
     raise ValueError("human_goals=False (synthetic instructions) needs attributes_path")
-  reviews: dict[str, tuple[tuple[str, ...], str]] = {}
-  if reviews_path:
-    for r in _load_json(reviews_path, "reviews"):
-      texts = tuple(str(x.get("review", x.get("body", ""))) for x in r.get("reviews", []))
-      reviews[r["asin"]] = (texts, str(r.get("average_rating", "N.A.")))
+  reviews = _load_reviews(reviews_path) if reviews_path else {}
   if num_products is not None:
     raw_products = raw_products[:num_products]
-
+  # One generator for product prices, then goal price limits, in file order.
   rng = random.Random(price_seed)
-  products: list[Product] = []
-  raw_by_asin: dict[str, Mapping[str, Any]] = {}
-  for i, p in enumerate(raw_products):
-    where = f"product {i}"
-    asin = str(_require(p, "asin", where))
-    where = f"product {i} (asin {asin!r})"
-    if asin == "nan" or len(asin) > 10 or asin in raw_by_asin:
-      continue  # The release drops these too.
-    pricing = parse_pricing(p.get("pricing"), where)
-    if len(pricing) == 1:
-      price, tag = pricing[0], f"${pricing[0]}"
-    else:
-      price, tag = rng.uniform(*pricing), f"${pricing[0]} to ${pricing[1]}"
-    options = []
-    for name, contents in (p.get("customization_options") or {}).items():
-      if contents is None:
-        continue
-      values = tuple(_option_value(c["value"] if isinstance(c, Mapping) else str(c)) for c in contents)
-      options.append((name.lower(), values))
-    bullets = p.get("small_description", [])
-    bullets = tuple(bullets) if isinstance(bullets, list) else (str(bullets),)
-    product_reviews, rating = reviews.get(asin, ((), "N.A."))
-    products.append(Product(
-        asin=asin,
-        title=str(_require(p, "name", where)),
-        category=str(_require(p, "category", where)),
-        query=str(_require(p, "query", where)).lower().strip(),
-        product_category=str(_require(p, "product_category", where)),
-        description=str(p.get("full_description") or ""),
-        bullet_points=bullets,
-        attributes=tuple(attributes.get(asin, {}).get("attributes", ())),
-        options=tuple(options),
-        price=float(price),
-        price_tag=tag,
-        rating=rating,
-        reviews=product_reviews,
-    ))
-    raw_by_asin[asin] = p
-
+  products = _parse_products(raw_products, rng, attributes, reviews)
   goals: list[WebShopTask] = []
   for product in products:
-    def goal(instruction: str, attrs: Sequence[str], opts: Sequence[str], upper: float):
-      return WebShopTask(
-          task_id="", catalogue="", asin=product.asin, instruction=instruction,
-          attributes=tuple(attrs), goal_options=tuple(opts), price_upper=upper,
-          query=product.query, name=product.title, product_category=product.product_category,
-          category=product.category)
-
     if human_goals:
-      for j, ins in enumerate(human.get(product.asin, [])):
-        where = f"human instruction {j} of asin {product.asin!r}"
-        attrs = _require(ins, "instruction_attributes", where)
-        if not attrs:
-          continue  # The release skips instructions without attributes.
-        opts = ins.get("instruction_options", [])
-        opts = list(opts.values()) if isinstance(opts, Mapping) else list(opts)
-        upper = price_limit(product.price, rng)
-        text = str(_require(ins, "instruction", where)).strip(".") + price_text(upper)
-        goals.append(goal(text, attrs, opts, upper))
+      goals += _human_goals(product, human.get(product.asin, []), rng)
     else:
-      record = attributes.get(product.asin, {})
-      text = record.get("instruction")
-      attrs = record.get("instruction_attributes")
-      if not text or not attrs:
-        continue
-      upper = price_limit(product.price, rng)
-      names = sorted(name for name, _ in product.options)
-      values = dict(product.options)
-      for combo in itertools.product(*(values[n] for n in names)):
-        option_text = ", and ".join(f"{n}: {v}" for n, v in zip(names, combo))
-        option_text = f" with {option_text}" if option_text else ""
-        goals.append(goal(f"{text}{option_text}{price_text(upper)}", attrs, combo, upper))
+      goals += _synthetic_goals(product, attributes.get(product.asin, {}), rng)
   if not products:
     raise ValueError(f"no usable products in {os.fspath(products_path)!r}")
   return make_catalogue(products, goals)
