@@ -187,6 +187,19 @@ class _Call:
   internal: bool = False  # a recovery restore, not answered to the caller
 
 
+@dataclasses.dataclass
+class _Round:
+  """The bookkeeping of one `SandboxPool._run_workers` call, by worker index."""
+
+  results: dict[Hashable, Any] = dataclasses.field(default_factory=dict)
+  queues: dict[int, collections.deque] = dataclasses.field(  # calls not yet sent
+      default_factory=lambda: collections.defaultdict(collections.deque))
+  sent: dict[int, collections.deque] = dataclasses.field(  # sent, not yet answered, in order
+      default_factory=dict)
+  deadlines: dict[int, float] = dataclasses.field(  # when the oldest sent call times out
+      default_factory=dict)
+
+
 class SandboxPool:
   """Branches of sandboxes in worker processes; see the module docstring."""
 
@@ -438,7 +451,7 @@ class SandboxPool:
     machine, where every message waits to be scheduled. Each call gets `timeout_s` from the
     moment the worker could start it (the previous answer, or the send).
     """
-    queues: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+    round_ = _Round()
     for call in calls:
       worker = self._location.get(call.branch)
       if worker is None:
@@ -446,99 +459,108 @@ class SandboxPool:
           continue
         worker = self._least_loaded_worker()
         self._location[call.branch] = worker  # placement counts for the next call's load
-      queues[worker].append(call)
-    results: dict[Hashable, Any] = {c.branch: None for c in calls if c.op == "close"}
-    sent: dict[int, collections.deque] = {}  # per worker: sent, not yet answered, in order
-    deadlines: dict[int, float] = {}
+      round_.queues[worker].append(call)
+    round_.results.update({c.branch: None for c in calls if c.op == "close"})
+    for w in list(round_.queues):
+      self._send_queued(round_, w)
+    while round_.sent:
+      self._receive_answers(round_)
+      self._expire_calls(round_)
+    return round_.results
 
-    def send_queued(w: int):
-      batch = []
-      while queues[w]:
-        call = queues[w].popleft()
-        if not call.internal and call.branch in self.failures:
-          results[call.branch] = self.failures[call.branch]
-          continue
-        batch.append(call)
-      if not batch:
-        return
-      waiting = sent.setdefault(w, collections.deque())
-      if not waiting:
-        deadlines[w] = time.monotonic() + self.timeout_s
-      waiting.extend(batch)
-      messages = [(c.op, c.branch, c.argument,
-                   self.keep_backups and c.op in ("reset", "step", "restore")) for c in batch]
+  def _send_queued(self, round_: _Round, w: int) -> None:
+    """Sends worker `w` its queued calls as one message (answering those of failed branches)."""
+    batch = []
+    while round_.queues[w]:
+      call = round_.queues[w].popleft()
+      if not call.internal and call.branch in self.failures:
+        round_.results[call.branch] = self.failures[call.branch]
+        continue
+      batch.append(call)
+    if not batch:
+      return
+    waiting = round_.sent.setdefault(w, collections.deque())
+    if not waiting:
+      round_.deadlines[w] = time.monotonic() + self.timeout_s
+    waiting.extend(batch)
+    messages = [(c.op, c.branch, c.argument,
+                 self.keep_backups and c.op in ("reset", "step", "restore")) for c in batch]
+    try:
+      self._workers[w].conn.send(messages)
+    except (OSError, ValueError) as error:
+      self._on_worker_lost(round_, w, f"could not send to worker: {error}")
+
+  def _receive_answers(self, round_: _Round) -> None:
+    """Waits until an answer comes or the earliest deadline passes; handles what came."""
+    wait_s = max(0.0, min(round_.deadlines.values()) - time.monotonic())
+    conns = {self._workers[w].conn: w for w in round_.sent}
+    ready = multiprocessing.connection.wait(list(conns), timeout=wait_s)
+    for conn in ready:
+      w = conns[conn]
+      if w not in round_.sent or self._workers[w].conn is not conn:
+        continue  # that worker was replaced while handling an earlier answer
       try:
-        self._workers[w].conn.send(messages)
-      except (OSError, ValueError) as error:
-        on_worker_lost(w, f"could not send to worker: {error}")
+        message = conn.recv()
+      except (EOFError, OSError):
+        self._on_worker_lost(round_, w, _exit_reason(self._workers[w].process))
+        continue
+      self._on_reply(round_, w, message)
 
-    def on_worker_lost(w: int, reason: str):
-      call = sent[w].popleft()
-      failure = self._fail(call, reason)
+  def _expire_calls(self, round_: _Round) -> None:
+    """Fails the oldest unanswered call of every worker past its deadline."""
+    now = time.monotonic()
+    for w in [w for w, deadline in round_.deadlines.items() if deadline <= now]:
+      if w in round_.sent and round_.deadlines.get(w, now + 1) <= now:
+        self._on_worker_lost(round_, w,
+                             f"{round_.sent[w][0].op} timed out after {self.timeout_s:g} s")
+
+  def _on_worker_lost(self, round_: _Round, w: int, reason: str) -> None:
+    """Fails worker `w`'s oldest unanswered call with `reason` and replaces the worker."""
+    call = round_.sent[w].popleft()
+    failure = self._fail(call, reason)
+    if not call.internal:
+      round_.results[call.branch] = failure
+    self._restart(round_, w)
+
+  def _restart(self, round_: _Round, w: int) -> None:
+    # The calls sent after the failed one go to the replacement, after the recoveries. If the
+    # old worker already ran some of them, running them again from the backups gives the
+    # same answers: the backups are the states those calls started from.
+    waiting = round_.sent.pop(w, collections.deque())
+    round_.deadlines.pop(w, None)
+    round_.queues[w].extendleft(reversed(waiting))
+    self._replace_worker(w, round_.queues[w], round_.results)
+    self._send_queued(round_, w)
+
+  def _on_reply(self, round_: _Round, w: int, message) -> None:
+    """Records worker `w`'s answer to its oldest unanswered call."""
+    waiting = round_.sent[w]
+    call = waiting.popleft()
+    if waiting:
+      round_.deadlines[w] = time.monotonic() + self.timeout_s
+    else:
+      del round_.sent[w], round_.deadlines[w]
+    status, value, backup = message
+    if call.branch in self.failures and call.op not in ("reset", "restore"):
+      # Its recovery failed earlier in this batch; keep that reason.
       if not call.internal:
-        results[call.branch] = failure
-      restart(w)
-
-    def restart(w: int):
-      # The calls sent after the failed one go to the replacement, after the recoveries. If the
-      # old worker already ran some of them, running them again from the backups gives the
-      # same answers: the backups are the states those calls started from.
-      waiting = sent.pop(w, collections.deque())
-      deadlines.pop(w, None)
-      queues[w].extendleft(reversed(waiting))
-      self._replace_worker(w, queues[w], results)
-      send_queued(w)
-
-    def on_reply(w: int, message):
-      waiting = sent[w]
-      call = waiting.popleft()
-      if waiting:
-        deadlines[w] = time.monotonic() + self.timeout_s
+        round_.results[call.branch] = self.failures[call.branch]
+      return
+    if status == "ok":
+      if not call.internal:
+        self._count(call.op)
+      if backup is not None:
+        self._backups[call.branch] = backup
+      if call.internal:
+        self._counts["recovered_branches"] += 1
       else:
-        del sent[w], deadlines[w]
-      status, value, backup = message
-      if call.branch in self.failures and call.op not in ("reset", "restore"):
-        # Its recovery failed earlier in this batch; keep that reason.
-        if not call.internal:
-          results[call.branch] = self.failures[call.branch]
-        return
-      if status == "ok":
-        if not call.internal:
-          self._count(call.op)
-        if backup is not None:
-          self._backups[call.branch] = backup
-        if call.internal:
-          self._counts["recovered_branches"] += 1
-        else:
-          results[call.branch] = value
-      else:
-        failure = self._fail(call, value)
-        if not call.internal:
-          results[call.branch] = failure
-        if self.replace_worker_on_error:
-          restart(w)
-
-    for w in list(queues):
-      send_queued(w)
-    while sent:
-      wait_s = max(0.0, min(deadlines.values()) - time.monotonic())
-      conns = {self._workers[w].conn: w for w in sent}
-      ready = multiprocessing.connection.wait(list(conns), timeout=wait_s)
-      for conn in ready:
-        w = conns[conn]
-        if w not in sent or self._workers[w].conn is not conn:
-          continue  # that worker was replaced while handling an earlier answer
-        try:
-          message = conn.recv()
-        except (EOFError, OSError):
-          on_worker_lost(w, _exit_reason(self._workers[w].process))
-          continue
-        on_reply(w, message)
-      now = time.monotonic()
-      for w in [w for w, deadline in deadlines.items() if deadline <= now]:
-        if w in sent and deadlines.get(w, now + 1) <= now:
-          on_worker_lost(w, f"{sent[w][0].op} timed out after {self.timeout_s:g} s")
-    return results
+        round_.results[call.branch] = value
+    else:
+      failure = self._fail(call, value)
+      if not call.internal:
+        round_.results[call.branch] = failure
+      if self.replace_worker_on_error:
+        self._restart(round_, w)
 
   def _replace_worker(self, w: int, queue: collections.deque, results: dict) -> None:
     """Swaps worker `w` for a fresh process and queues the recovery of its other branches."""
