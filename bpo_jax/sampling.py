@@ -4,7 +4,7 @@ The state of the sampler is a pytree passed in and out, `DecodeState(cache, next
 the KV cache of B rows with a fixed number of slots, and for each row the logits of its next
 token. A host rollout loop drives it:
 
-  sampler = Sampler(graphdef, max_length=512)
+  sampler = Sampler(graphdef, config, max_length=512)
   ds = sampler.prefill(state, [prompt_a, prompt_b])          # rows of different lengths
   ds, out = sampler.generate(state, ds, key, SamplingParams(temperature=1.0, max_new_tokens=64,
                                                             stop_token_ids=(eos,)))
@@ -65,6 +65,7 @@ import numpy as np
 from bpo_jax.models.config import ModelConfig
 from bpo_jax.models.decoder import check_attend_length
 from bpo_jax.models.decoder import forward
+from bpo_jax.models.decoder import ForwardOptions
 from bpo_jax.models.decoder import KVCache
 from bpo_jax.models.decoder import logprobs_and_entropy_from_logits
 
@@ -170,12 +171,14 @@ def append_tokens(graphdef, state, decode_state: DecodeState, tokens: jax.Array,
   reads; the caller keeps `decode_state.lengths[b] + lengths[b] <= attend_length` for every row
   with `lengths[b] > 0` (`Sampler.append` picks the bucket of the longest such row).
   `unembedding` (optional) is the output projection's [hidden, vocab] kernel, passed on to the
-  model (see `Sampler.unembedding`).
+  model (see `Sampler.unembedding`). Both go to the model as `models.ForwardOptions`, with the
+  last real token of each row as the only step whose logits are computed.
   """
   last = jnp.maximum(lengths - 1, 0)
+  options = ForwardOptions(attend_length=attend_length, logits_at=last[:, None],
+                           unembedding=unembedding)
   logits, cache = forward(graphdef, state, tokens, cache=decode_state.cache,
-                          input_lengths=lengths, attend_length=attend_length,
-                          logits_at=last[:, None], unembedding=unembedding)
+                          input_lengths=lengths, options=options)
   last_logits = logits[:, 0]
   next_logits = jnp.where((lengths > 0)[:, None], last_logits, decode_state.next_logits)
   return DecodeState(cache=cache, next_logits=next_logits)

@@ -15,6 +15,7 @@ from bpo_jax.models.config import Llama3RopeScaling
 from bpo_jax.models.config import ModelConfig
 from bpo_jax.models.decoder import Decoder
 from bpo_jax.models.decoder import forward
+from bpo_jax.models.decoder import ForwardOptions
 from bpo_jax.models.decoder import KVCache
 from bpo_jax.models.decoder import logprobs_and_entropy_from_logits
 from bpo_jax.models.decoder import rope_inverse_frequencies

@@ -7,8 +7,7 @@ frequency scaling, tied or untied output projection.
 Calling convention:
 
   logits, cache = model(tokens, positions=None, attention_mask=None, cache=None,
-                        input_lengths=None, attend_length=None, logits_at=None,
-                        unembedding=None)
+                        input_lengths=None)
 
 * Without a cache: `tokens` [B, T] is a whole sequence (or a packed tree). `positions` [B, T]
   feeds RoPE (default `0..T-1`); `attention_mask` [B, T, T] (True = may attend) replaces the
@@ -19,23 +18,10 @@ Calling convention:
   `cache.lengths[b] + t` and take those slot indices as positions unless `positions` is given;
   each new token attends to the row's earlier slots and to itself. Only `input_lengths[b]` of the
   written slots count: the rest are overwritten by later appends and never attended before.
-* `attend_length` (a static int, with a cache only) bounds the slots attention reads to
-  `0..attend_length-1`, so a call costs what the rows hold rather than what the cache could
-  hold. The caller keeps `cache.lengths[b] + T <= attend_length` for every row whose tokens
-  count: a new token in a slot at or past the bound would not see itself. Keys and values are
-  still written into the full cache; slots past the bound are masked out anyway (they hold no
-  row's earlier tokens), so the numbers equal those of `attend_length = max_length`, the default.
-* `logits_at` [B, K] (with or without a cache) picks the time steps whose logits are wanted:
-  `logits[b, k]` is then the logits at time `logits_at[b, k]`, [B, K, V]. The output projection
-  is a quarter of a small model's work per token, and a continued prefill needs only each row's
-  last token: its logits equal those of the full output at that step. With a cache, the last
-  layer also works at those steps only: it computes and caches the keys and values of every new
-  token, but its queries, attention and MLP only where logits are wanted (nothing after it reads
-  the other steps), 1/L of an L-layer prefill saved.
-* `unembedding` [hidden, vocab] replaces the output projection's kernel (the transposed token
-  embedding of a tied model, the `lm_head` of an untied one) by the one given: a caller that
-  runs many steps with the same weights passes a tied embedding transposed once (see
-  `sampling.Sampler.unembedding`). The logits are the same up to the matmul's summation order.
+
+A caller that knows more about its shapes than the model does (the sampler) may pass
+`options=ForwardOptions(...)`, keyword only, to skip work the plain call would do; the numbers
+stay those of the plain call (see `ForwardOptions`).
 
 The cache is a pytree passed in and out (`KVCache`), with a fixed number of slots so shapes stay
 static; forking rows is a gather on the batch axis (`KVCache.take_rows`).
@@ -95,6 +81,36 @@ class KVCache:
     """The cache of rows `rows` (a gather on the batch axis; rows may repeat)."""
     rows = jnp.asarray(rows, jnp.int32)
     return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), self)
+
+
+@flax.struct.dataclass
+class ForwardOptions:
+  """Work a forward pass may skip when the caller knows its shapes; the numbers do not change.
+
+  Attributes:
+    attend_length: (a static int, with a cache only) bounds the slots attention reads to
+      `0..attend_length-1`, so a call costs what the rows hold rather than what the cache could
+      hold. The caller keeps `cache.lengths[b] + T <= attend_length` for every row whose tokens
+      count: a new token in a slot at or past the bound would not see itself. Keys and values
+      are still written into the full cache; slots past the bound are masked out anyway (they
+      hold no row's earlier tokens), so the numbers equal those of `attend_length =
+      max_length`, the default (None).
+    logits_at: [B, K] (with or without a cache) picks the time steps whose logits are wanted:
+      `logits[b, k]` is then the logits at time `logits_at[b, k]`, [B, K, V]. The output
+      projection is a quarter of a small model's work per token, and a continued prefill needs
+      only each row's last token: its logits equal those of the full output at that step. With
+      a cache, the last layer also works at those steps only: it computes and caches the keys
+      and values of every new token, but its queries, attention and MLP only where logits are
+      wanted (nothing after it reads the other steps), 1/L of an L-layer prefill saved.
+    unembedding: [hidden, vocab] replaces the output projection's kernel (the transposed token
+      embedding of a tied model, the `lm_head` of an untied one) by the one given: a caller
+      that runs many steps with the same weights passes a tied embedding transposed once (see
+      `sampling.Sampler.unembedding`). The logits are the same up to the matmul's summation
+      order.
+  """
+  logits_at: Optional[jax.Array] = None
+  unembedding: Optional[jax.Array] = None
+  attend_length: Optional[int] = flax.struct.field(pytree_node=False, default=None)
 
 
 def rope_inverse_frequencies(head_dim: int, theta: float,
@@ -286,7 +302,8 @@ class DecoderLayer(nnx.Module):
 
 
 class Decoder(nnx.Module):
-  """Decoder-only transformer; `model(tokens, ...) -> (logits float32 [B,T,V], cache)`."""
+  """Decoder-only transformer; `model(tokens, ...) -> (logits float32 [B,T,V], cache)` (see the
+  calling convention in the module docstring)."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config
@@ -330,47 +347,13 @@ class Decoder(nnx.Module):
 
   def __call__(self, tokens: jax.Array, positions: Optional[jax.Array] = None,
                attention_mask: Optional[jax.Array] = None, cache: Optional[KVCache] = None,
-               input_lengths: Optional[jax.Array] = None, attend_length: Optional[int] = None,
-               logits_at: Optional[jax.Array] = None, unembedding: Optional[jax.Array] = None):
-    if tokens.ndim != 2:
-      raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
+               input_lengths: Optional[jax.Array] = None, *,
+               options: Optional[ForwardOptions] = None):
+    options = ForwardOptions() if options is None else options
+    positions, mask, write_slots = self._positions_and_mask(
+        tokens, positions, attention_mask, cache, input_lengths, options)
     b, t = tokens.shape
-    if cache is None:
-      if input_lengths is not None:
-        raise ValueError("input_lengths is only meaningful with a cache")
-      if attend_length is not None:
-        raise ValueError("attend_length is only meaningful with a cache")
-      if positions is None:
-        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-      if attention_mask is None:
-        mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
-      else:
-        if attention_mask.shape != (b, t, t):
-          raise ValueError(f"attention_mask must be [batch, time, time] = {(b, t, t)}, got "
-                           f"{attention_mask.shape}")
-        mask = attention_mask.astype(bool)
-      write_slots = None
-    else:
-      if attention_mask is not None:
-        raise ValueError("attention_mask is not supported together with a cache: cached "
-                         "attention is causal over each row's slots")
-      if cache.batch_size != b:
-        raise ValueError(f"cache has {cache.batch_size} rows but tokens have {b}")
-      write_slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-      if positions is None:
-        positions = write_slots
-      attend_length = check_attend_length(attend_length, t, cache.max_length)
-      key_slots = jnp.arange(attend_length, dtype=jnp.int32)
-      mask = key_slots[None, None, :] <= write_slots[:, :, None]
-    if positions.shape != (b, t):
-      raise ValueError(f"positions must be [batch, time] = {(b, t)}, got {positions.shape}")
-    if logits_at is not None and (logits_at.ndim != 2 or logits_at.shape[0] != b):
-      raise ValueError(f"logits_at must be [batch, K] time indices with batch {b}, got shape "
-                       f"{logits_at.shape}")
-    kernel_shape = (self.config.hidden_size, self.config.vocab_size)
-    if unembedding is not None and tuple(unembedding.shape) != kernel_shape:
-      raise ValueError(f"unembedding must be [hidden, vocab] = {kernel_shape}, got shape "
-                       f"{tuple(unembedding.shape)}")
+    logits_at, unembedding = options.logits_at, options.unembedding
 
     # Recomputed at trace time (numpy constants) rather than stored as a non-Variable attribute.
     inv_freq = rope_inverse_frequencies(self.config.head_dim, self.config.rope_theta,
@@ -409,6 +392,55 @@ class Decoder(nnx.Module):
                         lengths=cache.lengths + input_lengths.astype(jnp.int32))
     return logits, new_cache
 
+  def _positions_and_mask(self, tokens, positions, attention_mask, cache, input_lengths,
+                          options: ForwardOptions):
+    """Checks a call's inputs; returns positions [B, T], the attention mask ([B, T, T], or
+    [B, T, S'] over the S' cache slots attended) and the cache slots written [B, T] (None
+    without a cache)."""
+    if tokens.ndim != 2:
+      raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
+    b, t = tokens.shape
+    attend_length = options.attend_length
+    if cache is None:
+      if input_lengths is not None:
+        raise ValueError("input_lengths is only meaningful with a cache")
+      if attend_length is not None:
+        raise ValueError("attend_length is only meaningful with a cache")
+      if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+      if attention_mask is None:
+        mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+      else:
+        if attention_mask.shape != (b, t, t):
+          raise ValueError(f"attention_mask must be [batch, time, time] = {(b, t, t)}, got "
+                           f"{attention_mask.shape}")
+        mask = attention_mask.astype(bool)
+      write_slots = None
+    else:
+      if attention_mask is not None:
+        raise ValueError("attention_mask is not supported together with a cache: cached "
+                         "attention is causal over each row's slots")
+      if cache.batch_size != b:
+        raise ValueError(f"cache has {cache.batch_size} rows but tokens have {b}")
+      write_slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+      if positions is None:
+        positions = write_slots
+      attend_length = check_attend_length(attend_length, t, cache.max_length)
+      key_slots = jnp.arange(attend_length, dtype=jnp.int32)
+      mask = key_slots[None, None, :] <= write_slots[:, :, None]
+    if positions.shape != (b, t):
+      raise ValueError(f"positions must be [batch, time] = {(b, t)}, got {positions.shape}")
+    logits_at = options.logits_at
+    if logits_at is not None and (logits_at.ndim != 2 or logits_at.shape[0] != b):
+      raise ValueError(f"logits_at must be [batch, K] time indices with batch {b}, got shape "
+                       f"{logits_at.shape}")
+    kernel_shape = (self.config.hidden_size, self.config.vocab_size)
+    unembedding = options.unembedding
+    if unembedding is not None and tuple(unembedding.shape) != kernel_shape:
+      raise ValueError(f"unembedding must be [hidden, vocab] = {kernel_shape}, got shape "
+                       f"{tuple(unembedding.shape)}")
+    return positions, mask, write_slots
+
 
 def check_attend_length(attend_length: Optional[int], num_new_tokens: int,
                         max_length: int) -> int:
@@ -444,15 +476,15 @@ def _stack_layers(layers):
 
 
 def forward(graphdef, state, tokens, positions=None, attention_mask=None, cache=None,
-            input_lengths=None, attend_length=None, logits_at=None, unembedding=None):
+            input_lengths=None, *, options: Optional[ForwardOptions] = None):
   """Pure form of `Decoder.__call__` over `nnx.split(model)`, for `jax.jit` in hot loops.
 
-  `attend_length` is a shape: jit with it static (`static_argnames="attend_length"`).
+  `options.attend_length` is a shape, held as static data of the `ForwardOptions` pytree: each
+  value compiles its own program.
   """
   model = nnx.merge(graphdef, state)
   return model(tokens, positions=positions, attention_mask=attention_mask, cache=cache,
-               input_lengths=input_lengths, attend_length=attend_length, logits_at=logits_at,
-               unembedding=unembedding)
+               input_lengths=input_lengths, options=options)
 
 
 def logprobs_and_entropy_from_logits(logits: jax.Array, targets: jax.Array,

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from bpo_jax import models
-from bpo_jax.models import KVCache, ModelConfig
+from bpo_jax.models import ForwardOptions, KVCache, ModelConfig
 
 
 def random_model(config, seed=0, scale=0.2):
@@ -31,7 +31,8 @@ def model(request):
 
 
 # One jitted forward for all tests (graphdef static): eager dispatch would compile op by op.
-forward = jax.jit(models.forward, static_argnums=0, static_argnames="attend_length")
+# `ForwardOptions.attend_length` is static data of the options pytree: no static_argnames.
+forward = jax.jit(models.forward, static_argnums=0)
 ROWS, WIDTH = 4, 16
 
 
@@ -135,7 +136,7 @@ def test_attention_window_gives_the_numbers_of_the_whole_cache(model):
   want, whole = forward(graphdef, state, jnp.asarray(prompts), cache=whole,
                         input_lengths=prompt_lengths)
   got, windowed = forward(graphdef, state, jnp.asarray(prompts), cache=windowed,
-                          input_lengths=prompt_lengths, attend_length=8)
+                          input_lengths=prompt_lengths, options=ForwardOptions(attend_length=8))
   logits = {"whole": [want], "windowed": [got]}
   # Row 0 stops after its prompt and takes no tokens from then on.
   for t in range(4):
@@ -144,7 +145,7 @@ def test_attention_window_gives_the_numbers_of_the_whole_cache(model):
     want, whole = forward(graphdef, state, step_tokens, cache=whole, input_lengths=live)
     # Every live row ends at slot 12 at most: 12 of the 16 slots suffice.
     got, windowed = forward(graphdef, state, step_tokens, cache=windowed, input_lengths=live,
-                            attend_length=12)
+                            options=ForwardOptions(attend_length=12))
     logits["whole"].append(want)
     logits["windowed"].append(got)
   np.testing.assert_array_equal(np.asarray(windowed.lengths), np.asarray(whole.lengths))
@@ -264,7 +265,7 @@ def test_logits_at_picks_the_logits_of_the_full_output(model):
   tokens = jnp.asarray(np.random.RandomState(6).randint(0, config.vocab_size, (3, 7)))
   picks = np.asarray([[6, 0], [2, 2], [4, 5]], np.int32)
   full, _ = forward(graphdef, state, tokens)
-  picked, _ = forward(graphdef, state, tokens, logits_at=jnp.asarray(picks))
+  picked, _ = forward(graphdef, state, tokens, options=ForwardOptions(logits_at=jnp.asarray(picks)))
   assert picked.shape == (3, 2, config.vocab_size)
   want = np.take_along_axis(np.asarray(full), picks[:, :, None], axis=1)
   np.testing.assert_allclose(np.asarray(picked), want, atol=1e-6, rtol=1e-6)
@@ -275,7 +276,7 @@ def test_logits_at_picks_the_logits_of_the_full_output(model):
                              input_lengths=jnp.asarray(lengths))
   last, last_cache = forward(graphdef, state, tokens, cache=cache,
                              input_lengths=jnp.asarray(lengths),
-                             logits_at=jnp.asarray(lengths - 1)[:, None])
+                             options=ForwardOptions(logits_at=jnp.asarray(lengths - 1)[:, None]))
   np.testing.assert_allclose(np.asarray(last[:, 0]),
                              np.asarray(full)[np.arange(3), lengths - 1], atol=1e-6, rtol=1e-6)
   for got, want in zip(last_cache.keys + last_cache.values, full_cache.keys + full_cache.values):
@@ -283,7 +284,8 @@ def test_logits_at_picks_the_logits_of_the_full_output(model):
   # Several steps per row, repeated and out of order: the last layer then runs its queries and
   # MLP at those steps only, the keys and values of every token still cached.
   picked, picked_cache = forward(graphdef, state, tokens, cache=cache,
-                                 input_lengths=jnp.asarray(lengths), logits_at=jnp.asarray(picks))
+                                 input_lengths=jnp.asarray(lengths),
+                                 options=ForwardOptions(logits_at=jnp.asarray(picks)))
   want = np.take_along_axis(np.asarray(full), picks[:, :, None], axis=1)
   np.testing.assert_allclose(np.asarray(picked), want, atol=1e-6, rtol=1e-6)
   for got, want in zip(picked_cache.keys + picked_cache.values,
@@ -298,12 +300,13 @@ def test_unembedding_replaces_the_output_projection(model):
   tokens = jnp.asarray(np.random.RandomState(8).randint(0, config.vocab_size, (2, 5)))
   own = state["embed"][...].T if config.tie_word_embeddings else state["lm_head"][...]
   want, _ = forward(graphdef, state, tokens)
-  got, _ = forward(graphdef, state, tokens, unembedding=jnp.asarray(np.asarray(own)))
+  got, _ = forward(graphdef, state, tokens,
+                   options=ForwardOptions(unembedding=jnp.asarray(np.asarray(own))))
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
-  doubled, _ = forward(graphdef, state, tokens, unembedding=2.0 * own)
+  doubled, _ = forward(graphdef, state, tokens, options=ForwardOptions(unembedding=2.0 * own))
   np.testing.assert_allclose(np.asarray(doubled), 2.0 * np.asarray(want), atol=1e-5, rtol=1e-5)
   with pytest.raises(ValueError, match=r"unembedding must be \[hidden, vocab\]"):
-    models.forward(graphdef, state, tokens, unembedding=own.T)
+    models.forward(graphdef, state, tokens, options=ForwardOptions(unembedding=own.T))
 
 
 def test_training_logprobs_match_a_full_forward(model):
@@ -338,13 +341,15 @@ def test_bad_inputs_get_clear_errors():
   with pytest.raises(ValueError, match="input_lengths"):
     models.forward(graphdef, state, tokens, input_lengths=jnp.ones((2,), jnp.int32))
   with pytest.raises(ValueError, match="attend_length is only meaningful with a cache"):
-    models.forward(graphdef, state, tokens, attend_length=4)
+    models.forward(graphdef, state, tokens, options=ForwardOptions(attend_length=4))
   cache = KVCache.init(config, 2, 8)
   with pytest.raises(ValueError, match=r"attend_length must be in \[4, 8\].*got 9"):
-    models.forward(graphdef, state, tokens, cache=cache, attend_length=9)
+    models.forward(graphdef, state, tokens, cache=cache, options=ForwardOptions(attend_length=9))
   with pytest.raises(ValueError, match=r"attend_length must be in \[4, 8\].*got 3"):
-    models.forward(graphdef, state, tokens, cache=cache, attend_length=3)
+    models.forward(graphdef, state, tokens, cache=cache, options=ForwardOptions(attend_length=3))
   with pytest.raises(ValueError, match="attend_length must be a Python int"):
-    models.forward(graphdef, state, tokens, cache=cache, attend_length=jnp.int32(6))
+    models.forward(graphdef, state, tokens, cache=cache,
+                   options=ForwardOptions(attend_length=jnp.int32(6)))
   with pytest.raises(ValueError, match=r"logits_at must be \[batch, K\].*batch 2.*\(2,\)"):
-    models.forward(graphdef, state, tokens, logits_at=jnp.zeros((2,), jnp.int32))
+    models.forward(graphdef, state, tokens,
+                   options=ForwardOptions(logits_at=jnp.zeros((2,), jnp.int32)))
