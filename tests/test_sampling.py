@@ -13,8 +13,8 @@ from flax import nnx
 from bpo_jax import models
 from bpo_jax import sampling
 from bpo_jax.sampling import SamplingParams
-from bpo_jax.testing.rounding import assert_close, eps, forward_roundings, sum_roundings
-from bpo_jax.testing.rounding import tolerance as rounding_tolerance
+from bpo_jax.testing.model_rounding import forward_roundings, sum_roundings
+from bpo_jax.testing.tolerance import assert_close, eps, ulp_tol
 
 VOCAB = 97
 MAX_LENGTH = 48
@@ -91,11 +91,12 @@ def test_logprobs_equal_training_forward(policy, params):
     # A cached decode against a full forward over MAX_LENGTH tokens: the same function, summed
     # in other orders.
     roundings = forward_roundings(config, MAX_LENGTH, logprobs=True)
-    assert_close(logprobs, train_logprobs[b][start:], roundings)
-    assert_close(entropies, train_entropies[b][start:], roundings)
+    assert_close(logprobs, train_logprobs[b][start:], steps=roundings)
+    assert_close(entropies, train_entropies[b][start:], steps=roundings)
     # The PPO ratio π_train / π_sample therefore starts at 1: exp(δ) − 1 ≈ δ, and exp rounds.
     np.testing.assert_allclose(np.exp(train_logprobs[b][start:] - logprobs), 1.0, rtol=0,
-                               atol=rounding_tolerance(train_logprobs[b], roundings) + eps())
+                               atol=ulp_tol(np.float32, np.abs(train_logprobs[b]).max(), roundings)
+                               + eps(np.float32))
 
 
 def test_fork_and_append_continue_like_a_fresh_prefill(policy):
@@ -121,7 +122,7 @@ def test_fork_and_append_continue_like_a_fresh_prefill(policy):
     want_tokens, want_logprobs, _ = generated(reference, b)
     assert got_tokens == want_tokens
     assert_close(got_logprobs, want_logprobs,
-                 forward_roundings(config, MAX_LENGTH, logprobs=True))
+                 steps=forward_roundings(config, MAX_LENGTH, logprobs=True))
   # Compaction: keep rows 3 and 0, in that order.
   kept = sampling.take_rows(forked, [3, 0])
   np.testing.assert_array_equal(np.asarray(kept.lengths), np.asarray(forked.lengths)[[3, 0]])
@@ -154,8 +155,9 @@ def test_transposed_unembedding_is_made_once_per_embedding(policy, monkeypatch):
   _, want = sampling.generate(graphdef, state, plain, jax.random.key(0), params)
   np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
   # The output projection summed in another order (and other batch shapes in the programs).
-  assert_close(got.logprobs, want.logprobs, forward_roundings(config, MAX_LENGTH, logprobs=True))
-  assert_close(ds.next_logits, plain.next_logits, forward_roundings(config, MAX_LENGTH))
+  assert_close(got.logprobs, want.logprobs,
+               steps=forward_roundings(config, MAX_LENGTH, logprobs=True))
+  assert_close(ds.next_logits, plain.next_logits, steps=forward_roundings(config, MAX_LENGTH))
   # New parameters (an update): a new kernel from the new embedding, not the old one.
   updated = jax.tree_util.tree_map(lambda x: x, state)
   updated["embed"] = nnx.Param(2.0 * state["embed"][...])
@@ -233,7 +235,7 @@ def test_generate_without_keeping_the_state_emits_the_same(policy, params, per_r
     np.testing.assert_array_equal(np.asarray(getattr(got, field)), np.asarray(getattr(want, field)))
   for field in ("logprobs", "entropies"):
     assert_close(getattr(got, field), getattr(want, field),
-                 forward_roundings(config, MAX_LENGTH, logprobs=True))
+                 steps=forward_roundings(config, MAX_LENGTH, logprobs=True))
   assert int(got.num_tokens[2]) == 0 and int(got.num_tokens[0]) >= 1
   if params.max_new_tokens > 4:
     assert int(got.num_tokens[3]) <= 4 and bool(got.stopped[0])
@@ -257,8 +259,8 @@ def test_sample_logits_draws_from_the_truncated_distribution():
   # Reported numbers: the untruncated temperature-scaled distribution.
   full = np.exp(logits / 0.5 - np.log(np.exp(logits / 0.5).sum()))
   # float32 against float64: a scaling, a log-sum-exp over 6 logits and a subtraction.
-  assert_close(logprobs, np.log(full)[np.asarray(tokens)], sum_roundings(6) + 4)
-  assert_close(entropies, -(full * np.log(full)).sum(), 2 * sum_roundings(6) + 4)
+  assert_close(logprobs, np.log(full)[np.asarray(tokens)], steps=sum_roundings(6) + 4)
+  assert_close(entropies, -(full * np.log(full)).sum(), steps=2 * sum_roundings(6) + 4)
 
 
 def test_argmax_and_draws_equal_jax_argmax_and_categorical():
@@ -329,17 +331,17 @@ def test_attention_window_gives_the_numbers_of_the_whole_cache(policy, monkeypat
   for small_out, large_out in zip(small_outs, large_outs):
     np.testing.assert_array_equal(np.asarray(large_out.tokens), np.asarray(small_out.tokens))
     np.testing.assert_array_equal(np.asarray(large_out.mask), np.asarray(small_out.mask))
-    assert_close(large_out.logprobs, small_out.logprobs, logprob_roundings)
-    assert_close(large_out.entropies, small_out.entropies, logprob_roundings)
+    assert_close(large_out.logprobs, small_out.logprobs, steps=logprob_roundings)
+    assert_close(large_out.entropies, small_out.entropies, steps=logprob_roundings)
   np.testing.assert_array_equal(np.asarray(large_ds.lengths), np.asarray(small_ds.lengths))
-  assert_close(large_ds.next_logits, small_ds.next_logits, forward_roundings(config, 256))
+  assert_close(large_ds.next_logits, small_ds.next_logits, steps=forward_roundings(config, 256))
   # Keys and values after at most every layer.
   cache_roundings = forward_roundings(config, 256, layers=config.num_layers)
   for b, n in enumerate(np.asarray(small_ds.lengths)):
     for got, want in zip(large_ds.cache.keys, small_ds.cache.keys):  # [B, Hkv, D, S]
-      assert_close(got[b, ..., :n], want[b, ..., :n], cache_roundings)
+      assert_close(got[b, ..., :n], want[b, ..., :n], steps=cache_roundings)
     for got, want in zip(large_ds.cache.values, small_ds.cache.values):  # [B, Hkv, S, D]
-      assert_close(got[b, :, :n], want[b, :, :n], cache_roundings)
+      assert_close(got[b, :, :n], want[b, :, :n], steps=cache_roundings)
 
 
 def test_attention_windows_by_hand(policy):
@@ -406,8 +408,8 @@ def test_per_row_keys_make_a_row_independent_of_its_batch_mates(policy):
     assert generated(alone, 0)[0] == tokens
     # One row against four: matmuls over other batch shapes round differently.
     roundings = forward_roundings(config, MAX_LENGTH, logprobs=True)
-    assert_close(generated(alone, 0)[1], logprobs, roundings)
-    assert_close(generated(alone, 0)[2], entropies, roundings)
+    assert_close(generated(alone, 0)[1], logprobs, steps=roundings)
+    assert_close(generated(alone, 0)[2], entropies, steps=roundings)
   # Raw uint32 keys [B, 2] are per-row keys too, and a row's token at step s is drawn with
   # fold_in(key[b], s): the first token is categorical(fold_in(key[b], 0), logits[b]).
   raw = jax.random.key_data(keys)

@@ -1,50 +1,26 @@
-"""Test tolerances from the rounding of a dtype at the magnitude compared.
+"""How many float roundings a decoder forward takes: the `steps` of `testing.tolerance`.
 
 Two float computations of the same function that differ only in the order of their sums (a
 cache against a full forward, another batch size, XLA against PyTorch, one processor against
-another) agree to a number of rounding steps of the magnitude they work at, not to a fixed
-absolute error. A tolerance is therefore written as
+another) agree to a number of rounding steps of the magnitude they work at. For a decoder
+forward that count is `forward_roundings`: along the deepest path through the model, each
+reduction of n terms adds ceil(log2 n) (the depth of a pairwise sum, which bounds a reordered
+sum in units of its magnitude) and each layer a few elementwise functions (rsqrt, exp, cos/sin,
+divisions) that libraries round differently by about an ulp each. The residual stream and
+normalised activations keep intermediate magnitudes of the order of the logits, so the count is
+taken at the magnitude of the values compared:
 
-  roundings · eps(dtype) · max|reference|,
+  assert_close(got, want, steps=forward_roundings(config, attended_slots=48))
 
-with `roundings` a count justified by the computation. For a decoder forward the count is
-`forward_roundings`: along the deepest path through the model, each reduction of n terms adds
-ceil(log2 n) (the depth of a pairwise sum, which bounds a reordered sum in units of its
-magnitude) and each layer a few elementwise functions (rsqrt, exp, cos/sin, divisions) that
-libraries round differently by about an ulp each. The residual stream and normalised
-activations keep intermediate magnitudes of the order of the logits, so the count is taken at
-the magnitude of the values compared.
-
-Example: two tiny-model logit arrays of size ~6 compared after a forward of ~130 roundings:
-`tolerance(want, forward_roundings(config, 48))` ≈ 130 · 1.19e-7 · 6 ≈ 9e-5.
+For the tiny test models that is 126-152 roundings, ≈ 9e-5 at logits of size 6.
 """
 
 import math
-
-import ml_dtypes
-import numpy as np
 
 # Elementwise functions per layer whose last bit may differ between implementations: two
 # RMSNorm rsqrts and scalings, RoPE's cos and sin, the softmax's exp and division, SiLU's exp
 # and division.
 ELEMENTWISE_PER_LAYER = 8
-
-
-def eps(dtype=np.float32) -> float:
-  """The spacing of `dtype` at 1 (float32: 2^-23 ≈ 1.19e-7; bfloat16: 2^-7)."""
-  return float(ml_dtypes.finfo(dtype).eps)
-
-
-def tolerance(reference, roundings: float, dtype=np.float32) -> float:
-  """`roundings · eps(dtype) · max|reference|`: an absolute tolerance for values of that size."""
-  magnitude = float(np.max(np.abs(np.asarray(reference, np.float64))))
-  return roundings * eps(dtype) * magnitude
-
-
-def assert_close(actual, desired, roundings: float, dtype=np.float32, err_msg: str = ""):
-  """`np.testing.assert_allclose` with `atol = tolerance(desired, roundings, dtype)`, rtol 0."""
-  np.testing.assert_allclose(np.asarray(actual), np.asarray(desired), rtol=0,
-                             atol=tolerance(desired, roundings, dtype), err_msg=err_msg)
 
 
 def sum_roundings(n: int) -> int:

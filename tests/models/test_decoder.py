@@ -10,7 +10,8 @@ from flax import nnx
 
 from bpo_jax import models
 from bpo_jax.models import ForwardOptions, KVCache, ModelConfig
-from bpo_jax.testing.rounding import assert_close, eps, forward_roundings
+from bpo_jax.testing.model_rounding import forward_roundings
+from bpo_jax.testing.tolerance import assert_close, eps
 
 F32 = eps(np.float32)
 
@@ -126,7 +127,7 @@ def test_cached_decode_equals_full_forward(model):
   np.testing.assert_array_equal(np.asarray(cache.lengths), [5, 9, 12, 8])
   roundings = forward_roundings(config, 16)
   for b, want in enumerate(full_logits(graphdef, state, rows)):
-    assert_close(np.stack(got[b]), want, roundings)
+    assert_close(np.stack(got[b]), want, steps=roundings)
 
 
 def test_attention_window_gives_the_numbers_of_the_whole_cache(model):
@@ -157,17 +158,17 @@ def test_attention_window_gives_the_numbers_of_the_whole_cache(model):
   np.testing.assert_array_equal(np.asarray(windowed.lengths), np.asarray(whole.lengths))
   roundings = forward_roundings(config, 16)  # softmax sums over 8, 12 or 16 slots
   for got, want in zip(logits["windowed"], logits["whole"]):
-    assert_close(got, want, roundings)
+    assert_close(got, want, steps=roundings)
   for got, want in zip(windowed.keys + windowed.values, whole.keys + whole.values):
-    assert_close(got, want, roundings)
+    assert_close(got, want, steps=roundings)
   # And both are the full forward's numbers.
   reference = full_logits(graphdef, state, rows)
-  assert_close(logits["windowed"][0][0, :5], reference[0][:5], roundings)
+  assert_close(logits["windowed"][0][0, :5], reference[0][:5], steps=roundings)
   for b in range(1, 4):
     steps = len(rows[b]) - 8
     got = np.concatenate([np.asarray(logits["windowed"][0][b])] +
                          [np.asarray(x[b]) for x in logits["windowed"][1:1 + steps]])
-    assert_close(got, reference[b], roundings)
+    assert_close(got, reference[b], steps=roundings)
 
 
 def test_forked_cache_continued_equals_recompute(model):
@@ -190,7 +191,7 @@ def test_forked_cache_continued_equals_recompute(model):
   got = np.stack(got, axis=1)
   rows = [prefixes[source] + continuations[b].tolist() for b, source in enumerate(sources)]
   for b, want in enumerate(full_logits(graphdef, state, rows)):
-    assert_close(got[b], want[-3:], forward_roundings(config, 16))
+    assert_close(got[b], want[-3:], steps=forward_roundings(config, 16))
   np.testing.assert_array_equal(np.asarray(forked.lengths), [10, 10, 7, 10])
 
 
@@ -211,8 +212,8 @@ def test_packed_tree_with_ancestor_mask_equals_each_path(model):
       graphdef, state, [prefix + branch_a, prefix + branch_b, packed],
       positions=[range(7), range(6), positions])
   roundings = forward_roundings(config, 16)
-  assert_close(logits[:7], path_a, roundings)
-  assert_close(logits[7:], path_b[4:], roundings)
+  assert_close(logits[:7], path_a, steps=roundings)
+  assert_close(logits[7:], path_b[4:], steps=roundings)
   # Without the mask the packed row is a different (causal) sequence: the test can fail.
   assert np.abs(causal[7:] - path_b[4:]).max() > 1e-3
 
@@ -230,7 +231,7 @@ def test_bfloat16_model_tracks_float32():
   # Every weight and activation is rounded to bf16 (eps 2⁻⁷): many independent roundings, whose
   # sum grows like the square root of their count (the count itself, the worst case, would be
   # the whole magnitude at bf16's eps).
-  assert_close(got, want, math.sqrt(forward_roundings(config, 8)), dtype=jnp.bfloat16)
+  assert_close(got, want, steps=math.sqrt(forward_roundings(config, 8)), dtype=jnp.bfloat16)
 
 
 # A log-softmax and entropy over a few logits take a handful of float32 operations (exp, sum,
@@ -270,8 +271,8 @@ def test_logprobs_and_entropy_with_masked_logits_and_their_gradient():
   grad_entropy = jax.grad(
       lambda v: models.logprobs_and_entropy_from_logits(v, jnp.asarray(2))[1])(x)
   # Gradients of values of size ~1: the same handful of operations, twice over (forward, back).
-  assert_close(grad_logprob, np.eye(4)[2] - p, 16)
-  assert_close(grad_entropy, -p * (np.log(p) + h), 16)
+  assert_close(grad_logprob, np.eye(4)[2] - p, steps=16)
+  assert_close(grad_entropy, -p * (np.log(p) + h), steps=16)
 
 
 def test_logits_at_picks_the_logits_of_the_full_output(model):
@@ -283,7 +284,7 @@ def test_logits_at_picks_the_logits_of_the_full_output(model):
   assert picked.shape == (3, 2, config.vocab_size)
   want = np.take_along_axis(np.asarray(full), picks[:, :, None], axis=1)
   roundings = forward_roundings(config, 8)
-  assert_close(picked, want, roundings)
+  assert_close(picked, want, steps=roundings)
   # With a cache: the last real token of each right-padded row, as a continued prefill takes it.
   lengths = np.asarray([7, 3, 5], np.int32)
   cache = KVCache.init(config, 3, 8)
@@ -292,7 +293,7 @@ def test_logits_at_picks_the_logits_of_the_full_output(model):
   last, last_cache = forward(graphdef, state, tokens, cache=cache,
                              input_lengths=jnp.asarray(lengths),
                              options=ForwardOptions(logits_at=jnp.asarray(lengths - 1)[:, None]))
-  assert_close(last[:, 0], np.asarray(full)[np.arange(3), lengths - 1], roundings)
+  assert_close(last[:, 0], np.asarray(full)[np.arange(3), lengths - 1], steps=roundings)
   for got, want in zip(last_cache.keys + last_cache.values, full_cache.keys + full_cache.values):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   # Several steps per row, repeated and out of order: the last layer then runs its queries and
@@ -301,7 +302,7 @@ def test_logits_at_picks_the_logits_of_the_full_output(model):
                                  input_lengths=jnp.asarray(lengths),
                                  options=ForwardOptions(logits_at=jnp.asarray(picks)))
   want = np.take_along_axis(np.asarray(full), picks[:, :, None], axis=1)
-  assert_close(picked, want, roundings)
+  assert_close(picked, want, steps=roundings)
   for got, want in zip(picked_cache.keys + picked_cache.values,
                        full_cache.keys + full_cache.values):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -317,9 +318,9 @@ def test_unembedding_replaces_the_output_projection(model):
   got, _ = forward(graphdef, state, tokens,
                    options=ForwardOptions(unembedding=jnp.asarray(np.asarray(own))))
   roundings = forward_roundings(config, 5)
-  assert_close(got, want, roundings)
+  assert_close(got, want, steps=roundings)
   doubled, _ = forward(graphdef, state, tokens, options=ForwardOptions(unembedding=2.0 * own))
-  assert_close(doubled, 2.0 * np.asarray(want), roundings)
+  assert_close(doubled, 2.0 * np.asarray(want), steps=roundings)
   with pytest.raises(ValueError, match=r"unembedding must be \[hidden, vocab\]"):
     models.forward(graphdef, state, tokens, options=ForwardOptions(unembedding=own.T))
 
@@ -336,8 +337,8 @@ def test_training_logprobs_match_a_full_forward(model):
   want = np.take_along_axis(log_p, targets[..., None], axis=-1)[..., 0]
   # The same logits twice (two compiled programs), then a float32 log-softmax against float64.
   roundings = forward_roundings(config, 6, logprobs=True)
-  assert_close(logprobs, want, roundings)
-  assert_close(entropies, -(np.exp(log_p) * log_p).sum(-1), roundings)
+  assert_close(logprobs, want, steps=roundings)
+  assert_close(entropies, -(np.exp(log_p) * log_p).sum(-1), steps=roundings)
 
 
 def test_bad_inputs_get_clear_errors():

@@ -14,7 +14,8 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from bpo_jax import models
-from bpo_jax.testing.rounding import assert_close, forward_roundings
+from bpo_jax.testing.model_rounding import forward_roundings
+from bpo_jax.testing.tolerance import assert_close
 
 forward = jax.jit(models.forward, static_argnums=0)
 VOCAB = 97
@@ -68,7 +69,7 @@ def test_logits_equal_transformers(checkpoint):
   assert np.abs(want).max() > 1.0  # logits far from flat: a wrong weight would show
   got, _ = forward(graphdef, state, jnp.asarray(PROMPTS))
   # XLA and PyTorch compute the same function with their own summation orders and kernels.
-  assert_close(got, want, forward_roundings(config, PROMPTS.shape[1]))
+  assert_close(got, want, steps=forward_roundings(config, PROMPTS.shape[1]))
 
 
 def test_saved_checkpoint_round_trips_and_loads_in_transformers(checkpoint, tmp_path):
@@ -115,7 +116,7 @@ def test_bfloat16_load_and_placement_by_sharding(checkpoint):
   plain, config = models.load_hf_checkpoint(path)
   got, _ = forward(*nnx.split(sharded), jnp.asarray(PROMPTS))
   want, _ = forward(*nnx.split(plain), jnp.asarray(PROMPTS))
-  assert_close(got, want, forward_roundings(config, PROMPTS.shape[1]))
+  assert_close(got, want, steps=forward_roundings(config, PROMPTS.shape[1]))
 
 
 @pytest.fixture()

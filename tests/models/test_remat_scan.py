@@ -9,7 +9,8 @@ import pytest
 
 from bpo_jax.models import Decoder, ModelConfig
 from bpo_jax.models.decoder import forward
-from bpo_jax.testing.rounding import assert_close, forward_roundings, sum_roundings
+from bpo_jax.testing.model_rounding import forward_roundings, sum_roundings
+from bpo_jax.testing.tolerance import assert_close
 
 BASE = ModelConfig.tiny_llama(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3,
                               num_heads=4, num_kv_heads=2, head_dim=8)
@@ -51,10 +52,10 @@ def test_remat_and_scan_match_the_layer_loop(reference, remat, scan_layers):
   # The same operations in other fusions: a forward's roundings for the logits; the loss sums
   # B·T·V terms that carry the logits' relative error; the backward pass walks the path again.
   roundings = forward_roundings(BASE, 10)
-  assert_close(logits, ref_logits, roundings)
-  assert_close(value, ref_value, roundings + sum_roundings(ref_logits.size))
+  assert_close(logits, ref_logits, steps=roundings)
+  assert_close(value, ref_value, steps=roundings + sum_roundings(ref_logits.size))
   for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ref_grads)):
-    assert_close(g, r, 2 * roundings, err_msg=jax.tree_util.keystr(path))
+    assert_close(g, r, steps=2 * roundings, err_msg=jax.tree_util.keystr(path))
 
 
 def test_remat_inserts_recomputation_and_scan_a_loop():
