@@ -272,6 +272,29 @@ def write_cache_window(cache: KVCache, window_cache: KVCache) -> KVCache:
                  lengths=window_cache.lengths)
 
 
+def _emit_token(step, logits, key, finished, out, *, params: SamplingParams, keyed_rows: bool,
+                stop_ids: jax.Array):
+  """Samples decode step `step`'s token of every unfinished row and records it in `out`.
+
+  Returns (tokens [B], emitted [B], the key to carry, out).
+  """
+  if keyed_rows:  # row b's token at step s: fold_in(key[b], s)
+    subkey = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, step)
+  else:
+    key, subkey = jax.random.split(key)
+  tokens, logprobs, entropies = sample_logits(logits, subkey, params)
+  emit = ~finished
+  tokens = jnp.where(emit, tokens, 0)
+  out = dict(
+      tokens=out["tokens"].at[:, step].set(tokens),
+      logprobs=out["logprobs"].at[:, step].set(jnp.where(emit, logprobs, 0.0)),
+      entropies=out["entropies"].at[:, step].set(jnp.where(emit, entropies, 0.0)),
+      mask=out["mask"].at[:, step].set(emit),
+      stopped=out["stopped"] | (emit & jnp.isin(tokens, stop_ids)),
+  )
+  return tokens, emit, key, out
+
+
 def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
              params: SamplingParams, active: Optional[jax.Array] = None,
              attend_length: Optional[int] = None, keep_state: bool = True,
@@ -314,23 +337,8 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   if keyed_rows and key.shape[0] != batch:
     raise ValueError(f"per-row keys must number {batch} (the batch size), got {key.shape[0]}")
 
-  def emit_token(step, logits, key, finished, out):
-    """Samples step `step`'s token of every unfinished row and records it."""
-    if keyed_rows:  # row b's token at step s: fold_in(key[b], s)
-      subkey = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, step)
-    else:
-      key, subkey = jax.random.split(key)
-    tokens, logprobs, entropies = sample_logits(logits, subkey, params)
-    emit = ~finished
-    tokens = jnp.where(emit, tokens, 0)
-    out = dict(
-        tokens=out["tokens"].at[:, step].set(tokens),
-        logprobs=out["logprobs"].at[:, step].set(jnp.where(emit, logprobs, 0.0)),
-        entropies=out["entropies"].at[:, step].set(jnp.where(emit, entropies, 0.0)),
-        mask=out["mask"].at[:, step].set(emit),
-        stopped=out["stopped"] | (emit & jnp.isin(tokens, stop_ids)),
-    )
-    return tokens, emit, key, out
+  emit_token = functools.partial(_emit_token, params=params, keyed_rows=keyed_rows,
+                                 stop_ids=stop_ids)
 
   # Without keep_state the loop stops one step early and the last token is emitted after it.
   loop_steps = steps if keep_state else steps - 1
@@ -350,8 +358,7 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   out = dict(tokens=jnp.zeros((batch, steps), jnp.int32),
              logprobs=jnp.zeros((batch, steps), jnp.float32),
              entropies=jnp.zeros((batch, steps), jnp.float32),
-             mask=jnp.zeros((batch, steps), bool),
-             stopped=jnp.zeros((batch,), bool))
+             mask=jnp.zeros((batch, steps), bool), stopped=jnp.zeros((batch,), bool))
   finished = ~active.astype(bool) | (decode_state.cache.lengths >= window)
   carry = (jnp.int32(0), decode_state, key, finished, out)
   step, decode_state, key, finished, out = jax.lax.while_loop(cond, body, carry)
