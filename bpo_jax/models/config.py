@@ -1,14 +1,18 @@
-"""Model configuration for the Llama 3.x / Qwen2.5 decoder family.
+"""Model configuration for the Llama 3.x / Qwen2.5 / Qwen3 decoder family.
 
-One dataclass describes every supported checkpoint. The two families differ only in a few
-switches: Qwen2 puts a bias on the q/k/v projections, Llama 3.1+ rescales the RoPE frequencies,
-and the small checkpoints of both tie the output projection to the token embedding.
+One dataclass describes every supported checkpoint. The families differ only in a few switches:
+Qwen2 puts a bias on the q/k/v projections, Qwen3 normalises each query and key head (RMSNorm
+over head_dim, before RoPE) instead, Llama 3.1+ rescales the RoPE frequencies, and the small
+checkpoints of each tie the output projection to the token embedding. Low-rank adapters (LoRA)
+on the attention and MLP projections are a switch too (`lora_rank`); they are not part of an
+HF checkpoint, whose config.json decides everything else.
 
 Example:
 
   config = ModelConfig.qwen2_5_0_5b()
   config.num_params()            # 494032768
   tiny = ModelConfig.tiny(dtype="float32")
+  ModelConfig.qwen3_0_6b(lora_rank=16).num_lora_params()   # 10092544 adapter parameters
 """
 
 import dataclasses
@@ -19,6 +23,7 @@ import jax.numpy as jnp
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
 }
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES = ("none", "full", "dots")
@@ -44,7 +49,8 @@ class ModelConfig:
   """Shape and numerics of a decoder.
 
   Attributes:
-    architecture: "llama" or "qwen2" (only the checkpoint format and defaults differ).
+    architecture: "llama", "qwen2" or "qwen3" (the HF `model_type`; the checkpoint format and
+      defaults differ).
     vocab_size: number of token ids.
     hidden_size: model width.
     intermediate_size: SwiGLU hidden width.
@@ -56,6 +62,8 @@ class ModelConfig:
     rope_scaling: Llama 3 frequency rescaling, or None.
     rms_norm_eps: epsilon of RMSNorm.
     qkv_bias: whether q/k/v projections have a bias (Qwen2).
+    qk_norm: whether each query and key head is RMS-normalised over head_dim before RoPE
+      (Qwen3), with its own weight [head_dim] per layer.
     tie_word_embeddings: whether the output projection is the transposed token embedding.
     max_position_embeddings: the context length the checkpoint was trained for (informative).
     dtype: compute dtype name ("float32", "bfloat16").
@@ -65,6 +73,11 @@ class ModelConfig:
       matmuls without batch dimensions, i.e. the weight projections).
     scan_layers: run the layers of a cache-free forward (training) as one `lax.scan` over
       their stacked weights, so compile time does not grow with depth. Numbers are unchanged.
+    lora_rank: r > 0 adds a low-rank adapter `W + (alpha / r) · A B` to each attention (q, k,
+      v, o) and MLP (gate, up, down) projection, A [in, r] random normal, B [r, out] zeros (see
+      `models.lora`); 0 (the default) adds none. At most the smallest dimension of any
+      projection.
+    lora_alpha: the adapters' scale numerator, `alpha / r` (PEFT's convention).
   """
   architecture: str = "qwen2"
   vocab_size: int = 256
@@ -84,6 +97,9 @@ class ModelConfig:
   param_dtype: str = "float32"
   remat: str = "none"
   scan_layers: bool = False
+  qk_norm: bool = False
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
 
   def __post_init__(self):
     if self.architecture not in SUPPORTED_ARCHITECTURES.values():
@@ -104,6 +120,37 @@ class ModelConfig:
         raise ValueError(f"{name} must be one of {sorted(_DTYPES)}, got {getattr(self, name)!r}")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+    self._check_lora()
+
+  def projection_shapes(self) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each projection an adapter can go on."""
+    h, i = self.hidden_size, self.intermediate_size
+    q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+    return {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "gate": (h, i), "up": (h, i),
+            "down": (i, h)}
+
+  def _check_lora(self):
+    rank = self.lora_rank
+    if isinstance(rank, bool) or not isinstance(rank, int):
+      raise ValueError(f"lora_rank must be an int (0 = no adapters), got {rank!r}")
+    if rank < 0:
+      raise ValueError(f"lora_rank must be >= 0 (0 = no adapters), got {rank}")
+    if rank and not self.lora_alpha > 0:
+      raise ValueError(f"lora_alpha must be positive, got {self.lora_alpha}")
+    for name, (fan_in, fan_out) in self.projection_shapes().items():
+      if rank > min(fan_in, fan_out):
+        raise ValueError(f"lora_rank {rank} exceeds the {name} projection's smaller dimension "
+                         f"({fan_in} -> {fan_out}): an adapter there cannot have that rank")
+
+  def without_lora(self) -> "ModelConfig":
+    """The same model without adapters (what a LoRA model is once merged)."""
+    default_alpha = ModelConfig.__dataclass_fields__["lora_alpha"].default
+    return self.replace(lora_rank=0, lora_alpha=default_alpha)
+
+  @property
+  def lora_scale(self) -> float:
+    """`alpha / r`, the factor of the adapters' product (0 without adapters)."""
+    return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
 
   @property
   def compute_dtype(self):
@@ -117,13 +164,20 @@ class ModelConfig:
     return dataclasses.replace(self, **changes)
 
   def num_params(self) -> int:
-    """Number of parameters (tied embeddings counted once)."""
+    """Number of base parameters (tied embeddings counted once; adapters not counted, see
+    `num_lora_params`)."""
     h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
     attention = h * q + 2 * h * kv + q * h + (q + 2 * kv if self.qkv_bias else 0)
+    attention += 2 * self.head_dim if self.qk_norm else 0
     mlp = 3 * h * self.intermediate_size
     per_layer = attention + mlp + 2 * h
     embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
     return self.num_layers * per_layer + embeddings + h
+
+  def num_lora_params(self) -> int:
+    """Number of adapter parameters: `r · (in + out)` per adapted projection and layer."""
+    per_layer = sum(self.lora_rank * (a + b) for a, b in self.projection_shapes().values())
+    return self.num_layers * per_layer
 
   # ----- named presets -----
 
@@ -172,6 +226,22 @@ class ModelConfig:
                                   tie_word_embeddings=False), **overrides})
 
   @classmethod
+  def tiny_qwen3(cls, **overrides) -> "ModelConfig":
+    """A Qwen3-style test model (per-head q/k norms, no bias, head_dim not hidden / heads)."""
+    base = dict(architecture="qwen3", qkv_bias=False, qk_norm=True, head_dim=24,
+                rope_theta=1000000.0, max_position_embeddings=256)
+    return cls(**{**base, **overrides})
+
+  @classmethod
+  def qwen3_0_6b(cls, **overrides) -> "ModelConfig":
+    base = dict(architecture="qwen3", vocab_size=151936, hidden_size=1024,
+                intermediate_size=3072, num_layers=28, num_heads=16, num_kv_heads=8,
+                head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6, qkv_bias=False,
+                qk_norm=True, tie_word_embeddings=True, max_position_embeddings=40960,
+                dtype="bfloat16", param_dtype="bfloat16")
+    return cls(**{**base, **overrides})
+
+  @classmethod
   def llama3_2_1b(cls, **overrides) -> "ModelConfig":
     base = dict(architecture="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                 num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64, rope_theta=500000.0,
@@ -196,70 +266,50 @@ class ModelConfig:
     """Builds a config from the fields of an HF `config.json` (transformers 4.x or 5.x layout).
 
     Raises:
-      ValueError: for an architecture other than LlamaForCausalLM / Qwen2ForCausalLM, or a
-        feature this decoder does not implement (sliding-window attention, other RoPE types,
-        MLP or output-projection biases).
+      ValueError: for a `model_type` / architecture other than llama / qwen2 / qwen3 causal LMs,
+        a feature this decoder does not implement (sliding-window attention, other RoPE types,
+        MLP or output-projection biases), or a missing or malformed shape field.
     """
-    architectures = hf.get("architectures") or []
-    model_type = hf.get("model_type")
-    architecture = None
-    for name in architectures:
-      architecture = SUPPORTED_ARCHITECTURES.get(name, architecture)
-    if architecture is None and not architectures and model_type in ("llama", "qwen2"):
-      architecture = model_type
-    if architecture is None:
-      raise ValueError(
-          f"unsupported architecture {architectures or model_type!r}: supported are "
-          f"{sorted(SUPPORTED_ARCHITECTURES)}")
-    if hf.get("hidden_act", "silu") != "silu":
-      raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}: only 'silu' (SwiGLU)")
-    if hf.get("mlp_bias", False):
-      raise ValueError("unsupported: mlp_bias=True")
-    if architecture == "llama" and hf.get("attention_bias", False):
-      raise ValueError("unsupported: Llama attention_bias=True (it also adds an o_proj bias)")
-    if architecture == "qwen2" and hf.get("use_sliding_window", False):
-      raise ValueError("unsupported: sliding-window attention (use_sliding_window=True)")
-    # transformers 5 writes `rope_parameters` (with rope_theta inside); 4.x writes `rope_scaling`
-    # and a top-level `rope_theta`.
-    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type == "llama3":
-      rope_scaling = Llama3RopeScaling(
-          factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
-          high_freq_factor=float(rope["high_freq_factor"]),
-          original_max_position_embeddings=int(rope["original_max_position_embeddings"]))
-    elif rope_type == "default":
-      rope_scaling = None
-    else:
-      raise ValueError(f"unsupported rope_type {rope_type!r}: only 'default' and 'llama3'")
-    num_heads = int(hf["num_attention_heads"])
-    head_dim = hf.get("head_dim") or int(hf["hidden_size"]) // num_heads
-    hf_dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
-    dtype = hf_dtype if hf_dtype in _DTYPES else "float32"
-    fields = dict(
-        architecture=architecture,
-        vocab_size=int(hf["vocab_size"]),
-        hidden_size=int(hf["hidden_size"]),
-        intermediate_size=int(hf["intermediate_size"]),
-        num_layers=int(hf["num_hidden_layers"]),
-        num_heads=num_heads,
-        num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
-        head_dim=int(head_dim),
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        # Qwen2 always has q/k/v biases; Llama has none (attention_bias=True is refused above).
-        qkv_bias=architecture == "qwen2",
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
-        dtype=dtype,
-        param_dtype=dtype,
-    )
+    family = _hf_family(hf)
+    _check_hf_features(hf, family)
+    try:
+      num_heads = int(hf["num_attention_heads"])
+      head_dim = hf.get("head_dim") or int(hf["hidden_size"]) // num_heads
+      rope_theta, rope_scaling = _hf_rope(hf)
+      hf_dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+      dtype = hf_dtype if hf_dtype in _DTYPES else "float32"
+      fields = dict(
+          architecture=family,
+          vocab_size=int(hf["vocab_size"]),
+          hidden_size=int(hf["hidden_size"]),
+          intermediate_size=int(hf["intermediate_size"]),
+          num_layers=int(hf["num_hidden_layers"]),
+          num_heads=num_heads,
+          num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+          head_dim=int(head_dim),
+          rope_theta=rope_theta,
+          rope_scaling=rope_scaling,
+          rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+          # Qwen2 always has q/k/v biases; Llama and Qwen3 have none (attention_bias=True, which
+          # also biases o_proj, is refused above).
+          qkv_bias=family == "qwen2",
+          qk_norm=family == "qwen3",
+          tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+          max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+          dtype=dtype,
+          param_dtype=dtype,
+      )
+    except KeyError as e:
+      raise ValueError(f"config.json has no {e.args[0]!r} field") from None
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"config.json has a malformed field: {e}") from None
     return cls(**{**fields, **overrides})
 
   def to_hf_config(self) -> dict[str, Any]:
-    """The HF `config.json` fields for this config (loadable by transformers 4.x and 5.x)."""
+    """The HF `config.json` fields for this config (loadable by transformers 4.x and 5.x).
+
+    Adapters are not part of it: a model with `lora_rank > 0` is saved merged.
+    """
     arch_name = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}[self.architecture]
     rope_scaling = None
     if self.rope_scaling is not None:
@@ -285,12 +335,72 @@ class ModelConfig:
         torch_dtype=self.param_dtype,
         dtype=self.param_dtype,
     )
+    bias, norm = {"llama": (False, False), "qwen2": (True, False), "qwen3": (False, True)}[
+        self.architecture]
+    if (self.qkv_bias, self.qk_norm) != (bias, norm):
+      raise ValueError(f"a {self.architecture} checkpoint has qkv_bias={bias}, qk_norm={norm}; "
+                       f"this config has {self.qkv_bias}, {self.qk_norm}")
     if self.architecture == "llama":
-      if self.qkv_bias:
-        raise ValueError("a Llama checkpoint cannot hold q/k/v biases alone; set qkv_bias=False")
       hf.update(attention_bias=False, mlp_bias=False)
-    elif not self.qkv_bias:
-      raise ValueError("a Qwen2 checkpoint always has q/k/v biases; set qkv_bias=True")
-    else:
+    elif self.architecture == "qwen2":
       hf.update(use_sliding_window=False, sliding_window=None)
+    else:
+      hf.update(attention_bias=False, use_sliding_window=False, sliding_window=None)
     return hf
+
+
+def _hf_family(hf: dict[str, Any]) -> str:
+  """The decoder family of an HF config: its `model_type`, checked against `architectures`."""
+  if not isinstance(hf, dict):
+    raise ValueError(f"config.json must hold a JSON object, got {type(hf).__name__}")
+  model_type = hf.get("model_type")
+  architectures = hf.get("architectures") or []
+  supported = sorted(SUPPORTED_ARCHITECTURES.values())
+  if model_type is not None and model_type not in supported:
+    raise ValueError(f"unsupported model_type {model_type!r} (architectures {architectures}): "
+                     f"supported are {supported}")
+  families = {SUPPORTED_ARCHITECTURES[a] for a in architectures if a in SUPPORTED_ARCHITECTURES}
+  if architectures and not families:
+    raise ValueError(f"unsupported architecture {architectures!r}: supported are "
+                     f"{sorted(SUPPORTED_ARCHITECTURES)}")
+  if model_type is None and len(families) != 1:
+    raise ValueError(f"config.json names no model_type and architectures {architectures!r}: "
+                     f"supported are {sorted(SUPPORTED_ARCHITECTURES)}")
+  family = model_type or families.pop()
+  if families and family not in families:
+    raise ValueError(f"model_type {model_type!r} does not match architectures {architectures}")
+  return family
+
+
+def _check_hf_features(hf: dict[str, Any], family: str) -> None:
+  """Refuses what the decoder does not compute (one line naming the feature)."""
+  if hf.get("hidden_act", "silu") != "silu":
+    raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}: only 'silu' (SwiGLU)")
+  if hf.get("mlp_bias", False):
+    raise ValueError("unsupported: mlp_bias=True")
+  if family in ("llama", "qwen3") and hf.get("attention_bias", False):
+    raise ValueError(f"unsupported: {family} attention_bias=True (it also adds an o_proj bias)")
+  if family in ("qwen2", "qwen3") and hf.get("use_sliding_window", False):
+    raise ValueError("unsupported: sliding-window attention (use_sliding_window=True)")
+  layer_types = set(hf.get("layer_types") or ["full_attention"])
+  if layer_types != {"full_attention"}:
+    raise ValueError(f"unsupported layer_types {sorted(layer_types)}: only full_attention")
+
+
+def _hf_rope(hf: dict[str, Any]) -> tuple[float, Optional[Llama3RopeScaling]]:
+  """(rope_theta, Llama 3 scaling or None) of an HF config.
+
+  transformers 5 writes `rope_parameters` (with rope_theta inside); 4.x writes `rope_scaling`
+  and a top-level `rope_theta`.
+  """
+  rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+  rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+  rope_type = rope.get("rope_type", rope.get("type", "default"))
+  if rope_type == "default":
+    return rope_theta, None
+  if rope_type != "llama3":
+    raise ValueError(f"unsupported rope_type {rope_type!r}: only 'default' and 'llama3'")
+  return rope_theta, Llama3RopeScaling(
+      factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
+      high_freq_factor=float(rope["high_freq_factor"]),
+      original_max_position_embeddings=int(rope["original_max_position_embeddings"]))

@@ -1,8 +1,9 @@
-"""Flax NNX decoder for the Llama 3.x / Qwen2.5 family, with a functional KV cache.
+"""Flax NNX decoder for the Llama 3.x / Qwen2.5 / Qwen3 family, with a functional KV cache.
 
 Block: `x + Attn(RMSNorm(x))`, then `x + SwiGLU(RMSNorm(x))`; grouped-query attention with RoPE
-(the "rotate half" layout of HF checkpoints), optional q/k/v biases (Qwen2), Llama 3 RoPE
-frequency scaling, tied or untied output projection.
+(the "rotate half" layout of HF checkpoints), optional q/k/v biases (Qwen2), optional per-head
+RMSNorm of queries and keys before RoPE (Qwen3), Llama 3 RoPE frequency scaling, tied or untied
+output projection, optional low-rank adapters on every projection (`models.lora`).
 
 Calling convention:
 
@@ -37,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bpo_jax.models import lora
 from bpo_jax.models.config import Llama3RopeScaling, ModelConfig
 
 
@@ -178,23 +180,59 @@ class RMSNorm(nnx.Module):
     return self.weight[...].astype(self.dtype) * normed.astype(self.dtype)
 
 
+def _add_adapters(module: nnx.Module, config: ModelConfig, rngs: nnx.Rngs, shapes: dict):
+  """`{name}_lora_a`, `{name}_lora_b` on `module` for each name: (kernel in dims, out dims)."""
+  module.lora_scale = config.lora_scale
+  module.lora_targets = tuple(shapes)
+  for name in module.lora_targets:
+    a, b = lora.init_adapter(rngs.params(), *shapes[name], config.lora_rank, config.params_dtype)
+    setattr(module, f"{name}_lora_a", a)
+    setattr(module, f"{name}_lora_b", b)
+
+
+def _with_adapter(module: nnx.Module, name: str, x: jax.Array, y: jax.Array) -> jax.Array:
+  """`y = x W` plus the adapter of projection `name`, if the module has one."""
+  if name not in module.lora_targets:
+    return y
+  a, b = getattr(module, f"{name}_lora_a")[...], getattr(module, f"{name}_lora_b")[...]
+  # The base projection is computed as in a model without adapters: without the barrier XLA may
+  # fold x·W and the adapter's matmuls into one computation of other rounding, and B = 0 would
+  # not give the base model's logits bit for bit.
+  y = jax.lax.optimization_barrier(y)
+  return y + lora.adapter_output(x, a, b, module.lora_scale, y.dtype)
+
+
 class Attention(nnx.Module):
   """Grouped-query self-attention; kernels laid out per head so heads can be sharded."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     h, d = config.hidden_size, config.head_dim
     pd = config.params_dtype
-    self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
+    heads, kv_heads = config.num_heads, config.num_kv_heads
+    self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, d
     self.dtype = config.compute_dtype
-    self.q_kernel = _normal(rngs, (h, config.num_heads, d), pd)
-    self.k_kernel = _normal(rngs, (h, config.num_kv_heads, d), pd)
-    self.v_kernel = _normal(rngs, (h, config.num_kv_heads, d), pd)
-    self.o_kernel = _normal(rngs, (config.num_heads, d, h), pd)
+    self.q_kernel = _normal(rngs, (h, heads, d), pd)
+    self.k_kernel = _normal(rngs, (h, kv_heads, d), pd)
+    self.v_kernel = _normal(rngs, (h, kv_heads, d), pd)
+    self.o_kernel = _normal(rngs, (heads, d, h), pd)
     self.qkv_bias = config.qkv_bias
     if config.qkv_bias:
-      self.q_bias = _normal(rngs, (config.num_heads, d), pd)
-      self.k_bias = _normal(rngs, (config.num_kv_heads, d), pd)
-      self.v_bias = _normal(rngs, (config.num_kv_heads, d), pd)
+      self.q_bias = _normal(rngs, (heads, d), pd)
+      self.k_bias = _normal(rngs, (kv_heads, d), pd)
+      self.v_bias = _normal(rngs, (kv_heads, d), pd)
+    self.qk_norm = config.qk_norm
+    if config.qk_norm:
+      self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype=self.dtype, param_dtype=pd)
+      self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype=self.dtype, param_dtype=pd)
+    self.lora_targets = ()  # set by `Decoder` with `lora_rank > 0`
+
+  @staticmethod
+  def adapter_shapes(config: ModelConfig) -> dict:
+    """(kernel input dims, output dims) of each projection, in the kernels' layouts."""
+    h, d, heads, kv_heads = (config.hidden_size, config.head_dim, config.num_heads,
+                             config.num_kv_heads)
+    return {"q": ((h,), (heads, d)), "k": ((h,), (kv_heads, d)), "v": ((h,), (kv_heads, d)),
+            "o": ((heads, d), (h,))}
 
   def __call__(self, x, cos, sin, mask, layer_cache=None, write_slots=None, query_at=None):
     """x [B,T,h]; layer_cache (keys [B,Hkv,D,S], values [B,Hkv,S,D]); mask [B,T,S'] (True = may
@@ -217,13 +255,16 @@ class Attention(nnx.Module):
     if query_at is not None:
       x_q, cos, sin, mask = (_at_steps(a, query_at) for a in (x, cos, sin, mask))
     t = x_q.shape[1]
-    q = jnp.einsum("btm,mhd->bthd", x_q, self.q_kernel[...].astype(dt))
-    k = jnp.einsum("btm,mhd->bthd", x, self.k_kernel[...].astype(dt))
-    v = jnp.einsum("btm,mhd->bthd", x, self.v_kernel[...].astype(dt))
+    project = lambda inputs, kernel: jnp.einsum("btm,mhd->bthd", inputs, kernel[...].astype(dt))
+    q = _with_adapter(self, "q", x_q, project(x_q, self.q_kernel))
+    k = _with_adapter(self, "k", x, project(x, self.k_kernel))
+    v = _with_adapter(self, "v", x, project(x, self.v_kernel))
     if self.qkv_bias:
       q = q + self.q_bias[...].astype(dt)
       k = k + self.k_bias[...].astype(dt)
       v = v + self.v_bias[...].astype(dt)
+    if self.qk_norm:  # Qwen3: each head RMS-normalised over head_dim, before RoPE
+      q, k = self.q_norm(q), self.k_norm(k)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, k_cos, k_sin)
     new_cache = None
@@ -259,9 +300,11 @@ class Attention(nnx.Module):
     out = out.reshape(b, self.num_kv_heads, groups, t, self.head_dim).transpose(0, 3, 1, 2, 4)
     # [B, T, H·D] @ [H·D, h], heads major as in the HF layout: the kernel's reshape is free, where
     # an einsum over (h, d) has XLA copy the kernel into another layout on every call.
+    heads_out = out.reshape(b, t, self.num_heads, self.head_dim)
     out = out.reshape(b, t, self.num_heads * self.head_dim)
     o_kernel = self.o_kernel[...].astype(dt)
-    return out @ o_kernel.reshape(-1, o_kernel.shape[-1]), new_cache
+    out = _with_adapter(self, "o", heads_out, out @ o_kernel.reshape(-1, o_kernel.shape[-1]))
+    return out, new_cache
 
 
 class MLP(nnx.Module):
@@ -273,12 +316,19 @@ class MLP(nnx.Module):
     self.gate_kernel = _normal(rngs, (h, i), pd)
     self.up_kernel = _normal(rngs, (h, i), pd)
     self.down_kernel = _normal(rngs, (i, h), pd)
+    self.lora_targets = ()  # set by `Decoder` with `lora_rank > 0`
+
+  @staticmethod
+  def adapter_shapes(config: ModelConfig) -> dict:
+    h, i = config.hidden_size, config.intermediate_size
+    return {"gate": ((h,), (i,)), "up": ((h,), (i,)), "down": ((i,), (h,))}
 
   def __call__(self, x):
     dt = self.dtype
-    gate = x @ self.gate_kernel[...].astype(dt)
-    up = x @ self.up_kernel[...].astype(dt)
-    return (jax.nn.silu(gate) * up) @ self.down_kernel[...].astype(dt)
+    gate = _with_adapter(self, "gate", x, x @ self.gate_kernel[...].astype(dt))
+    up = _with_adapter(self, "up", x, x @ self.up_kernel[...].astype(dt))
+    hidden = jax.nn.silu(gate) * up
+    return _with_adapter(self, "down", hidden, hidden @ self.down_kernel[...].astype(dt))
 
 
 class DecoderLayer(nnx.Module):
@@ -314,6 +364,11 @@ class Decoder(nnx.Module):
                               dtype=config.compute_dtype, param_dtype=pd)
     if not config.tie_word_embeddings:
       self.lm_head = _normal(rngs, (config.hidden_size, config.vocab_size), pd)
+    if config.lora_rank:
+      # Drawn after every base weight, so the base is the same with and without adapters.
+      for layer in self.layers:
+        _add_adapters(layer.attn, config, rngs, Attention.adapter_shapes(config))
+        _add_adapters(layer.mlp, config, rngs, MLP.adapter_shapes(config))
 
   def _layers_without_cache(self, x, cos, sin, mask):
     """The layer stack of a cache-free forward, rematerialised and scanned as configured.
