@@ -36,7 +36,7 @@ import numpy as np
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # Logical axes of each parameter, keyed by the parameter's own name (the last name in its path).
-PARAM_LOGICAL_AXES: Mapping[str, tuple[str, ...]] = {
+PARAM_LOGICAL_AXES: Mapping[str, tuple[str | None, ...]] = {
     "embed": ("vocab", "embed"),
     "lm_head": ("embed", "vocab"),
     "q_kernel": ("embed", "heads", "head_dim"),
@@ -50,6 +50,15 @@ PARAM_LOGICAL_AXES: Mapping[str, tuple[str, ...]] = {
     "up_kernel": ("embed", "mlp"),
     "down_kernel": ("mlp", "embed"),
     "weight": ("norm",),
+    # LoRA adapters (`models.lora`): A takes its kernel's input axes, B its output axes; the
+    # rank axis (None) is replicated.
+    "q_lora_a": ("embed", None), "q_lora_b": (None, "heads", "head_dim"),
+    "k_lora_a": ("embed", None), "k_lora_b": (None, "kv_heads", "head_dim"),
+    "v_lora_a": ("embed", None), "v_lora_b": (None, "kv_heads", "head_dim"),
+    "o_lora_a": ("heads", "head_dim", None), "o_lora_b": (None, "embed"),
+    "gate_lora_a": ("embed", None), "gate_lora_b": (None, "mlp"),
+    "up_lora_a": ("embed", None), "up_lora_b": (None, "mlp"),
+    "down_lora_a": ("mlp", None), "down_lora_b": (None, "embed"),
 }
 
 # Logical name -> mesh axes (a tuple shards over several axes; None replicates).
