@@ -37,6 +37,8 @@ from typing import Any, Sequence
 
 import ml_collections
 
+from bpo_jax.training import chips as chips_lib
+
 ESTIMATORS = ("bpo", "rloo", "grpo", "gigpo")
 FORK_RULES = ("entropy", "random")
 ENTROPY_MEASURES = ("first_token", "greedy_action")
@@ -160,7 +162,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.scale.remat = "none"           # recompute each layer's activations in the backward pass
   c.scale.scan_layers = False      # one lax.scan over the layers: compile time independent of depth
   c.scale.model_preset = ""        # a ModelConfig preset for the dry run, e.g. "qwen2_5_7b"
-  c.scale.chip = ""                # the dry run's target chip (training/dry_run.py CHIPS)
+  c.scale.chip = ""                # the dry run's target chip (training/chips.py CHIPS)
   c.scale.num_devices = 0          # devices of the mesh; 0 = all (the dry run fakes this many)
   c.scale.decode_batch = 0         # rows decoded at once; 0 = tasks x trees x max_leaves
   c.scale.distributed = ml_collections.ConfigDict({
@@ -361,7 +363,6 @@ def _check_budgets(config, problems: list[str]):
 
 def _check_scale(config, problems: list[str]):
   """Mesh sizes, precision, remat, the dry run's target and the multi-host settings."""
-  from bpo_jax.training import dry_run  # pylint: disable=g-import-not-at-top  (no JAX at import)
   s = config.scale
   sizes = {name: s.mesh[name] for name in ("data", "fsdp", "tensor")}
   for name, size in sizes.items():
@@ -388,9 +389,9 @@ def _check_scale(config, problems: list[str]):
   if s.model_preset and s.model_preset not in MODEL_PRESETS:
     problems.append(f"scale.model_preset = {s.model_preset!r}: must be '' or one of "
                     f"{', '.join(MODEL_PRESETS)}")
-  if s.chip and s.chip.lower() not in dry_run.CHIPS:
+  if s.chip and s.chip.lower() not in chips_lib.CHIPS:
     problems.append(f"scale.chip = {s.chip!r}: must be '' or one of "
-                    f"{', '.join(sorted(dry_run.CHIPS))}")
+                    f"{', '.join(sorted(chips_lib.CHIPS))}")
   if s.decode_batch < 0:
     problems.append(f"scale.decode_batch = {s.decode_batch}: must be >= 0 (0 = tasks x trees x "
                     "max_leaves)")

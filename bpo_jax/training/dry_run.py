@@ -46,7 +46,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-GIB = 1 << 30
+from bpo_jax.training.chips import CHIPS, GIB, Chip, get_chip  # noqa: F401  (re-exported)
 
 
 def format_bytes(n: int) -> str:
@@ -56,33 +56,6 @@ def format_bytes(n: int) -> str:
     if abs(n) >= size:
       return f"{n / size:.2f} {unit}"
   return f"{n} B"
-
-
-@dataclasses.dataclass(frozen=True)
-class Chip:
-  """An accelerator: its name and memory (HBM) per device in bytes."""
-
-  name: str
-  hbm_bytes: int
-
-
-CHIPS = {
-    "v4": Chip("TPU v4", 32 * GIB),
-    "v5p": Chip("TPU v5p", 95 * GIB),
-    "v5e": Chip("TPU v5e", 16 * GIB),
-    "v6e": Chip("TPU v6e", 32 * GIB),
-    "h100": Chip("NVIDIA H100", 80 * GIB),
-    "h200": Chip("NVIDIA H200", 141 * GIB),
-}
-
-
-def get_chip(chip: str | Chip) -> Chip:
-  if isinstance(chip, Chip):
-    return chip
-  key = chip.lower()
-  if key not in CHIPS:
-    raise ValueError(f"unknown chip {chip!r}; known chips: {', '.join(sorted(CHIPS))}")
-  return CHIPS[key]
 
 
 class DoesNotFitError(ValueError):
