@@ -38,9 +38,11 @@ from typing import Any, Sequence
 import ml_collections
 
 from bpo_jax.training import chips as chips_lib
+from bpo_jax.training import estimator_registry
 
-ESTIMATORS = ("bpo", "rloo", "grpo", "gigpo")
-FORK_RULES = ("entropy", "random")
+# The online rules of `rollout.FORK_RULES`, the ones a training run may use ("never" is the
+# evaluation's single episode; "top_k_after" is biased, for comparisons only).
+TRAINING_FORK_RULES = ("entropy", "random")
 ENTROPY_MEASURES = ("first_token", "greedy_action")
 TRUNK_BASELINES = ("zero", "loo", "batch")
 NORMALIZATIONS = ("tree", "token")
@@ -175,10 +177,10 @@ def default_config() -> ml_collections.ConfigDict:
 
 # ----------------------------------------------------------------------------- checks
 
-# Allowed values of the keys with a fixed set of choices.
+# Allowed values of the keys with a fixed set of choices (and `rollout.estimator`: the names in
+# `estimator_registry`).
 _CHOICES = {
-    "rollout.estimator": ESTIMATORS,
-    "rollout.fork_rule": FORK_RULES,
+    "rollout.fork_rule": TRAINING_FORK_RULES,
     "rollout.entropy_measure": ENTROPY_MEASURES,
     "rollout.trunk_baseline": TRUNK_BASELINES,
     "train.normalization": NORMALIZATIONS,
@@ -327,13 +329,12 @@ def path_token_bound(config) -> int | None:
 def _check_budgets(config, problems: list[str]):
   """Budgets that cannot hold one tree."""
   r = config.rollout
-  if r.estimator == "bpo":
-    if r.max_leaves < r.k:
-      problems.append(f"rollout.max_leaves = {r.max_leaves}: cannot hold one fork of "
-                      f"rollout.k = {r.k} siblings; set max_leaves >= k")
-  elif r.max_leaves < r.k:
-    problems.append(f"rollout.max_leaves = {r.max_leaves}: cannot hold one group of "
-                    f"rollout.k = {r.k} independent rollouts; set max_leaves >= k")
+  estimator = estimator_registry.get(r.estimator)
+  if r.max_leaves < r.k:
+    unit = ("one fork of rollout.k = {k} siblings" if estimator.topology == "tree"
+            else "one group of rollout.k = {k} independent rollouts")
+    problems.append(f"rollout.max_leaves = {r.max_leaves}: cannot hold {unit.format(k=r.k)}; "
+                    "set max_leaves >= k")
   # One path of max_turns steps must fit the context; the tree's budgets must hold K paths.
   path_tokens = path_token_bound(config)
   if path_tokens is not None and path_tokens > config.model.max_length:
@@ -352,7 +353,7 @@ def _check_budgets(config, problems: list[str]):
   if r.max_tree_tokens < min_tree_tokens:
     problems.append(f"rollout.max_tree_tokens = {r.max_tree_tokens}: cannot hold one step of "
                     f"each of rollout.k = {r.k} branches (needs >= {min_tree_tokens})")
-  if (r.trunk_baseline == "batch" and r.estimator == "bpo"
+  if (r.trunk_baseline == "batch" and estimator.trunk_baseline
       and r.tasks_per_iteration * r.trees_per_task < 2):
     problems.append("rollout.trunk_baseline = 'batch': needs at least 2 trees per iteration "
                     "(rollout.tasks_per_iteration x rollout.trees_per_task)")
@@ -426,7 +427,7 @@ def validate(config, mode: str = "train", workdir: str | None = None) -> None:
   _walk(default_config(), config, "", problems, free_sections=("env.options",))
   if problems:  # Later checks read values, which need the right keys and types.
     raise ConfigError(problems)
-  for path, allowed in _CHOICES.items():
+  for path, allowed in (("rollout.estimator", estimator_registry.names()), *_CHOICES.items()):
     value = _get(config, path)
     if value not in allowed:
       problems.append(f"{path} = {value!r}: must be one of {', '.join(map(repr, allowed))}")

@@ -16,6 +16,7 @@ length, both measured on the quickstart run), and every run logs `env_steps` and
 import ml_collections
 
 from bpo_jax.training import config as config_lib
+from bpo_jax.training import estimator_registry
 
 # Independent episodes per task matching one BPO tree's environment steps (see the docstring).
 # Rooms, measured on the quickstart (120 iterations x 16 trees): 6.8 env steps and 1.7 leaves
@@ -27,9 +28,10 @@ TEXTWORLD_MATCHED_GROUP_SIZE = 2
 
 def with_estimator(config: ml_collections.ConfigDict, estimator: str,
                    matched_group_size: int) -> ml_collections.ConfigDict:
-  """`config` with `estimator`; a baseline gets `matched_group_size` episodes per task."""
+  """`config` with `estimator`; one that grows groups (a baseline) gets `matched_group_size`
+  episodes per task."""
   config.rollout.estimator = estimator
-  if estimator != "bpo":
+  if estimator_registry.get(estimator).topology == "group":
     config.rollout.k = matched_group_size
     config.rollout.max_leaves = max(config.rollout.max_leaves, matched_group_size)
   return config

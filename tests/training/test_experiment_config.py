@@ -6,6 +6,7 @@ import ml_collections
 import pytest
 
 from bpo_jax.training import config as config_lib
+from bpo_jax.training import estimator_registry
 
 
 def _problems(config, **kwargs):
@@ -18,7 +19,7 @@ def test_default_config_is_valid():
   config_lib.validate(config_lib.default_config())
 
 
-@pytest.mark.parametrize("estimator", config_lib.ESTIMATORS)
+@pytest.mark.parametrize("estimator", estimator_registry.names())
 def test_every_estimator_is_allowed(estimator):
   config = config_lib.default_config()
   config.rollout.estimator = estimator
@@ -206,7 +207,7 @@ def test_describe_override_error_blames_nothing_for_good_overrides():
 
 
 CONFIG_FILES = ["quickstart"] + [f"{world}_{estimator}" for world in ("rooms", "textworld")
-                                 for estimator in config_lib.ESTIMATORS]
+                                 for estimator in estimator_registry.names()]
 
 
 @pytest.mark.parametrize("name", CONFIG_FILES)
