@@ -219,70 +219,18 @@ def dry_run(model_config, mesh_config, update_config, batch_rows: int, row_lengt
     A `DryRunReport` (`.format()` prints it).
   """
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-
-  from bpo_jax import packing  # pylint: disable=g-import-not-at-top
-  from bpo_jax import sampling  # pylint: disable=g-import-not-at-top
   from bpo_jax import sharding  # pylint: disable=g-import-not-at-top
-  from bpo_jax.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
-  from bpo_jax.training import precision  # pylint: disable=g-import-not-at-top
-  from bpo_jax.training import update  # pylint: disable=g-import-not-at-top
 
   chip = get_chip(chip)
   mesh = sharding.make_mesh(mesh_config, devices)
   _check_shapes(batch_rows, row_length, decode_batch, cache_length,
                 update_config.num_micro_batches, _batch_axes_size(mesh, sharding.TRAINING_RULES))
-
-  model = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0)))
-  graphdef, params = nnx.split(model)
-  tx = update.make_optimizer(optimizer_config or update.OptimizerConfig())
-  if float32_master_weights and model_config.param_dtype != "float32":
-    tx = precision.with_float32_master_weights(tx)
-  opt_state = jax.eval_shape(tx.init, params)
-
-  # --- train step, training layout
-  param_sh = sharding.param_shardings(params, mesh)
-  replicated = NamedSharding(mesh, PartitionSpec())
-  state_sh = update.TrainState(
-      step=replicated, params=param_sh,
-      opt_state=sharding.optimizer_shardings(opt_state, params, param_sh, mesh))
-  state = _with_shardings(update.TrainState(step=jax.ShapeDtypeStruct((), jnp.int32),
-                                            params=params, opt_state=opt_state), state_sh)
-  batch_sh = sharding.batch_sharding(mesh)
-  dtypes = dict(tokens=jnp.int32, positions=jnp.int32, predecessor=jnp.int32,
-                segment_start=jnp.int32, segment_end=jnp.int32, loss_mask=jnp.bool_,
-                advantage=jnp.float32, weight=jnp.float32, old_logprob=jnp.float32)
-  batch = packing.PackedBatch(**{
-      name: jax.ShapeDtypeStruct((batch_rows, row_length), dtype, sharding=batch_sh)
-      for name, dtype in dtypes.items()})
-  train_step = update.make_train_step(graphdef, tx, update_config, state_sharding=state_sh,
-                                      batch_sharding=batch_sh)
-  start = time.perf_counter()
-  compiled_train = train_step.jitted.lower(state, batch, None, None).compile()
-  train_memory = ProgramMemory.from_compiled("train step", compiled_train,
-                                             compile_seconds=time.perf_counter() - start)
-
-  # --- decode step, sampling layout, with the training state resident
-  sample_param_sh = sharding.param_shardings(params, mesh, sharding.SAMPLING_RULES)
-  decode_state = jax.eval_shape(
-      lambda: sampling.init_decode_state(model_config, decode_batch, cache_length))
-  decode_sh = sharding.cache_shardings(decode_state, mesh)
-  rows_sh = decode_sh.cache.lengths
-  token_sh = NamedSharding(mesh, PartitionSpec(*rows_sh.spec, None))
-  decode_step = jax.jit(sampling.append_tokens, static_argnums=(0,), donate_argnums=(2,),
-                        out_shardings=decode_sh)
-  start = time.perf_counter()
-  compiled_decode = decode_step.lower(
-      graphdef, _with_shardings(params, sample_param_sh),
-      _with_shardings(decode_state, decode_sh),
-      jax.ShapeDtypeStruct((decode_batch, 1), jnp.int32, sharding=token_sh),
-      jax.ShapeDtypeStruct((decode_batch,), jnp.int32, sharding=rows_sh)).compile()
-  decode_memory = ProgramMemory.from_compiled(
-      "decode step", compiled_decode, resident_bytes=_bytes_per_device(state),
-      compile_seconds=time.perf_counter() - start)
-
+  graphdef, params, tx, state, state_sh = _abstract_train_state(
+      model_config, mesh, optimizer_config, float32_master_weights)
+  train_memory = _train_step_memory(graphdef, tx, update_config, state, state_sh, mesh,
+                                    batch_rows, row_length)
+  decode_memory = _decode_step_memory(graphdef, params, model_config, mesh, decode_batch,
+                                      cache_length, resident_bytes=_bytes_per_device(state))
   report = DryRunReport(
       model=f"{model_config.architecture} {model_config.num_layers} layers, hidden "
             f"{model_config.hidden_size}, params {model_config.param_dtype}, compute "
@@ -294,18 +242,107 @@ def dry_run(model_config, mesh_config, update_config, batch_rows: int, row_lengt
                   cache_length=cache_length),
       backend=jax.devices()[0].platform)
   if check_fit and not report.fits:
-    over = [p for p in report.programs if p.total_bytes > chip.hbm_bytes]
-    f = format_bytes
-    reasons = "; ".join(
-        f"the {p.name} needs {f(p.total_bytes)} per device (arguments {f(p.argument_bytes)}, "
-        f"outputs {f(p.output_bytes)}, temporaries {f(p.temp_bytes)}, aliased "
-        f"{f(p.alias_bytes)}" + (f", resident training state {f(p.resident_bytes)}"
-                                 if p.resident_bytes else "") + ")" for p in over)
-    raise DoesNotFitError(
-        f"does not fit on {chip.name} ({f(chip.hbm_bytes)} per device) with mesh "
-        f"{dict(mesh.shape)}: {reasons}. Shard more (a larger fsdp or tensor axis), remat the "
-        f"layers, use more micro-batches or shorter rows.\n{report.format()}", report)
+    raise _does_not_fit(report)
   return report
+
+
+def _abstract_train_state(model_config, mesh, optimizer_config, float32_master_weights: bool):
+  """The model built shape-first, its optimiser, and the abstract train state laid out by the
+  training rules: (graphdef, params, tx, state, state shardings)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from bpo_jax import sharding  # pylint: disable=g-import-not-at-top
+  from bpo_jax.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import precision  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import update  # pylint: disable=g-import-not-at-top
+
+  model = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0)))
+  graphdef, params = nnx.split(model)
+  tx = update.make_optimizer(optimizer_config or update.OptimizerConfig())
+  if float32_master_weights and model_config.param_dtype != "float32":
+    tx = precision.with_float32_master_weights(tx)
+  opt_state = jax.eval_shape(tx.init, params)
+  param_sh = sharding.param_shardings(params, mesh)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  state_sh = update.TrainState(
+      step=replicated, params=param_sh,
+      opt_state=sharding.optimizer_shardings(opt_state, params, param_sh, mesh))
+  state = _with_shardings(update.TrainState(step=jax.ShapeDtypeStruct((), jnp.int32),
+                                            params=params, opt_state=opt_state), state_sh)
+  return graphdef, params, tx, state, state_sh
+
+
+def _train_step_memory(graphdef, tx, update_config, state, state_sh, mesh, batch_rows: int,
+                       row_length: int) -> ProgramMemory:
+  """The train step compiled on a `[batch_rows, row_length]` packed batch, training layout."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from bpo_jax import packing  # pylint: disable=g-import-not-at-top
+  from bpo_jax import sharding  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import update  # pylint: disable=g-import-not-at-top
+
+  batch_sh = sharding.batch_sharding(mesh)
+  dtypes = dict(tokens=jnp.int32, positions=jnp.int32, predecessor=jnp.int32,
+                segment_start=jnp.int32, segment_end=jnp.int32, loss_mask=jnp.bool_,
+                advantage=jnp.float32, weight=jnp.float32, old_logprob=jnp.float32)
+  batch = packing.PackedBatch(**{
+      name: jax.ShapeDtypeStruct((batch_rows, row_length), dtype, sharding=batch_sh)
+      for name, dtype in dtypes.items()})
+  train_step = update.make_train_step(graphdef, tx, update_config, state_sharding=state_sh,
+                                      batch_sharding=batch_sh)
+  start = time.perf_counter()
+  compiled = train_step.jitted.lower(state, batch, None, None).compile()
+  return ProgramMemory.from_compiled("train step", compiled,
+                                     compile_seconds=time.perf_counter() - start)
+
+
+def _decode_step_memory(graphdef, params, model_config, mesh, decode_batch: int,
+                        cache_length: int, resident_bytes: int) -> ProgramMemory:
+  """One decode step compiled on a `[decode_batch, cache_length]` KV cache, parameters in the
+  sampling layout, with `resident_bytes` (the training state) counted alongside."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+
+  from bpo_jax import sampling  # pylint: disable=g-import-not-at-top
+  from bpo_jax import sharding  # pylint: disable=g-import-not-at-top
+
+  sample_param_sh = sharding.param_shardings(params, mesh, sharding.SAMPLING_RULES)
+  decode_state = jax.eval_shape(
+      lambda: sampling.init_decode_state(model_config, decode_batch, cache_length))
+  decode_sh = sharding.cache_shardings(decode_state, mesh)
+  rows_sh = decode_sh.cache.lengths
+  token_sh = NamedSharding(mesh, PartitionSpec(*rows_sh.spec, None))
+  decode_step = jax.jit(sampling.append_tokens, static_argnums=(0,), donate_argnums=(2,),
+                        out_shardings=decode_sh)
+  start = time.perf_counter()
+  compiled = decode_step.lower(
+      graphdef, _with_shardings(params, sample_param_sh),
+      _with_shardings(decode_state, decode_sh),
+      jax.ShapeDtypeStruct((decode_batch, 1), jnp.int32, sharding=token_sh),
+      jax.ShapeDtypeStruct((decode_batch,), jnp.int32, sharding=rows_sh)).compile()
+  return ProgramMemory.from_compiled("decode step", compiled, resident_bytes=resident_bytes,
+                                     compile_seconds=time.perf_counter() - start)
+
+
+def _does_not_fit(report: DryRunReport) -> DoesNotFitError:
+  """The error naming each program over the chip's HBM, its figures, and what to change."""
+  chip = report.chip
+  over = [p for p in report.programs if p.total_bytes > chip.hbm_bytes]
+  f = format_bytes
+  reasons = "; ".join(
+      f"the {p.name} needs {f(p.total_bytes)} per device (arguments {f(p.argument_bytes)}, "
+      f"outputs {f(p.output_bytes)}, temporaries {f(p.temp_bytes)}, aliased "
+      f"{f(p.alias_bytes)}" + (f", resident training state {f(p.resident_bytes)}"
+                               if p.resident_bytes else "") + ")" for p in over)
+  return DoesNotFitError(
+      f"does not fit on {chip.name} ({f(chip.hbm_bytes)} per device) with mesh "
+      f"{report.mesh_shape}: {reasons}. Shard more (a larger fsdp or tensor axis), remat the "
+      f"layers, use more micro-batches or shorter rows.\n{report.format()}", report)
 
 
 # ----------------------------------------------------------------------------- from a config
@@ -326,42 +363,27 @@ def shapes_from_config(config) -> dict:
               cache_length=config.model.max_length)
 
 
-def model_config_from(config):
-  """The `ModelConfig` of `scale.model_preset` with the scale section's precision and remat."""
-  from bpo_jax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
-  s = config.scale
-  if not s.model_preset:
-    raise ValueError("scale.model_preset: the dry run compiles a named model; set it to one of "
-                     "the ModelConfig presets, e.g. 'qwen2_5_7b' or 'llama3_1_8b'")
-  return getattr(ModelConfig, s.model_preset)(param_dtype=s.param_dtype, remat=s.remat,
-                                              scan_layers=s.scan_layers)
-
-
 def dry_run_from_config(config, devices=None, check_fit: bool = True) -> DryRunReport:
-  """`dry_run` for an experiment configuration; the mesh spans `devices` (default: all)."""
-  from bpo_jax import sharding  # pylint: disable=g-import-not-at-top
+  """`dry_run` for an experiment configuration; the mesh spans `devices` (default: all).
+
+  The model, update, optimiser and mesh are the ones the training loop builds
+  (`training/translate.py`), the model from `scale.model_preset`.
+  """
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  from bpo_jax.training import update  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
   config_lib.validate(config)
   s = config.scale
   if not s.chip:
     raise ValueError(f"scale.chip: the dry run needs a target chip, one of "
                      f"{', '.join(sorted(CHIPS))}")
-  normalization = {"tree": "per_tree", "token": "per_token"}[config.train.normalization]
-  update_config = update.UpdateConfig(
-      num_micro_batches=config.train.micro_batches, clip_eps=config.train.clip_epsilon,
-      kl_coef=config.train.kl_coef, normalization=normalization)
+  update_config = translate.update_config(config)
   if update_config.kl_coef > 0:
     raise NotImplementedError("the dry run does not compile the KL-to-reference step yet (it "
                               "needs a second, frozen parameter copy); set train.kl_coef = 0")
-  optimizer_config = update.OptimizerConfig(learning_rate=config.train.learning_rate,
-                                            weight_decay=config.train.weight_decay,
-                                            max_grad_norm=config.train.max_grad_norm)
-  mesh_config = sharding.MeshConfig(**{k: s.mesh[k] for k in ("data", "fsdp", "tensor",
-                                                               "dcn_data")})
-  return dry_run(model_config_from(config), mesh_config, update_config, chip=s.chip,
-                 optimizer_config=optimizer_config, float32_master_weights=s.master_weights,
-                 devices=devices, check_fit=check_fit, **shapes_from_config(config))
+  return dry_run(translate.preset_model_config(config), translate.mesh_config(config),
+                 update_config, chip=s.chip, optimizer_config=translate.optimizer_config(config),
+                 float32_master_weights=s.master_weights, devices=devices, check_fit=check_fit,
+                 **shapes_from_config(config))
 
 
 def use_fake_cpu_devices(num_devices: int) -> None:

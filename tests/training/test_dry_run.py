@@ -10,6 +10,7 @@ from bpo_jax import sharding
 from bpo_jax.models import ModelConfig
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import dry_run as dry_run_lib
+from bpo_jax.training import translate
 from bpo_jax.training import update
 
 # vocab 256, hidden 64, MLP 128, 2 layers, 4 query heads and 2 KV heads of 16, q/k/v biases.
@@ -150,7 +151,7 @@ def test_dry_run_from_a_config_matches_the_direct_call(report):
   s.model_preset, s.chip, s.decode_batch = "tiny", "v5e", 8
   s.mesh.data, s.mesh.fsdp, s.mesh.tensor = 1, 4, 2
   assert dry_run_lib.shapes_from_config(config) == SHAPES
-  assert dry_run_lib.model_config_from(config) == CONFIG
+  assert translate.preset_model_config(config) == CONFIG
   from_config = dry_run_lib.dry_run_from_config(config, devices=jax.devices()[:8])
   for a, b in zip(from_config.programs, report.programs):
     assert dataclasses.replace(a, compile_seconds=0) == dataclasses.replace(b, compile_seconds=0)
@@ -171,7 +172,7 @@ def test_pod_configs_are_valid_and_say_what_the_dry_run_compiles(name, preset, d
       (rows, tokens, decode)
   # One row per FSDP group per micro-batch.
   assert rows == config.train.micro_batches * s.mesh.data * s.mesh.fsdp
-  model = dry_run_lib.model_config_from(config)
+  model = translate.preset_model_config(config)
   assert model == getattr(ModelConfig, preset)(param_dtype="bfloat16", remat="full",
                                                scan_layers=True)
   assert s.master_weights and s.chip in dry_run_lib.CHIPS

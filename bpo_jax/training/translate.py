@@ -1,0 +1,111 @@
+"""The experiment configuration translated to the typed settings of the library's parts.
+
+One place turns the `ml_collections` configuration (`training/config.py`, validated there) into
+what the parts take: the decoder's `ModelConfig` (from the `model` section, or from the preset
+a dry run compiles), the rollout engine's `RolloutConfig`, the update's `UpdateConfig`, the
+optimisers and the mesh. The training loop and the dry run both build from here, so that they
+compile the same step for the same configuration.
+"""
+
+from __future__ import annotations
+
+import optax
+
+from bpo_jax import rollout as rollout_lib
+from bpo_jax import sharding
+from bpo_jax.models import config as model_config_lib
+from bpo_jax.training import estimator_registry
+from bpo_jax.training import precision
+from bpo_jax.training import update as update_lib
+
+# `train.normalization` -> the loss's normalisation (`losses.NORMALIZATIONS`).
+NORMALIZATION = {"tree": "per_tree", "token": "per_token"}
+
+
+def model_config(config, vocab_size: int) -> model_config_lib.ModelConfig:
+  """The decoder's `ModelConfig` from the `model` section and the tokenizer's vocabulary (with
+  the `scale` section's parameter dtype, remat and scanned layers)."""
+  m = config.model
+  llama = m.architecture == "llama"
+  return model_config_lib.ModelConfig(
+      architecture=m.architecture, vocab_size=vocab_size, hidden_size=m.hidden_size,
+      intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
+      num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, qkv_bias=not llama,
+      tie_word_embeddings=True, max_position_embeddings=m.max_length, dtype=m.dtype,
+      param_dtype=config.scale.param_dtype, remat=config.scale.remat,
+      scan_layers=config.scale.scan_layers)
+
+
+def preset_model_config(config) -> model_config_lib.ModelConfig:
+  """The `ModelConfig` of `scale.model_preset` with the scale section's precision and remat."""
+  s = config.scale
+  if not s.model_preset:
+    raise ValueError("scale.model_preset: the dry run compiles a named model; set it to one of "
+                     "the ModelConfig presets, e.g. 'qwen2_5_7b' or 'llama3_1_8b'")
+  return getattr(model_config_lib.ModelConfig, s.model_preset)(
+      param_dtype=s.param_dtype, remat=s.remat, scan_layers=s.scan_layers)
+
+
+def rollout_config(config, evaluation: bool = False) -> rollout_lib.RolloutConfig:
+  """The rollout engine's settings: the estimator's trees or groups (`estimator_registry`), or,
+  for evaluation, one episode per task at `eval.temperature`."""
+  r = config.rollout
+  common = dict(max_turns=config.env.max_turns, max_new_tokens=r.max_action_tokens,
+                max_length=config.model.max_length)
+  if evaluation:
+    return rollout_lib.RolloutConfig(
+        topology="tree", fork_rule="never", max_leaves=1, temperature=config.eval.temperature,
+        **common)
+  estimator = estimator_registry.get(r.estimator)
+  if estimator.topology == "tree":
+    return rollout_lib.RolloutConfig(
+        topology="tree", num_siblings=r.k, fork_rule=r.fork_rule,
+        entropy_measure=r.entropy_measure, entropy_threshold=r.entropy_threshold,
+        fork_prob=r.fork_probability,
+        max_leaves=r.max_leaves, max_env_steps=r.max_env_steps, max_tokens=r.max_tree_tokens,
+        temperature=r.temperature, top_p=r.top_p, state_ids=estimator.state_ids, **common)
+  return rollout_lib.RolloutConfig(
+      topology="group", group_size=r.k, temperature=r.temperature, top_p=r.top_p,
+      state_ids=estimator.state_ids, **common)
+
+
+def update_config(config) -> update_lib.UpdateConfig:
+  """The update step's settings; its logprobs use the sampling temperature (1 when greedy)."""
+  t = config.train
+  return update_lib.UpdateConfig(
+      num_micro_batches=t.micro_batches, clip_eps=t.clip_epsilon, kl_coef=t.kl_coef,
+      normalization=NORMALIZATION[t.normalization],
+      temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0)
+
+
+def optimizer_config(config) -> update_lib.OptimizerConfig:
+  """The policy-gradient optimiser (AdamW with gradient clipping)."""
+  t = config.train
+  return update_lib.OptimizerConfig(learning_rate=t.learning_rate, weight_decay=t.weight_decay,
+                                    max_grad_norm=t.max_grad_norm)
+
+
+def uses_master_weights(config) -> bool:
+  """Low-precision parameters keep a float32 master copy in the optimizer (`scale`)."""
+  return config.scale.param_dtype != "float32" and config.scale.master_weights
+
+
+def _with_master_weights(config, tx: optax.GradientTransformation):
+  return precision.with_float32_master_weights(tx) if uses_master_weights(config) else tx
+
+
+def rl_optimizer(config) -> optax.GradientTransformation:
+  """The policy-gradient optimiser, with the float32 master copy where it applies."""
+  return _with_master_weights(config, update_lib.make_optimizer(optimizer_config(config)))
+
+
+def sft_optimizer(config) -> optax.GradientTransformation:
+  """The warm start's optimiser: Adam at `warm_start.learning_rate`, the same clipping."""
+  return _with_master_weights(config, update_lib.make_optimizer(update_lib.OptimizerConfig(
+      learning_rate=config.warm_start.learning_rate, max_grad_norm=config.train.max_grad_norm)))
+
+
+def mesh_config(config) -> sharding.MeshConfig:
+  """The `scale.mesh` axis sizes."""
+  m = config.scale.mesh
+  return sharding.MeshConfig(data=m.data, fsdp=m.fsdp, tensor=m.tensor, dcn_data=m.dcn_data)
