@@ -176,6 +176,25 @@ def _accumulate(acc, grads):
   return jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
 
 
+def _step_metrics(grads, micro_losses, micro_norms, sums) -> dict:
+  """A step's metrics from its micro-batches' losses, gradient norms and token sums (per-token
+  means over the step's action tokens)."""
+  tokens = jnp.maximum(jnp.sum(sums["num_tokens"]), 1.0)
+  metrics = {
+      "loss": jnp.sum(micro_losses),
+      "grad_norm": optax.tree.norm(grads),
+      "micro_grad_norm_mean": jnp.mean(micro_norms),
+      "micro_grad_norm_var": jnp.var(micro_norms),
+      "clip_fraction": jnp.sum(sums["clip_fraction"]) / tokens,
+      "approx_kl": jnp.sum(sums["approx_kl"]) / tokens,
+      "entropy": jnp.sum(sums["entropy"]) / tokens,
+      "num_action_tokens": jnp.sum(sums["num_tokens"]),
+  }
+  if "ref_kl" in sums:
+    metrics["ref_kl"] = jnp.sum(sums["ref_kl"]) / tokens
+  return metrics
+
+
 def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateConfig,
                     ref_params: Any = None, state_sharding: Any = None,
                     batch_sharding: Any = None) -> Callable:
@@ -228,19 +247,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateCo
     grads, (micro_losses, micro_norms, sums) = jax.lax.scan(body, zeros, micro)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    tokens = jnp.maximum(jnp.sum(sums["num_tokens"]), 1.0)
-    metrics = {
-        "loss": jnp.sum(micro_losses),
-        "grad_norm": optax.tree.norm(grads),
-        "micro_grad_norm_mean": jnp.mean(micro_norms),
-        "micro_grad_norm_var": jnp.var(micro_norms),
-        "clip_fraction": jnp.sum(sums["clip_fraction"]) / tokens,
-        "approx_kl": jnp.sum(sums["approx_kl"]) / tokens,
-        "entropy": jnp.sum(sums["entropy"]) / tokens,
-        "num_action_tokens": jnp.sum(sums["num_tokens"]),
-    }
-    if use_ref:
-      metrics["ref_kl"] = jnp.sum(sums["ref_kl"]) / tokens
+    metrics = _step_metrics(grads, micro_losses, micro_norms, sums)
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
     # A NaN or Inf loss skips the update (the loop logs `skipped`).
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
