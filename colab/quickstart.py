@@ -43,6 +43,7 @@ WORKDIR = os.environ.get("QUICKSTART_WORKDIR", os.path.join(REPO, "workdirs", "c
 
 # %%
 from experiments.configs import base  # noqa: E402
+from bpo_jax.training import display  # noqa: E402
 from bpo_jax.training import loop  # noqa: E402
 from bpo_jax.training import metrics  # noqa: E402
 
@@ -113,5 +114,5 @@ else:
 # branches.
 
 # %%
-rollout, advantages = loop.sample_tree(configs["bpo"], os.path.join(WORKDIR, "bpo"))
-print(loop.render_tree(rollout, advantages))
+rollout, advantages = display.sample_tree(configs["bpo"], os.path.join(WORKDIR, "bpo"))
+print(display.render_tree(rollout, advantages))

@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 
 from bpo_jax import tree as tree_lib
+from bpo_jax.training import experiment
 from bpo_jax.training import loop
 from bpo_jax.training import metrics
+from bpo_jax.training.estimator_registry import advantages_and_weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN = os.path.join(ROOT, "experiments", "run.py")
@@ -28,12 +30,12 @@ ITERATIONS = 3
 
 
 def test_task_order_is_a_permutation_per_epoch_and_a_pure_function_of_position():
-  order = loop.task_order(5, seed=3, start=0, count=15)
+  order = experiment.task_order(5, seed=3, start=0, count=15)
   for epoch in range(3):
     assert sorted(order[5 * epoch:5 * epoch + 5]) == [0, 1, 2, 3, 4]
   assert order[:5] != order[5:10]  # epochs are shuffled differently
-  assert loop.task_order(5, 3, 0, 7) + loop.task_order(5, 3, 7, 8) == order
-  assert loop.task_order(5, 4, 0, 15) != order
+  assert experiment.task_order(5, 3, 0, 7) + experiment.task_order(5, 3, 7, 8) == order
+  assert experiment.task_order(5, 4, 0, 15) != order
 
 
 def _stack(*trees):
@@ -47,24 +49,24 @@ def test_advantages_and_weights_by_hand():
   # Q = [2, 1, 3]; zero trunk baseline; sibling baselines 3 and 1.
   fork = tree_lib.from_parents([-1, 0, 0], [0.0, 1.0, 3.0], terminal=[False, True, True])
   chain = tree_lib.from_parents([-1], [1.0], terminal=[True])
-  adv, w = loop.advantages_and_weights(_stack(fork, chain), estimator="bpo", gamma=1.0)
+  adv, w = advantages_and_weights(_stack(fork, chain), estimator="bpo", gamma=1.0)
   np.testing.assert_allclose(adv, [[2, -2, 2, 0], [1, 0, 0, 0]], atol=1e-6)
   np.testing.assert_allclose(w, [[1, 0.5, 0.5, 0], [1, 0, 0, 0]], atol=1e-6)
   # The same two trees as the two trees of one task, leave-one-out trunk baseline: the fork
   # tree's root value 2 and the chain's 1 are each other's trunk baselines.
-  adv, _ = loop.advantages_and_weights(_stack(fork, chain), estimator="bpo", gamma=1.0,
-                                       trees_per_task=2, trunk="loo")
+  adv, _ = advantages_and_weights(_stack(fork, chain), estimator="bpo", gamma=1.0,
+                                  trees_per_task=2, trunk="loo")
   np.testing.assert_allclose(adv, [[2 - 1, -2, 2, 0], [1 - 2, 0, 0, 0]], atol=1e-6)
   # Batch trunk baseline over three trees of different tasks: root values 2, 1 and 4, so the
   # trunk baselines are (1 + 4) / 2, (2 + 4) / 2 and (2 + 1) / 2.
   other = tree_lib.from_parents([-1], [4.0], terminal=[True])
-  adv, _ = loop.advantages_and_weights(_stack(fork, chain, other), estimator="bpo", gamma=1.0,
-                                       trunk="batch")
+  adv, _ = advantages_and_weights(_stack(fork, chain, other), estimator="bpo", gamma=1.0,
+                                  trunk="batch")
   np.testing.assert_allclose(adv, [[2 - 2.5, -2, 2, 0], [1 - 3, 0, 0, 0], [4 - 1.5, 0, 0, 0]],
                              atol=1e-6)
   # RLOO on a group of three episodes with returns 1, 2, 6: G - mean of the others.
   group = tree_lib.from_parents([-1, -1, -1], [1.0, 2.0, 6.0], terminal=[True] * 3)
-  adv, w = loop.advantages_and_weights(_stack(group), estimator="rloo", gamma=1.0)
+  adv, w = advantages_and_weights(_stack(group), estimator="rloo", gamma=1.0)
   np.testing.assert_allclose(adv, [[1 - 4, 2 - 3.5, 6 - 1.5, 0]], atol=1e-6)
   np.testing.assert_allclose(w, [[1 / 3, 1 / 3, 1 / 3, 0]], atol=1e-6)
 

@@ -130,20 +130,20 @@ def test_bfloat16_with_master_weights_trains_like_float32():
 
 def test_the_training_loop_reads_the_scale_precision_settings():
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
   config = config_lib.default_config()
-  plain = loop.model_config_from(config, vocab_size=50)
+  plain = translate.model_config(config, vocab_size=50)
   assert (plain.param_dtype, plain.remat, plain.scan_layers) == ("float32", "none", False)
   params = {"w": jnp.ones((2,), jnp.float32)}
-  assert not isinstance(loop.make_rl_optimizer(config).init(params),
+  assert not isinstance(translate.rl_optimizer(config).init(params),
                         precision.MasterWeightsState)
   config.scale.param_dtype, config.scale.remat, config.scale.scan_layers = "bfloat16", "full", True
-  mixed = loop.model_config_from(config, vocab_size=50)
+  mixed = translate.model_config(config, vocab_size=50)
   assert (mixed.param_dtype, mixed.remat, mixed.scan_layers) == ("bfloat16", "full", True)
-  for make in (loop.make_rl_optimizer, loop.make_sft_optimizer):
+  for make in (translate.rl_optimizer, translate.sft_optimizer):
     state = make(config).init(precision.cast_floating(params, jnp.bfloat16))
     assert isinstance(state, precision.MasterWeightsState)
     assert state.master["w"].dtype == jnp.float32
   config.scale.master_weights = False
-  assert not isinstance(loop.make_rl_optimizer(config).init(params),
+  assert not isinstance(translate.rl_optimizer(config).init(params),
                         precision.MasterWeightsState)

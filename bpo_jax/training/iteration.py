@@ -1,0 +1,163 @@
+"""One training iteration: rollout -> estimator -> packing -> update, and its metrics record.
+
+The iteration's tasks are positions `[(i-1)·T, i·T)` of the seeded task order, sampled with
+`fold_in(key(seed), i)`. With several processes each grows the trees of its share of the tasks
+and `distributed.allgather_objects` gives every process the whole batch, so the estimator, the
+packing, the fork threshold and the metrics are computed identically everywhere.
+"""
+
+from __future__ import annotations
+
+import time
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bpo_jax import branching
+from bpo_jax import packing
+from bpo_jax import rollout as rollout_lib
+from bpo_jax.training import distributed
+from bpo_jax.training import estimator_registry
+from bpo_jax.training import experiment as experiment_lib
+from bpo_jax.training import metrics as metrics_lib
+from bpo_jax.training import placement as placement_lib
+
+
+def rollout_stats(batch: rollout_lib.RolloutBatch) -> dict:
+  leaves_success, leaves_return = [], []
+  for r in batch.rollouts:
+    leaves = r.leaves()
+    leaves_success.extend(r.node_success[leaves].tolist())
+    leaves_return.extend(r.leaf_returns().tolist())
+  out = {
+      "success": metrics_lib.mean_or_zero(float(s) for s in leaves_success),
+      "return": metrics_lib.mean_or_zero(leaves_return),
+      "tree_success": metrics_lib.mean_or_zero(float(r.node_success[r.leaves()].any())
+                                               for r in batch.rollouts),
+      "leaves": len(leaves_success),
+      "nodes": int(sum(int(r.tree.valid.sum()) for r in batch.rollouts)),
+  }
+  state_entropy = batch.state_entropies()
+  decisions = sum(len(r.decisions) for r in batch.rollouts)
+  out["state_entropy_mean"] = float(state_entropy.mean()) if state_entropy.size else 0.0
+  out["state_entropy_p90"] = (float(np.quantile(state_entropy, 0.9)) if state_entropy.size
+                              else 0.0)
+  out["fork_rate"] = batch.compute.forks / max(decisions, 1)
+  out.update(batch.compute.as_dict())
+  out["unique_tokens"] = int(sum(r.tokens.num_unique_tokens() for r in batch.rollouts))
+  out.update({f"time/rollout_{k}": v for k, v in batch.phase_seconds.items()})
+  return out
+
+
+def advantage_stats(advantages: np.ndarray, weights: np.ndarray, valid: np.ndarray) -> dict:
+  a = advantages[valid]
+  w = weights[valid]
+  if not a.size:
+    return {"advantage_mean": 0.0, "advantage_std": 0.0, "advantage_abs_max": 0.0,
+            "advantage_nonzero": 0.0, "weight_sum": 0.0}
+  return {"advantage_mean": float(a.mean()), "advantage_std": float(a.std()),
+          "advantage_abs_max": float(np.abs(a).max()),
+          "advantage_nonzero": float(np.mean(a != 0)),
+          "weight_sum": float(w.sum())}
+
+
+def initial_fork_threshold(config) -> dict:
+  """The fork threshold's running state before the first iteration (JSON-able)."""
+  return {"threshold": float(config.rollout.entropy_threshold), "updates": 0}
+
+
+def next_fork_threshold(config, threshold: dict, batch: rollout_lib.RolloutBatch) -> dict:
+  """The threshold for the next iteration: with `rollout.entropy_quantile` > 0, an average of
+  the quantiles of the state entropies seen so far (`branching.update_quantile_threshold`)."""
+  quantile = config.rollout.entropy_quantile
+  if quantile <= 0:
+    return threshold
+  running = branching.QuantileThreshold(jnp.float32(threshold["threshold"]),
+                                        jnp.int32(threshold["updates"]))
+  running = batch.update_threshold(running, quantile=quantile)
+  return {"threshold": float(running.threshold), "updates": int(running.num_updates)}
+
+
+def ppo_epochs(train_step, state, fed, num_trees: int, epochs: int,
+               placement: placement_lib.Placement):
+  """`epochs` update steps on the same batch, its behaviour logprobs fixed (PPO epochs).
+
+  The first step's metrics are the estimator's (ratio 1) and are the ones reported; the last
+  one's KL and clipping (`last_epoch_*`) show how far the later epochs moved the policy.
+  `skipped` is 1 if any step was skipped (a non-finite loss or gradient).
+  """
+  skipped = 0.0
+  for epoch in range(epochs):
+    state, epoch_metrics = train_step(state, fed, None, num_trees)
+    epoch_metrics = {k: float(v) for k, v in placement.host(epoch_metrics).items()}
+    skipped = max(skipped, epoch_metrics["skipped"])
+    if epoch == 0:
+      update_metrics = epoch_metrics
+  if epochs > 1:
+    update_metrics["last_epoch_approx_kl"] = epoch_metrics["approx_kl"]
+    update_metrics["last_epoch_clip_fraction"] = epoch_metrics["clip_fraction"]
+  update_metrics["skipped"] = skipped
+  return state, update_metrics
+
+
+def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine,
+                  train_step, state, iteration: int, root_key: jax.Array,
+                  threshold: dict | None = None, placement: placement_lib.Placement | None = None):
+  """One rollout → estimator → update iteration.
+
+  With several processes (`placement` sharded), each grows the trees of its share of the tasks
+  and every process then holds the whole batch (see the module docstring).
+
+  Returns:
+    (state, metrics record, the whole rollout batch, the fork threshold for the next iteration).
+  """
+  config = exp.config
+  r = config.rollout
+  placement = placement or placement_lib.Placement()
+  threshold = threshold or initial_fork_threshold(config)
+  times = {}
+  start = time.perf_counter()
+  # Tasks of this iteration: positions [(i-1)·T, i·T) of the order, each repeated per tree.
+  positions = experiment_lib.task_order(len(exp.train_tasks), config.seed,
+                                        (iteration - 1) * r.tasks_per_iteration,
+                                        r.tasks_per_iteration)
+  tasks = [exp.train_tasks[p] for p in positions for _ in range(r.trees_per_task)]
+  key = jax.random.fold_in(root_key, iteration)
+  share = distributed.process_share(len(tasks))
+  batch = engine.rollout(placement.local(state.params), tasks[share.start:share.stop], key,
+                         threshold=threshold["threshold"], task_ids=share)
+  batch = rollout_lib.RolloutBatch.concatenate(distributed.allgather_objects(batch))
+  times["time/rollout"] = time.perf_counter() - start
+
+  start = time.perf_counter()
+  trees = batch.stacked_trees()
+  advantages, weights = estimator_registry.advantages_and_weights(
+      jax.tree.map(jnp.asarray, trees), estimator=r.estimator, gamma=float(r.gamma),
+      trees_per_task=r.trees_per_task, trunk=r.trunk_baseline)
+  advantages, weights = np.asarray(advantages), np.asarray(weights)
+  # Rows: a multiple of the micro-batches, each split evenly over the devices of the batch axes.
+  num_rows = placement_lib.row_count(len(tasks),
+                                     config.train.micro_batches * placement.row_shards)
+  packed = packing.pack_trees(batch.tree_tokens(), list(advantages), list(weights),
+                              num_rows=num_rows)
+  times["time/estimate_and_pack"] = time.perf_counter() - start
+
+  start = time.perf_counter()
+  state, update_metrics = ppo_epochs(train_step, state, placement.feed(packed), len(tasks),
+                                     config.train.epochs, placement)
+  times["time/update"] = time.perf_counter() - start
+
+  record = {"phase": "train", "iteration": iteration, "row_length": int(packed.shape[1]),
+            "fork_threshold": threshold["threshold"]}
+  record.update(rollout_stats(batch))
+  record.update(advantage_stats(advantages, weights, np.asarray(trees.valid)))
+  record.update(update_metrics)
+  record["grad_norm_variance"] = update_metrics["micro_grad_norm_var"]
+  record.update(times)
+  if record["skipped"]:
+    logging.warning("iteration %d: non-finite loss or gradient (loss %s); update skipped",
+                    iteration, record["loss"])
+  return state, record, batch, next_fork_threshold(config, threshold, batch)
+

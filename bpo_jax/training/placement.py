@@ -1,0 +1,97 @@
+"""Where the train state lives and how the update's batch is fed (one process or several)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bpo_jax import packing
+from bpo_jax import sharding
+from bpo_jax.training import distributed
+from bpo_jax.training import translate
+from bpo_jax.training import update as update_lib
+
+
+def row_count(num_rows: int, multiple: int) -> int:
+  """Rows padded up to a multiple of `multiple` (the micro-batches, times the devices the rows
+  are split over)."""
+  return -(-num_rows // multiple) * multiple
+
+
+def abstract_on_first_device(state):
+  """Shape and dtype of each leaf, on this process's first device: a checkpoint written by
+  several processes (another topology) then restores here too."""
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where the train state lives and how the update's batch is fed.
+
+  One process: nothing is sharded (`mesh` None); the state stays on the default device and the
+  packed batch goes in whole. Several processes: the `scale.mesh` mesh over every
+  process's devices, the state laid out by the sharding rules (`state_sharding`), and each
+  process feeding its rows of the packed batch (`row_sharding`).
+  """
+
+  mesh: Any = None
+  state_sharding: Any = None
+  row_sharding: Any = None
+
+  @classmethod
+  def create(cls, config, state) -> "Placement":
+    """The placement for this run's processes; `state` gives the train state's structure."""
+    if jax.process_count() == 1:
+      return cls()
+    mesh = sharding.make_mesh(translate.mesh_config(config), jax.devices())
+    param_sh = sharding.param_shardings(state.params, mesh)
+    state_sh = update_lib.TrainState(
+        step=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), params=param_sh,
+        opt_state=sharding.optimizer_shardings(state.opt_state, state.params, param_sh, mesh))
+    return cls(mesh=mesh, state_sharding=state_sh, row_sharding=sharding.batch_sharding(mesh))
+
+  @property
+  def row_shards(self) -> int:
+    """Devices the rows of a batch are split over (1 unsharded)."""
+    if self.row_sharding is None:
+      return 1
+    axes = self.row_sharding.spec[0] if len(self.row_sharding.spec) else None
+    axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    return int(np.prod([self.mesh.shape[a] for a in axes]))
+
+  def place(self, state):
+    """A train state every process holds alike (host or local arrays), laid out globally."""
+    if self.mesh is None:
+      return state
+    return distributed.put_global(jax.tree.map(np.asarray, state), self.state_sharding)
+
+  def abstract(self, state):
+    """Shape, dtype (and, sharded, the layout) of each leaf: what a checkpoint restores into."""
+    if self.mesh is None:
+      return abstract_on_first_device(state)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+                        self.state_sharding)
+
+  def local(self, tree):
+    """The arrays whole on this process's first device (for rollouts and evaluations)."""
+    return tree if self.mesh is None else distributed.local_copy(tree)
+
+  def feed(self, packed: packing.PackedBatch):
+    """The update's batch: the packed global batch whole, or this process's rows of it."""
+    if self.mesh is None:
+      return jax.tree.map(jnp.asarray, packed)
+    num_rows = packed.tokens.shape[0]
+    rows = distributed.process_rows(self.row_sharding, num_rows)
+    local = jax.tree.map(lambda x: np.asarray(x)[rows.start:rows.stop], packed)
+    return distributed.global_batch(local, self.row_sharding, num_rows)
+
+  def host(self, tree):
+    """Every leaf (a scalar metric, say) as a NumPy value on every process."""
+    return distributed.to_host(tree) if self.mesh is not None else jax.tree.map(np.asarray,
+                                                                                  tree)
+
