@@ -1,10 +1,11 @@
-r"""Runs an experiment: train (default) or evaluate a configuration in a workdir.
+r"""Runs an experiment: train (default) or evaluate a configuration in a workdir, or dry-run it.
 
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs
     python experiments/run.py --config=experiments/configs/rooms_grpo.py --workdir=workdirs/g \
         --config.train.iterations=20 --config.rollout.k=8
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs \
         --mode=eval
+    python experiments/run.py --config=experiments/configs/pod_qwen2_5_7b_v5p64.py --dry_run
 
 Training resumes from the workdir's latest checkpoint when there is one. Several processes (one
 per host of a pod, or two on one machine) run the same command with their own
@@ -14,16 +15,17 @@ per host of a pod, or two on one machine) run the same command with their own
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs2 \
         --config.scale.distributed.num_processes=2 --config.scale.distributed.process_id=0 \
         --config.scale.distributed.coordinator_address=localhost:12355   # and process_id=1
- A config with
-`demo = "estimators"` (experiments/configs/estimator_demo.py) runs the estimator demo on a
-tabular MDP instead: BPO trees, their advantages, the exact-vs-estimated gradient and the
-variance table, in seconds. An invalid
-configuration (unknown key, wrong type, a value outside the allowed ones, budgets that cannot
-hold one tree, a missing checkpoint directory for `--mode=eval`) is reported, naming the key,
-before any compute, and the command exits with status 2.
+
+`--dry_run` compiles the train and decode steps for the configuration's mesh on fake CPU devices
+and reports per-device memory (`bpo_jax.training.dry_run`). A config with `demo = "estimators"`
+(experiments/configs/estimator_demo.py) runs the estimator demo on a tabular MDP instead
+(`experiments/estimator_demo.py`).
+
+An invalid configuration (unknown key, wrong type, a value outside the allowed ones, budgets
+that cannot hold one tree, a missing checkpoint directory for `--mode=eval`) is reported, naming
+the key, before any compute, and the command exits with status 2.
 """
 
-import json
 import os
 import sys
 
@@ -54,59 +56,6 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False,
                              "instead of training (bpo_jax.training.dry_run).")
 
 EXIT_INVALID = 2
-
-
-def estimator_demo(config, workdir: str) -> dict:
-  """Grows BPO trees on a tabular MDP and prints advantages, gradients and the variance table."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np
-
-  from bpo_jax import estimators
-  from bpo_jax.testing import tabular
-
-  m, b = config.mdp, config.branching
-  mdp = tabular.make_mdp(config.seed, num_actions=m.num_actions, horizon=m.horizon,
-                         root_logits=(m.root_logit,) + (-m.root_logit,) * (m.num_actions - 1),
-                         logit_scale=m.logit_scale)
-  rule = dict(threshold=b.entropy_threshold, fork_k=b.fork_k, max_forks=b.max_forks)
-  print(f"Tabular MDP: {m.num_actions} actions, depth {m.horizon}; entropy per state "
-        f"{np.round(mdp.entropy(), 3).tolist()}; fork {b.fork_k} ways when entropy > "
-        f"{b.entropy_threshold}, at most {b.max_forks} forks per tree.")
-
-  rng = np.random.default_rng(config.seed)
-  one = tabular.to_batch([tabular.sample_online_tree(mdp, rng, **rule)], mdp,
-                         capacity=mdp.horizon * b.fork_k ** b.max_forks)
-  tree = jax.tree_util.tree_map(lambda x: x[0], one.trees)
-  out = jax.jit(estimators.bpo_advantages)(tree)
-  print("\nOne sampled tree (node: parent, reward, value Q, baseline b, advantage A, weight w):")
-  for i in np.flatnonzero(tree.valid):
-    print(f"  {i:2d}: parent {tree.parent[i]:2d}  r {tree.reward[i]:+.3f}  Q {out.values[i]:+.3f}"
-          f"  b {out.baselines[i]:+.3f}  A {out.advantages[i]:+.3f}  w {out.weights[i]:.3f}")
-
-  truth = tabular.true_gradient(mdp)
-  batch = tabular.to_batch(tabular.enumerate_online_trees(mdp, **rule), mdp)
-  exact, _ = tabular.bpo_gradient_moments(batch, mdp, "zero", num_trees=1)
-  sampled = tabular.to_batch([tabular.sample_online_tree(mdp, rng, **rule)
-                              for _ in range(config.num_sampled_trees)], mdp,
-                             capacity=batch.trees.parent.shape[1])
-  monte_carlo = tabular.bpo_tree_gradients(sampled, mdp).mean(axis=0)
-  exact_error = float(np.abs(exact - truth).max())
-  mc_error = float(np.abs(monte_carlo - truth).max())
-  print(f"\nTrue policy gradient (max |.|) {np.abs(truth).max():.4f}; {len(batch.probability)} "
-        f"possible trees. Expected BPO gradient, exact: max error {exact_error:.2e}; mean of "
-        f"{config.num_sampled_trees} sampled trees: max error {mc_error:.3f}.")
-
-  rows = tabular.variance_table(mdp, **rule, max_groups=config.max_enumerated_groups)
-  print("\nTotal gradient variance, exact (BPO/RLOO < 1: BPO lower):")
-  print(tabular.format_variance_table(rows))
-  summary = dict(exact_gradient_max_error=exact_error, sampled_gradient_max_error=mc_error,
-                 num_trees_enumerated=len(batch.probability), variance_table=rows)
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=1)
-  print(f"\nWrote {os.path.join(workdir, 'summary.json')}")
-  return summary
-
 
 
 def _fail(message: str):
@@ -181,43 +130,26 @@ def _refuse_unwired_scale_settings(config):
         "it yet); the dry run compiles the configured mesh")
 
 
-def main(argv):
-  if len(argv) > 1:
-    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
-  config, workdir, mode = _CONFIG.value, _WORKDIR.value, _MODE.value
-  if config.get("demo") == "estimators":
-    estimator_demo(config, workdir)
-    return
+def _dry_run(config):
+  from bpo_jax.training import dry_run  # pylint: disable=g-import-not-at-top
   try:
-    config_lib.validate(config, "train" if _DRY_RUN.value else mode, workdir)
-  except config_lib.ConfigError as error:
-    _fail(str(error))
-  if _DRY_RUN.value:
-    from bpo_jax.training import dry_run  # pylint: disable=g-import-not-at-top
-    try:
-      dry_run.run_from_config(config)
-    except dry_run.DoesNotFitError as error:
-      print(f"dry run failed: {error}", file=sys.stderr)
-      sys.exit(1)
-    return
-  _refuse_unwired_scale_settings(config)
-  # Before anything computes with JAX: connects the processes of a multi-process run.
-  from bpo_jax.training import distributed  # pylint: disable=g-import-not-at-top
-  distributed.initialize_from_config(config)
-  primary = distributed.is_primary()
-  # Orbax reports every save step at INFO; keep the console to the run's own progress.
-  logging.get_absl_handler().addFilter(lambda record: "orbax" not in record.pathname)
-  # The loop pulls in JAX, Flax and Orbax: imported only once the configuration is known good.
-  from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
-  if mode == "eval":
-    result = loop.evaluate(config, workdir)
-    if primary:
-      print(f"held-out success {result['success_rate']:.3f} "
-            f"[{result['success_low']:.3f}, {result['success_high']:.3f}] "
-            f"({result['successes']}/{result['num_tasks']} tasks, "
-            f"{result['confidence']:.0%} Wilson interval), checkpoint of iteration "
-            f"{result['iteration']}")
-    return
+    dry_run.run_from_config(config)
+  except dry_run.DoesNotFitError as error:
+    print(f"dry run failed: {error}", file=sys.stderr)
+    sys.exit(1)
+
+
+def _evaluate(loop, config, workdir: str, primary: bool):
+  result = loop.evaluate(config, workdir)
+  if primary:
+    print(f"held-out success {result['success_rate']:.3f} "
+          f"[{result['success_low']:.3f}, {result['success_high']:.3f}] "
+          f"({result['successes']}/{result['num_tasks']} tasks, "
+          f"{result['confidence']:.0%} Wilson interval), checkpoint of iteration "
+          f"{result['iteration']}")
+
+
+def _train(loop, config, workdir: str, primary: bool):
   try:
     summary = loop.train(config, workdir, stop_after=_STOP_AFTER.value)
   except config_lib.ConfigError as error:  # e.g. a workdir that holds another experiment
@@ -231,6 +163,35 @@ def main(argv):
       e = summary[f"eval_{name}"]
       print(f"held-out success, {label}: {e['success_rate']:.3f} "
             f"[{e['success_low']:.3f}, {e['success_high']:.3f}] over {e['num_tasks']} tasks")
+
+
+def main(argv):
+  if len(argv) > 1:
+    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  config, workdir, mode = _CONFIG.value, _WORKDIR.value, _MODE.value
+  if config.get("demo") == "estimators":
+    from experiments import estimator_demo  # pylint: disable=g-import-not-at-top
+    estimator_demo.run(config, workdir)
+    return
+  try:
+    config_lib.validate(config, "train" if _DRY_RUN.value else mode, workdir)
+  except config_lib.ConfigError as error:
+    _fail(str(error))
+  if _DRY_RUN.value:
+    _dry_run(config)
+    return
+  _refuse_unwired_scale_settings(config)
+  # Before anything computes with JAX: connects the processes of a multi-process run.
+  from bpo_jax.training import distributed  # pylint: disable=g-import-not-at-top
+  distributed.initialize_from_config(config)
+  # Orbax reports every save step at INFO; keep the console to the run's own progress.
+  logging.get_absl_handler().addFilter(lambda record: "orbax" not in record.pathname)
+  # The loop pulls in JAX, Flax and Orbax: imported only once the configuration is known good.
+  from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
+  if mode == "eval":
+    _evaluate(loop, config, workdir, distributed.is_primary())
+  else:
+    _train(loop, config, workdir, distributed.is_primary())
 
 
 if __name__ == "__main__":
