@@ -12,20 +12,40 @@ from bpo_jax.training import loop
 from bpo_jax.training import translate
 
 
+def trunk_batch(config) -> tuple[int, int, str]:
+  """`(tasks, trees per task, trunk)` to grow so that a drawn tree gets the trunk baseline
+  training gives it (`rollout.trunk_baseline`): the tree alone ("zero", or an estimator without
+  a trunk), `rollout.trees_per_task` trees of its task ("loo"), or an iteration's worth of
+  trees ("batch")."""
+  r = config.rollout
+  trunk = r.trunk_baseline if estimator_registry.get(r.estimator).trunk_baseline else "zero"
+  if trunk == "zero":
+    return 1, 1, trunk
+  return (r.tasks_per_iteration if trunk == "batch" else 1), r.trees_per_task, trunk
+
+
 def sample_tree(config, workdir: str, task_index: int = 0, seed: int = 0):
   """Grows one tree (or group) with the latest checkpoint of `workdir` on training task
-  `task_index`; returns `(TaskRollout, advantages)` for `render_tree`."""
+  `task_index`; returns `(TaskRollout, advantages)` for `render_tree`.
+
+  The advantages are the ones training would give the tree: its estimator, and its trunk
+  baseline from the other trees of its task or of a batch of the tasks that follow it, which
+  are grown too (`trunk_batch`).
+  """
+  num_tasks, trees_per_task, trunk = trunk_batch(config)
   exp, state, _ = loop.load_checkpoint(config, workdir)
+  n = len(exp.train_tasks)
+  tasks = [exp.train_tasks[(task_index + j) % n] for j in range(num_tasks)
+           for _ in range(trees_per_task)]
   try:
     engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
                                        translate.rollout_config(config))
-    batch = engine.rollout(state.params, [exp.train_tasks[task_index]], jax.random.key(seed))
+    batch = engine.rollout(state.params, tasks, jax.random.key(seed))
   finally:
     exp.close()
-  r = config.rollout
   advantages, _ = estimator_registry.advantages_and_weights(
-      jax.tree.map(jnp.asarray, batch.stacked_trees()), estimator=r.estimator,
-      gamma=float(r.gamma), trees_per_task=1, trunk="zero")
+      jax.tree.map(jnp.asarray, batch.stacked_trees()), estimator=config.rollout.estimator,
+      gamma=float(config.rollout.gamma), trees_per_task=trees_per_task, trunk=trunk)
   return batch.rollouts[0], np.asarray(advantages[0])
 
 
