@@ -1,4 +1,4 @@
-"""Claim (d) of DESIGN.md §3: total gradient variance of BPO against RLOO, by exact enumeration.
+"""Total gradient variance of BPO against RLOO (docs/DESIGN.md §3), by exact enumeration.
 
 Not a theorem: the answer depends on the tree shape and on the trunk baseline, so this prints the
 table (reported, not asserted) for small tabular MDPs: BPO under the online fork rule with a

@@ -4,7 +4,7 @@ Every function is pure, takes ONE tree (arrays of length N), is not jitted at de
 jit) and batches with `jax.vmap`. Invalid nodes (padding, failed branches) affect nothing and get
 advantage 0 and weight 0.
 
-Notation (DESIGN.md §3). Siblings of node i are the valid nodes with the same parent (i included),
+Notation (docs/DESIGN.md §3). Siblings of node i are the valid nodes with the same parent (i included),
 n_i their number. Children of i are the valid nodes whose parent is i.
 
 * Node value   Q̂(i) = r_i + γ · mean_{c ∈ children(i)} Q̂(c)      (a leaf: Q̂(i) = r_i).
@@ -521,7 +521,7 @@ def grpo_advantages(tree: RolloutTree, *, gamma: float = 1.0, normalize_std: boo
   """GRPO: every step of episode j gets (G_j − mean G) / (std G + eps), or G_j − mean G.
 
   std is the population standard deviation over the K episodes (ddof = 0). Dividing by it makes
-  the estimator biased (DESIGN.md §3); `normalize_std=False` is the Dr. GRPO variant.
+  the estimator biased (docs/DESIGN.md §3); `normalize_std=False` is the Dr. GRPO variant.
   Relation to RLOO: G_j − mean G = (K − 1)/K · (G_j − mean_{k≠j} G_k).
 
   Example: returns [1, 2, 6]: mean 3, std √(14/3) → advantages ≈ [−0.926, −0.463, 1.389].

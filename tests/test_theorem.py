@@ -1,4 +1,4 @@
-"""DESIGN.md §3 claims, as numbers against exact enumeration on small tabular MDPs.
+"""The claims of docs/DESIGN.md §3, as numbers against exact enumeration on small tabular MDPs.
 
 Every tree the sampler can grow is enumerated with its probability, so expectations and variances
 are exact sums; the only error is float32 arithmetic in the estimators.

@@ -1,4 +1,4 @@
-"""The sandbox contract (DESIGN.md §4).
+"""The sandbox contract (docs/DESIGN.md §4).
 
 A sandbox is a deterministic, text-in/text-out environment that can be snapshotted and restored
 at any state:
