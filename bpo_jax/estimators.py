@@ -48,6 +48,7 @@ from bpo_jax.tree import RolloutTree
 Array = chex.Array
 
 
+
 class BPOOutput(NamedTuple):
   """Per-node results of `bpo_advantages` (all float32[N], 0 at invalid nodes)."""
   advantages: Array
@@ -90,273 +91,6 @@ def sibling_counts(tree: RolloutTree) -> Array:
   n = _check_tree(tree)
   counts = jnp.concatenate([children_counts(tree), jnp.zeros((1,), jnp.int32)])
   return jnp.where(tree.valid, counts[_parent_slot(tree)], 0)
-
-
-def _node_major(*xs: Array) -> tuple[Array, ...]:
-  """[..., N] arrays → [N, W]: every leading index becomes one column (one tree of a forest).
-
-  The transposed copies are made once, flat, behind an optimisation barrier: otherwise XLA folds
-  the transpose into every consumer, each then reading the input across its rows.
-  """
-  n = xs[0].shape[-1]
-  flat = lax.optimization_barrier(tuple(x.reshape(-1, n).T.reshape(-1) for x in xs))
-  return tuple(x.reshape(n, -1) for x in flat)
-
-
-def _forest_columns(slot: Array) -> Array:
-  """Flat indices slot · W + column into a node-major buffer of W columns, int32[N, W]."""
-  width = slot.shape[1]
-  return slot * width + jnp.arange(width, dtype=jnp.int32)[None, :]
-
-
-def _rows(x: Array) -> Array:
-  """[N, W] → flat [N · W], read row by row with `_row`.
-
-  The passes take their inputs flat: XLA may otherwise give a transposed [N, W] operand a
-  column-major layout, and every row read inside the loop then strides across the whole array.
-  """
-  return x.reshape(-1)
-
-
-def _row(flat: Array, i: Array, width: int) -> Array:
-  """Row i ([W]) of a flat node-major array."""
-  return lax.dynamic_slice_in_dim(flat, i * width, width)
-
-
-def _forest_subtree_sums(jump: Array, rel: Array, total: Array) -> Array:
-  """One reverse pass over a node-major forest [N, W] (each column a tree, jump −1 at roots):
-  T(i) = total_i + Σ_{c ∈ children(i)} rel_c · T(c).
-
-  Children come after their parent, so visiting nodes N − 1, …, 0 finishes every child before
-  its parent: step i reads the sum its children pushed into row i, then pushes rel_i · T(i)
-  into its parent's row (roots push into a spare row N). Each step is a contiguous row read, a
-  W-element scatter-add and a row write: O(N · W) work in N steps.
-  """
-  n, width = jump.shape
-  target = _rows(_forest_columns(jnp.where(jump >= 0, jump, n)))
-  rel, total = _rows(rel), _rows(total)
-
-  def visit(k, carry):
-    pushed, totals, children_sum = carry
-    i = n - 1 - k
-    t_i = _row(total, i, width) + children_sum
-    pushed = pushed.at[_row(target, i, width)].add(_row(rel, i, width) * t_i,
-                                                   unique_indices=True)
-    totals = lax.dynamic_update_slice_in_dim(totals, t_i, i * width, 0)
-    # Read the next row from the updated buffer: reading row i before the scatter into the same
-    # buffer would make XLA copy the whole buffer at every step.
-    children_sum = lax.dynamic_slice_in_dim(pushed, jnp.maximum(i - 1, 0) * width, width)
-    return pushed, totals, children_sum
-
-  pushed = jnp.zeros(((n + 1) * width,), jnp.float32)
-  init = (pushed, jnp.zeros((n * width,), jnp.float32), pushed[(n - 1) * width:n * width])
-  _, totals, _ = lax.fori_loop(0, n, visit, init)
-  return totals.reshape(n, width)
-
-
-def _forest_affine_down(jump: Array, a: Array, c: Array) -> Array:
-  """One forward pass over a node-major forest [N, W]: x_i = a_i · x_{jump(i)} + c_i, with
-  x = 0 above the roots (jump −1).
-
-  Parents come before their children, so visiting nodes 0, …, N − 1 finds every parent's x
-  final: each step gathers W parent values (roots read a zero row N) and writes row i. O(N · W)
-  work in N steps.
-  """
-  n, width = jump.shape
-  source = _rows(_forest_columns(jnp.where(jump >= 0, jump, n)))
-  a, c = _rows(a), _rows(c)
-
-  # Two copies of x: each step gathers from one and writes row i into the other, then copies the
-  # row across. Gathering from the buffer being written would stop XLA from fusing the gather
-  # into the in-place row update, and on CPU a separate gather of a large buffer is split across
-  # threads at every step, which costs more than the step itself.
-  def visit(i, buffers):
-    x_read, x_write = buffers
-    x_parent = jnp.take(x_read, _row(source, i, width), mode="clip")
-    x_i = _row(a, i, width) * x_parent + _row(c, i, width)
-    x_write = lax.dynamic_update_slice_in_dim(x_write, x_i, i * width, 0)
-    x_read = lax.dynamic_update_slice_in_dim(
-        x_read, lax.dynamic_slice_in_dim(x_write, i * width, width), i * width, 0)
-    return x_read, x_write
-
-  zeros = jnp.zeros(((n + 1) * width,), jnp.float32)
-  _, x = lax.fori_loop(0, n, visit, (zeros, jnp.zeros_like(zeros)))
-  return x[:n * width].reshape(n, width)
-
-
-def _as_forest(kernel, jump: Array, x: Array, y: Array) -> Array:
-  """Runs a forest kernel on [..., N] arrays (jump broadcast against them), node-major inside."""
-  jump, x, y = jnp.broadcast_arrays(jump, x, y)
-  shape = x.shape
-  out = kernel(*_node_major(jump, x, y))
-  return out.T.reshape(shape)
-
-
-def _batch_rule(kernel):
-  """custom_vmap rule: the vmapped axis becomes more trees of the same forest."""
-  def rule(axis_size, in_batched, jump, x, y):
-    jump, x, y = (v if batched else jnp.broadcast_to(v, (axis_size,) + v.shape)
-                  for v, batched in zip((jump, x, y), in_batched))
-    # jump is [B, ..., N] with possibly fewer middle axes than x and y: align them.
-    jump = jump.reshape(jump.shape[:1] + (1,) * (x.ndim - jump.ndim) + jump.shape[1:])
-    return kernel(jump, x, y), True
-  return rule
-
-
-# Under vmap a batch of trees is one forest of B columns: each of the N steps of a pass then
-# works on B nodes at once (and nested vmaps add columns). No reverse-mode autodiff: advantages
-# and weights are targets, not differentiated.
-@jax.custom_batching.custom_vmap
-def _affine_kernel(jump: Array, a: Array, c: Array) -> Array:
-  return _as_forest(_forest_affine_down, jump, a, c)
-
-
-_affine_kernel.def_vmap(_batch_rule(_affine_kernel))
-
-
-@jax.custom_batching.custom_vmap
-def _subtree_kernel(jump: Array, rel: Array, total: Array) -> Array:
-  return _as_forest(_forest_subtree_sums, jump, rel, total)
-
-
-_subtree_kernel.def_vmap(_batch_rule(_subtree_kernel))
-
-
-def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Array,
-                gamma: Array) -> tuple[Array, Array, Array, Array]:
-  """BPO on a forest of W trees stored tree by tree: parent/reward/valid [W, N],
-  trunk_baseline/gamma [W]. Returns (advantages, weights, values, baselines), each [W, N] and 0
-  at invalid nodes.
-
-  The three inputs are transposed once to node-major rows [N, W], so that step i of a pass reads
-  contiguous rows of W nodes; the outputs are transposed back once. These are plain transposes:
-  XLA CPU copies a bare transpose with a tiled kernel, but one with elementwise work fused into
-  it (computing each parent's row index on the way, say) as a plain loop, about 7x slower; the
-  steps compute the index of their parents' rows (slot · W + column, slot N for the root state,
-  N + 1 for an invalid node) inside their own fusions instead.
-
-  Reverse pass (i = N − 1, …, 0) on a buffer of N + 2 rows holding, for each node, the sum and
-  the count of its valid children's values as ONE complex number sum + i·count: node i reads its
-  row, forms Q̂(i) = r_i + γ · sum / count and scatter-adds Q̂(i) + i into its parent's row. One
-  complex element per node is one scatter element per node; XLA CPU's scatter costs about the
-  same per element whatever its width, so a (sum, count) pair of floats cost twice as much.
-
-  Forward pass (i = 0, …, N − 1). With p = parent(i), s_p and n_p the sum and count of p's
-  children's values (n_p is also i's sibling count), the baseline is
-    b_i = A_p − β_p · Q̂(i),   β_p = 1 / (n_p − 1) if n_p ≥ 2 else 0,
-    A_p = s_p / (n_p − 1)                  if n_p ≥ 2 (leave-one-out),
-    A_p = (b_p − r_p) / γ                  if n_p = 1 (inherited),
-    A_root = s_N / (n_N − 1) or the trunk baseline,
-  and the weight w_i = w_p / n_p. Each node i, once b_i and w_i are known, writes A_i + i·w_i/n_i
-  into its row of a complex buffer its children gather from, so a step gathers A_p, w_p / n_p and
-  β_p and writes rows of its own: a pure gather-and-write recurrence.
-
-  Each step is a few single-row fusions that update their buffer in place. Each gathered value
-  has a single use (a value used twice becomes a gather of its own, which XLA CPU splits across
-  threads at every step), hence the real and the imaginary part gathered separately; no fusion
-  gathers from the buffer it writes (that would copy the whole buffer each step), hence what
-  the children gather is kept apart from the baselines and weights. The loop bodies compile to
-  8 and 5 thunks: XLA CPU runs a body of at most 8 thunks inline and a longer one through its
-  thread pool, which costs more than the step itself (unrolling the loops is slower for that
-  reason).
-  O(N · W) work in 2N steps of W-wide rows.
-
-  Example (one tree, γ = 1, trunk 0): parent [[-1, 0, 0]], reward [[0, 1, 3]]: the reverse pass
-  gives Q̂ = [2, 1, 3] and row 0 = 4 + 2i; forward: A_root = 0, so b_0 = 0, w_0 = 1; node 0
-  hands its children A_0 = 4 / 1, β_0 = 1, w_0 / 2, so b_1 = 4 − 1 = 3, b_2 = 1,
-  w = [1, 0.5, 0.5].
-  """
-  width, n = parent.shape
-  f32 = jnp.float32
-  columns = jnp.arange(width, dtype=jnp.int32)
-  parent_rows, valid_rows, reward_rows = parent.T, valid.T, reward.astype(f32).T
-  inv_gamma = 1.0 / gamma
-
-  def row(x, i):
-    return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
-
-  def parent_of(i):
-    p, ok = row(parent_rows, i), row(valid_rows, i)
-    return jnp.where(ok, jnp.where(p < 0, n, p), n + 1) * width + columns, ok
-
-  def reverse_step(k, carry):
-    children, values, own = carry  # children: flat [(N + 2) · W] complex; own: node i's row
-    i = n - 1 - k
-    at, ok = parent_of(i)
-    value = jnp.where(ok, row(reward_rows, i) + gamma * own.real / jnp.maximum(own.imag, 1.0),
-                      0.0)
-    children = children.at[at].add(lax.complex(value, ok.astype(f32)), unique_indices=True)
-    values = lax.dynamic_update_index_in_dim(values, value, i, 0)
-    # Read the next row after the scatter: reading it before, from the buffer the scatter
-    # updates in place, would make XLA copy the whole buffer at every step.
-    own = lax.dynamic_slice_in_dim(children, jnp.maximum(i - 1, 0) * width, width)
-    return children, values, own
-
-  children = jnp.zeros(((n + 2) * width,), jnp.complex64)
-  children, values, _ = lax.fori_loop(
-      0, n, reverse_step, (children, jnp.zeros((n, width), f32), children[:width]))
-  counts = children.imag
-  beta = jnp.where(counts >= 2, 1.0 / jnp.maximum(counts - 1.0, 1.0), 0.0)
-  root = children[n * width:(n + 1) * width]
-  root_a = jnp.where(root.imag >= 2, root.real / jnp.maximum(root.imag - 1.0, 1.0),
-                     trunk_baseline)
-  for_children = jnp.zeros(((n + 2) * width,), jnp.complex64)
-  for_children = for_children.at[n * width:(n + 1) * width].set(
-      lax.complex(root_a, 1.0 / jnp.maximum(root.imag, 1.0)))
-
-  def forward_step(i, carry):
-    for_children, baselines, weights = carry
-    at, ok = parent_of(i)
-    own = lax.dynamic_slice_in_dim(children, i * width, width)
-    value, total, count = row(values, i), own.real, own.imag
-    a_p = for_children.real.at[at].get(mode="clip")
-    w_p = for_children.imag.at[at].get(mode="clip")
-    beta_p = beta.at[at].get(mode="clip")
-    baselines = lax.dynamic_update_index_in_dim(
-        baselines, jnp.where(ok, a_p - beta_p * value, 0.0), i, 0)
-    weights = lax.dynamic_update_index_in_dim(weights, jnp.where(ok, w_p, 0.0), i, 0)
-    b, w = row(baselines, i), row(weights, i)
-    a = jnp.where(count >= 2, total / jnp.maximum(count - 1.0, 1.0),
-                  jnp.where(count == 1, (b - row(reward_rows, i)) * inv_gamma, 0.0))
-    for_children = lax.dynamic_update_slice_in_dim(
-        for_children, lax.complex(a, w / jnp.maximum(count, 1.0)), i * width, 0)
-    return for_children, baselines, weights
-
-  zeros = jnp.zeros((n, width), f32)
-  _, baselines, weights = lax.fori_loop(0, n, forward_step, (for_children, zeros, zeros))
-  return (values - baselines).T, weights.T, values.T, baselines.T
-
-
-@jax.custom_batching.custom_vmap
-def _bpo_kernel(parent: Array, reward: Array, valid: Array, trunk_baseline: Array,
-                gamma: Array) -> tuple[Array, Array, Array, Array]:
-  """[..., N] trees (and [...] trunk baselines and discounts) as one forest of trees."""
-  lead, n = parent.shape[:-1], parent.shape[-1]
-  flat = [x.reshape(-1, n) for x in (parent, reward, valid)]
-  out = _forest_bpo(*flat, trunk_baseline.reshape(-1), gamma.reshape(-1))
-  return tuple(x.reshape(lead + (n,)) for x in out)
-
-
-@_bpo_kernel.def_vmap
-def _bpo_kernel_batched(axis_size, in_batched, *args):
-  args = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
-          for x, batched in zip(args, in_batched)]
-  return _bpo_kernel(*args), (True, True, True, True)
-
-
-def _solve_affine_down(tree: RolloutTree, a: Array, c: Array, x_root: Array | float) -> Array:
-  """Solves x_i = a_i · x_{parent(i)} + c_i (x_{−1} = x_root) in one forward pass over the nodes.
-
-  `a` and `c` may carry leading axes ([..., N]: several recurrences over one tree at once, with
-  x_root broadcast against them). Requires parent(i) < i or −1 (topological order).
-  """
-  jump = jnp.where(tree.valid, tree.parent, -1).astype(jnp.int32)
-  a, c = jnp.broadcast_arrays(a.astype(jnp.float32), c.astype(jnp.float32))
-  # The kernel reads 0 above the roots: fold x_root into the roots' constant term.
-  at_root = jump < 0
-  c = jnp.where(at_root, c + a * jnp.asarray(x_root, jnp.float32), c)
-  a = jnp.where(at_root, 0.0, a)
-  return _affine_kernel(jump, a, c)
 
 
 def node_values(tree: RolloutTree, gamma: float = 1.0) -> Array:
@@ -464,6 +198,128 @@ def bpo_advantages(tree: RolloutTree, *, gamma: float = 1.0,
       jnp.asarray(tree.parent, jnp.int32), jnp.asarray(tree.reward, jnp.float32),
       jnp.asarray(tree.valid, bool), jnp.asarray(trunk_baseline, jnp.float32),
       jnp.asarray(gamma, jnp.float32)))
+
+
+@jax.custom_batching.custom_vmap
+def _bpo_kernel(parent: Array, reward: Array, valid: Array, trunk_baseline: Array,
+                gamma: Array) -> tuple[Array, Array, Array, Array]:
+  """[..., N] trees (and [...] trunk baselines and discounts) as one forest of trees."""
+  lead, n = parent.shape[:-1], parent.shape[-1]
+  flat = [x.reshape(-1, n) for x in (parent, reward, valid)]
+  out = _forest_bpo(*flat, trunk_baseline.reshape(-1), gamma.reshape(-1))
+  return tuple(x.reshape(lead + (n,)) for x in out)
+
+
+@_bpo_kernel.def_vmap
+def _bpo_kernel_batched(axis_size, in_batched, *args):
+  args = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+          for x, batched in zip(args, in_batched)]
+  return _bpo_kernel(*args), (True, True, True, True)
+
+
+def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Array,
+                gamma: Array) -> tuple[Array, Array, Array, Array]:
+  """BPO on a forest of W trees stored tree by tree: parent/reward/valid [W, N],
+  trunk_baseline/gamma [W]. Returns (advantages, weights, values, baselines), each [W, N] and 0
+  at invalid nodes.
+
+  The three inputs are transposed once to node-major rows [N, W], so that step i of a pass reads
+  contiguous rows of W nodes; the outputs are transposed back once. These are plain transposes:
+  XLA CPU copies a bare transpose with a tiled kernel, but one with elementwise work fused into
+  it (computing each parent's row index on the way, say) as a plain loop, about 7x slower; the
+  steps compute the index of their parents' rows (slot · W + column, slot N for the root state,
+  N + 1 for an invalid node) inside their own fusions instead.
+
+  Reverse pass (i = N − 1, …, 0) on a buffer of N + 2 rows holding, for each node, the sum and
+  the count of its valid children's values as ONE complex number sum + i·count: node i reads its
+  row, forms Q̂(i) = r_i + γ · sum / count and scatter-adds Q̂(i) + i into its parent's row. One
+  complex element per node is one scatter element per node; XLA CPU's scatter costs about the
+  same per element whatever its width, so a (sum, count) pair of floats cost twice as much.
+
+  Forward pass (i = 0, …, N − 1). With p = parent(i), s_p and n_p the sum and count of p's
+  children's values (n_p is also i's sibling count), the baseline is
+    b_i = A_p − β_p · Q̂(i),   β_p = 1 / (n_p − 1) if n_p ≥ 2 else 0,
+    A_p = s_p / (n_p − 1)                  if n_p ≥ 2 (leave-one-out),
+    A_p = (b_p − r_p) / γ                  if n_p = 1 (inherited),
+    A_root = s_N / (n_N − 1) or the trunk baseline,
+  and the weight w_i = w_p / n_p. Each node i, once b_i and w_i are known, writes A_i + i·w_i/n_i
+  into its row of a complex buffer its children gather from, so a step gathers A_p, w_p / n_p and
+  β_p and writes rows of its own: a pure gather-and-write recurrence.
+
+  Each step is a few single-row fusions that update their buffer in place. Each gathered value
+  has a single use (a value used twice becomes a gather of its own, which XLA CPU splits across
+  threads at every step), hence the real and the imaginary part gathered separately; no fusion
+  gathers from the buffer it writes (that would copy the whole buffer each step), hence what
+  the children gather is kept apart from the baselines and weights. The loop bodies compile to
+  8 and 5 thunks: XLA CPU runs a body of at most 8 thunks inline and a longer one through its
+  thread pool, which costs more than the step itself (unrolling the loops is slower for that
+  reason).
+  O(N · W) work in 2N steps of W-wide rows.
+
+  Example (one tree, γ = 1, trunk 0): parent [[-1, 0, 0]], reward [[0, 1, 3]]: the reverse pass
+  gives Q̂ = [2, 1, 3] and row 0 = 4 + 2i; forward: A_root = 0, so b_0 = 0, w_0 = 1; node 0
+  hands its children A_0 = 4 / 1, β_0 = 1, w_0 / 2, so b_1 = 4 − 1 = 3, b_2 = 1,
+  w = [1, 0.5, 0.5].
+  """
+  width, n = parent.shape
+  f32 = jnp.float32
+  columns = jnp.arange(width, dtype=jnp.int32)
+  parent_rows, valid_rows, reward_rows = parent.T, valid.T, reward.astype(f32).T
+  inv_gamma = 1.0 / gamma
+
+  def row(x, i):
+    return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+
+  def parent_of(i):
+    p, ok = row(parent_rows, i), row(valid_rows, i)
+    return jnp.where(ok, jnp.where(p < 0, n, p), n + 1) * width + columns, ok
+
+  def reverse_step(k, carry):
+    children, values, own = carry  # children: flat [(N + 2) · W] complex; own: node i's row
+    i = n - 1 - k
+    at, ok = parent_of(i)
+    value = jnp.where(ok, row(reward_rows, i) + gamma * own.real / jnp.maximum(own.imag, 1.0),
+                      0.0)
+    children = children.at[at].add(lax.complex(value, ok.astype(f32)), unique_indices=True)
+    values = lax.dynamic_update_index_in_dim(values, value, i, 0)
+    # Read the next row after the scatter: reading it before, from the buffer the scatter
+    # updates in place, would make XLA copy the whole buffer at every step.
+    own = lax.dynamic_slice_in_dim(children, jnp.maximum(i - 1, 0) * width, width)
+    return children, values, own
+
+  children = jnp.zeros(((n + 2) * width,), jnp.complex64)
+  children, values, _ = lax.fori_loop(
+      0, n, reverse_step, (children, jnp.zeros((n, width), f32), children[:width]))
+  counts = children.imag
+  beta = jnp.where(counts >= 2, 1.0 / jnp.maximum(counts - 1.0, 1.0), 0.0)
+  root = children[n * width:(n + 1) * width]
+  root_a = jnp.where(root.imag >= 2, root.real / jnp.maximum(root.imag - 1.0, 1.0),
+                     trunk_baseline)
+  for_children = jnp.zeros(((n + 2) * width,), jnp.complex64)
+  for_children = for_children.at[n * width:(n + 1) * width].set(
+      lax.complex(root_a, 1.0 / jnp.maximum(root.imag, 1.0)))
+
+  def forward_step(i, carry):
+    for_children, baselines, weights = carry
+    at, ok = parent_of(i)
+    own = lax.dynamic_slice_in_dim(children, i * width, width)
+    value, total, count = row(values, i), own.real, own.imag
+    a_p = for_children.real.at[at].get(mode="clip")
+    w_p = for_children.imag.at[at].get(mode="clip")
+    beta_p = beta.at[at].get(mode="clip")
+    baselines = lax.dynamic_update_index_in_dim(
+        baselines, jnp.where(ok, a_p - beta_p * value, 0.0), i, 0)
+    weights = lax.dynamic_update_index_in_dim(weights, jnp.where(ok, w_p, 0.0), i, 0)
+    b, w = row(baselines, i), row(weights, i)
+    a = jnp.where(count >= 2, total / jnp.maximum(count - 1.0, 1.0),
+                  jnp.where(count == 1, (b - row(reward_rows, i)) * inv_gamma, 0.0))
+    for_children = lax.dynamic_update_slice_in_dim(
+        for_children, lax.complex(a, w / jnp.maximum(count, 1.0)), i * width, 0)
+    return for_children, baselines, weights
+
+  zeros = jnp.zeros((n, width), f32)
+  _, baselines, weights = lax.fori_loop(0, n, forward_step, (for_children, zeros, zeros))
+  return (values - baselines).T, weights.T, values.T, baselines.T
 
 
 def root_value(tree: RolloutTree, gamma: float = 1.0) -> Array:
@@ -629,3 +485,148 @@ def prefix_explained_variance(tree: RolloutTree, gamma: float = 1.0) -> Array:
   var_total = jnp.sum(w * (prefix - mean) ** 2)
   var_explained = jnp.sum(w * (anchored - mean) ** 2)
   return jnp.where(var_total > 1e-12, var_explained / jnp.maximum(var_total, 1e-12), 0.0)
+
+
+def _solve_affine_down(tree: RolloutTree, a: Array, c: Array, x_root: Array | float) -> Array:
+  """Solves x_i = a_i · x_{parent(i)} + c_i (x_{−1} = x_root) in one forward pass over the nodes.
+
+  `a` and `c` may carry leading axes ([..., N]: several recurrences over one tree at once, with
+  x_root broadcast against them). Requires parent(i) < i or −1 (topological order).
+  """
+  jump = jnp.where(tree.valid, tree.parent, -1).astype(jnp.int32)
+  a, c = jnp.broadcast_arrays(a.astype(jnp.float32), c.astype(jnp.float32))
+  # The kernel reads 0 above the roots: fold x_root into the roots' constant term.
+  at_root = jump < 0
+  c = jnp.where(at_root, c + a * jnp.asarray(x_root, jnp.float32), c)
+  a = jnp.where(at_root, 0.0, a)
+  return _affine_kernel(jump, a, c)
+
+
+def _node_major(*xs: Array) -> tuple[Array, ...]:
+  """[..., N] arrays → [N, W]: every leading index becomes one column (one tree of a forest).
+
+  The transposed copies are made once, flat, behind an optimisation barrier: otherwise XLA folds
+  the transpose into every consumer, each then reading the input across its rows.
+  """
+  n = xs[0].shape[-1]
+  flat = lax.optimization_barrier(tuple(x.reshape(-1, n).T.reshape(-1) for x in xs))
+  return tuple(x.reshape(n, -1) for x in flat)
+
+
+def _forest_columns(slot: Array) -> Array:
+  """Flat indices slot · W + column into a node-major buffer of W columns, int32[N, W]."""
+  width = slot.shape[1]
+  return slot * width + jnp.arange(width, dtype=jnp.int32)[None, :]
+
+
+def _rows(x: Array) -> Array:
+  """[N, W] → flat [N · W], read row by row with `_row`.
+
+  The passes take their inputs flat: XLA may otherwise give a transposed [N, W] operand a
+  column-major layout, and every row read inside the loop then strides across the whole array.
+  """
+  return x.reshape(-1)
+
+
+def _row(flat: Array, i: Array, width: int) -> Array:
+  """Row i ([W]) of a flat node-major array."""
+  return lax.dynamic_slice_in_dim(flat, i * width, width)
+
+
+def _forest_subtree_sums(jump: Array, rel: Array, total: Array) -> Array:
+  """One reverse pass over a node-major forest [N, W] (each column a tree, jump −1 at roots):
+  T(i) = total_i + Σ_{c ∈ children(i)} rel_c · T(c).
+
+  Children come after their parent, so visiting nodes N − 1, …, 0 finishes every child before
+  its parent: step i reads the sum its children pushed into row i, then pushes rel_i · T(i)
+  into its parent's row (roots push into a spare row N). Each step is a contiguous row read, a
+  W-element scatter-add and a row write: O(N · W) work in N steps.
+  """
+  n, width = jump.shape
+  target = _rows(_forest_columns(jnp.where(jump >= 0, jump, n)))
+  rel, total = _rows(rel), _rows(total)
+
+  def visit(k, carry):
+    pushed, totals, children_sum = carry
+    i = n - 1 - k
+    t_i = _row(total, i, width) + children_sum
+    pushed = pushed.at[_row(target, i, width)].add(_row(rel, i, width) * t_i,
+                                                   unique_indices=True)
+    totals = lax.dynamic_update_slice_in_dim(totals, t_i, i * width, 0)
+    # Read the next row from the updated buffer: reading row i before the scatter into the same
+    # buffer would make XLA copy the whole buffer at every step.
+    children_sum = lax.dynamic_slice_in_dim(pushed, jnp.maximum(i - 1, 0) * width, width)
+    return pushed, totals, children_sum
+
+  pushed = jnp.zeros(((n + 1) * width,), jnp.float32)
+  init = (pushed, jnp.zeros((n * width,), jnp.float32), pushed[(n - 1) * width:n * width])
+  _, totals, _ = lax.fori_loop(0, n, visit, init)
+  return totals.reshape(n, width)
+
+
+def _forest_affine_down(jump: Array, a: Array, c: Array) -> Array:
+  """One forward pass over a node-major forest [N, W]: x_i = a_i · x_{jump(i)} + c_i, with
+  x = 0 above the roots (jump −1).
+
+  Parents come before their children, so visiting nodes 0, …, N − 1 finds every parent's x
+  final: each step gathers W parent values (roots read a zero row N) and writes row i. O(N · W)
+  work in N steps.
+  """
+  n, width = jump.shape
+  source = _rows(_forest_columns(jnp.where(jump >= 0, jump, n)))
+  a, c = _rows(a), _rows(c)
+
+  # Two copies of x: each step gathers from one and writes row i into the other, then copies the
+  # row across. Gathering from the buffer being written would stop XLA from fusing the gather
+  # into the in-place row update, and on CPU a separate gather of a large buffer is split across
+  # threads at every step, which costs more than the step itself.
+  def visit(i, buffers):
+    x_read, x_write = buffers
+    x_parent = jnp.take(x_read, _row(source, i, width), mode="clip")
+    x_i = _row(a, i, width) * x_parent + _row(c, i, width)
+    x_write = lax.dynamic_update_slice_in_dim(x_write, x_i, i * width, 0)
+    x_read = lax.dynamic_update_slice_in_dim(
+        x_read, lax.dynamic_slice_in_dim(x_write, i * width, width), i * width, 0)
+    return x_read, x_write
+
+  zeros = jnp.zeros(((n + 1) * width,), jnp.float32)
+  _, x = lax.fori_loop(0, n, visit, (zeros, jnp.zeros_like(zeros)))
+  return x[:n * width].reshape(n, width)
+
+
+def _as_forest(kernel, jump: Array, x: Array, y: Array) -> Array:
+  """Runs a forest kernel on [..., N] arrays (jump broadcast against them), node-major inside."""
+  jump, x, y = jnp.broadcast_arrays(jump, x, y)
+  shape = x.shape
+  out = kernel(*_node_major(jump, x, y))
+  return out.T.reshape(shape)
+
+
+def _batch_rule(kernel):
+  """custom_vmap rule: the vmapped axis becomes more trees of the same forest."""
+  def rule(axis_size, in_batched, jump, x, y):
+    jump, x, y = (v if batched else jnp.broadcast_to(v, (axis_size,) + v.shape)
+                  for v, batched in zip((jump, x, y), in_batched))
+    # jump is [B, ..., N] with possibly fewer middle axes than x and y: align them.
+    jump = jump.reshape(jump.shape[:1] + (1,) * (x.ndim - jump.ndim) + jump.shape[1:])
+    return kernel(jump, x, y), True
+  return rule
+
+
+# Under vmap a batch of trees is one forest of B columns: each of the N steps of a pass then
+# works on B nodes at once (and nested vmaps add columns). No reverse-mode autodiff: advantages
+# and weights are targets, not differentiated.
+@jax.custom_batching.custom_vmap
+def _affine_kernel(jump: Array, a: Array, c: Array) -> Array:
+  return _as_forest(_forest_affine_down, jump, a, c)
+
+
+_affine_kernel.def_vmap(_batch_rule(_affine_kernel))
+
+
+@jax.custom_batching.custom_vmap
+def _subtree_kernel(jump: Array, rel: Array, total: Array) -> Array:
+  return _as_forest(_forest_subtree_sums, jump, rel, total)
+
+
+_subtree_kernel.def_vmap(_batch_rule(_subtree_kernel))
