@@ -4,14 +4,14 @@ Every function is pure, takes ONE tree (arrays of length N), is not jitted at de
 jit) and batches with `jax.vmap`. Invalid nodes (padding, failed branches) affect nothing and get
 advantage 0 and weight 0.
 
-Notation (docs/DESIGN.md §3). Siblings of node i are the valid nodes with the same parent (i included),
-n_i their number. Children of i are the valid nodes whose parent is i.
+BPO (docs/DESIGN.md §3). Siblings of node i are the valid nodes with the same parent (i
+included), n_i their number. Children of i are the valid nodes whose parent is i.
 
 * Node value   Q̂(i) = r_i + γ · mean_{c ∈ children(i)} Q̂(c)      (a leaf: Q̂(i) = r_i).
   A truncated or unfinished leaf also has value r_i: there is no bootstrap.
-* Baseline     b_i = mean_{j ∈ siblings(i), j ≠ i} Q̂(j)            if n_i ≥ 2 (leave-one-out),
-               b_i = (b_p − r_p) / γ                                if n_i = 1 and p = parent(i) ≥ 0,
-               b_i = trunk_baseline                                 if n_i = 1 and parent(i) = −1.
+* Baseline     b_i = mean_{j ∈ siblings(i), j ≠ i} Q̂(j)     if n_i ≥ 2 (leave-one-out),
+               b_i = (b_p − r_p) / γ                         if n_i = 1 and p = parent(i) ≥ 0,
+               b_i = trunk_baseline                          if n_i = 1 and parent(i) = −1.
   The inherited form makes a chain below a fork carry the fork's advantage: A_i = A_p / γ.
 * Path weight  w_i = Π_{j ∈ {i} ∪ ancestors(i)} 1 / n_j, the probability that a path chosen
   uniformly at each fork passes through i.
@@ -20,18 +20,24 @@ n_i their number. Children of i are the valid nodes whose parent is i.
 Σ_i w_i ∇log π(a_i|s_i) A_i is the average over the tree's paths of the single-path REINFORCE
 estimate, hence unbiased when forks are decided online (branching.py).
 
-Nodes are stored parents first (parent(i) < i), so every parent walk is one sequential pass over
-the N node slots: node values by one reverse pass (children are finished before their parent and
-push their value into it), weights and inherited baselines, like every forward quantity, by one
-forward pass solving the affine recurrence x_i = a_i x_{parent(i)} + c_i. Work is O(N) per tree.
-Under `jax.vmap` (`jax.custom_batching.custom_vmap`) a batch of B trees is one forest stored node
-by node ([N, B]): each of the N steps of a pass updates the B trees at once, so the N steps are
-shared by the batch instead of repeated per tree. `bpo_advantages` runs its two passes in one
-kernel (`_forest_bpo`): the reverse pass pushes each node's value and a count into its parent's
-row as one complex number, the forward pass gathers, for each node, the values its parent
-prepared for its children, so that every step is a handful of row-sized fusions updated in place;
-the batch is transposed to node-major once on the way in and once on the way out. The kernels
-have no reverse-mode derivative (advantages are targets, not differentiated).
+The group estimators work on a star tree (K episodes at the root state, no other fork), with G_j
+the return of episode j:
+* RLOO (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for
+  Learning from Human Feedback in LLMs"): A_j = G_j − mean_{k ≠ j} G_k; BPO on a star tree gives
+  the same at γ = 1.
+* GRPO (Shao et al. 2024, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open
+  Language Models"): A_j = (G_j − mean G) / std G, biased by the division.
+* GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training"): GRPO's
+  episode advantage plus a step-level one over the steps taken at the same state.
+
+Code. Nodes are stored parents first (parent(i) < i), so each quantity is one pass over the node
+slots: values children first, baselines and weights parents first. `bpo_advantages` runs both
+passes in one fused kernel (`_forest_bpo`) that, under `jax.vmap`, treats a batch of trees as one
+forest, each of its 2N steps updating every tree at once; `bpo_advantages_reference` computes the
+same numbers as the formulas above read, in O(N²), for reading and for the tests. `node_values`,
+`path_weights` and `sibling_baselines` give one quantity each, on two single-pass kernels. The
+kernels have no reverse-mode derivative (advantages are targets, not differentiated); their
+XLA CPU tuning is explained once, in the performance notes of `_forest_bpo`.
 """
 
 from __future__ import annotations
@@ -63,6 +69,11 @@ def _check_tree(tree: RolloutTree) -> int:
   chex.assert_shape([tree.reward, tree.terminal, tree.truncated, tree.valid, tree.entropy,
                      tree.state_id, tree.depth], (n,))
   return n
+
+
+def _check_gamma(gamma) -> None:
+  if isinstance(gamma, (int, float)) and not 0.0 < gamma <= 1.0:
+    raise ValueError(f"gamma must be in (0, 1] for inherited baselines, got {gamma}")
 
 
 def _parent_slot(tree: RolloutTree) -> Array:
@@ -156,8 +167,7 @@ def _baseline_recurrence(tree: RolloutTree, values: Array, gamma: float,
   """The (a, c) of b_i = a_i · b_parent(i) + c_i (module docstring)."""
   n = _check_tree(tree)
   chex.assert_shape(values, (n,))
-  if isinstance(gamma, (int, float)) and not 0.0 < gamma <= 1.0:
-    raise ValueError(f"gamma must be in (0, 1] for inherited baselines, got {gamma}")
+  _check_gamma(gamma)
   slot = _parent_slot(tree)
   n_sib = sibling_counts(tree)
   valid_values = jnp.where(tree.valid, values, 0.0)
@@ -178,7 +188,8 @@ def bpo_advantages(tree: RolloutTree, *, gamma: float = 1.0,
                    trunk_baseline: Array | float = 0.0) -> BPOOutput:
   """BPO per-node advantages A_i = Q̂(i) − b_i and path weights w_i (module docstring).
 
-  The policy-gradient estimate of the tree is Σ_i w_i · A_i · ∇log π(a_i | s_i).
+  The policy-gradient estimate of the tree is Σ_i w_i · A_i · ∇log π(a_i | s_i). The numbers are
+  those of `bpo_advantages_reference`, computed by the fused kernel `_forest_bpo` in O(N).
 
   Example (γ = 1, zero trunk): a backbone step 0 (reward 0) at the root, then a fork of two
   terminal steps with rewards 1 and 3: parent = [-1, 0, 0], reward = [0, 1, 3] →
@@ -192,12 +203,57 @@ def bpo_advantages(tree: RolloutTree, *, gamma: float = 1.0,
     BPOOutput(advantages, weights, values, baselines), each float32[N].
   """
   _check_tree(tree)
-  if isinstance(gamma, (int, float)) and not 0.0 < gamma <= 1.0:
-    raise ValueError(f"gamma must be in (0, 1] for inherited baselines, got {gamma}")
+  _check_gamma(gamma)
   return BPOOutput(*_bpo_kernel(
       jnp.asarray(tree.parent, jnp.int32), jnp.asarray(tree.reward, jnp.float32),
       jnp.asarray(tree.valid, bool), jnp.asarray(trunk_baseline, jnp.float32),
       jnp.asarray(gamma, jnp.float32)))
+
+
+def bpo_advantages_reference(tree: RolloutTree, *, gamma: float = 1.0,
+                             trunk_baseline: Array | float = 0.0) -> BPOOutput:
+  """`bpo_advantages` as the formulas of the module docstring read, one node at a time.
+
+  The same numbers up to float32 rounding (a test holds the two together on random trees) in
+  O(N²) work and memory: for reading and for checking the fused kernel, not for training.
+  """
+  n = _check_tree(tree)
+  _check_gamma(gamma)
+  f32 = jnp.float32
+  valid = jnp.asarray(tree.valid, bool)
+  parent = jnp.asarray(tree.parent, jnp.int32)
+  reward = jnp.where(valid, jnp.asarray(tree.reward, f32), 0.0)
+  trunk = jnp.asarray(trunk_baseline, f32)
+  # is_child[p, i]: node i is a valid child of node p; row N is the root state.
+  parent_row = jnp.where(parent < 0, n, parent)
+  is_child = valid[None, :] & (parent_row[None, :] == jnp.arange(n + 1)[:, None])
+  num_children = jnp.sum(is_child, axis=1)
+  num_siblings = jnp.where(valid, num_children[parent_row], 0)
+
+  # Q̂(i) = r_i + γ · mean_{c ∈ children(i)} Q̂(c) (0 for a leaf), children first.
+  def value(k, values):
+    i = n - 1 - k
+    mean = jnp.sum(jnp.where(is_child[i], values, 0.0)) / jnp.maximum(num_children[i], 1)
+    return values.at[i].set(jnp.where(valid[i], reward[i] + gamma * mean, 0.0))
+
+  values = lax.fori_loop(0, n, value, jnp.zeros((n,), f32))
+  sibling_sum = jnp.sum(jnp.where(is_child, values[None, :], 0.0), axis=1)[parent_row]
+  leave_one_out = (sibling_sum - values) / jnp.maximum(num_siblings - 1, 1)
+
+  # b_i: leave-one-out among siblings, else inherited from the parent (the trunk baseline at the
+  # root state); w_i = w_parent(i) / n_i. Parents first.
+  def baseline_and_weight(i, carry):
+    baselines, weights = carry
+    p, at_root = jnp.maximum(parent[i], 0), parent[i] < 0
+    inherited = jnp.where(at_root, trunk, (baselines[p] - reward[p]) / gamma)
+    b = jnp.where(num_siblings[i] >= 2, leave_one_out[i], inherited)
+    w = jnp.where(at_root, 1.0, weights[p]) / jnp.maximum(num_siblings[i], 1)
+    return (baselines.at[i].set(jnp.where(valid[i], b, 0.0)),
+            weights.at[i].set(jnp.where(valid[i], w, 0.0)))
+
+  zeros = jnp.zeros((n,), f32)
+  baselines, weights = lax.fori_loop(0, n, baseline_and_weight, (zeros, zeros))
+  return BPOOutput(values - baselines, weights, values, baselines)
 
 
 @jax.custom_batching.custom_vmap
@@ -221,20 +277,17 @@ def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Arra
                 gamma: Array) -> tuple[Array, Array, Array, Array]:
   """BPO on a forest of W trees stored tree by tree: parent/reward/valid [W, N],
   trunk_baseline/gamma [W]. Returns (advantages, weights, values, baselines), each [W, N] and 0
-  at invalid nodes.
+  at invalid nodes: the numbers of `bpo_advantages_reference` (up to rounding) in O(N · W) work
+  and 2N steps.
 
-  The three inputs are transposed once to node-major rows [N, W], so that step i of a pass reads
-  contiguous rows of W nodes; the outputs are transposed back once. These are plain transposes:
-  XLA CPU copies a bare transpose with a tiled kernel, but one with elementwise work fused into
-  it (computing each parent's row index on the way, say) as a plain loop, about 7x slower; the
-  steps compute the index of their parents' rows (slot · W + column, slot N for the root state,
-  N + 1 for an invalid node) inside their own fusions instead.
+  The inputs are transposed once to node-major rows [N, W], so that step i of a pass reads node i
+  of every tree as one contiguous row; the outputs are transposed back once. Row indices into the
+  pass buffers are slot · W + column, with slot the parent, N for the root state and N + 1 for an
+  invalid node.
 
   Reverse pass (i = N − 1, …, 0) on a buffer of N + 2 rows holding, for each node, the sum and
   the count of its valid children's values as ONE complex number sum + i·count: node i reads its
-  row, forms Q̂(i) = r_i + γ · sum / count and scatter-adds Q̂(i) + i into its parent's row. One
-  complex element per node is one scatter element per node; XLA CPU's scatter costs about the
-  same per element whatever its width, so a (sum, count) pair of floats cost twice as much.
+  row, forms Q̂(i) = r_i + γ · sum / count and scatter-adds Q̂(i) + i into its parent's row.
 
   Forward pass (i = 0, …, N − 1). With p = parent(i), s_p and n_p the sum and count of p's
   children's values (n_p is also i's sibling count), the baseline is
@@ -246,50 +299,87 @@ def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Arra
   into its row of a complex buffer its children gather from, so a step gathers A_p, w_p / n_p and
   β_p and writes rows of its own: a pure gather-and-write recurrence.
 
-  Each step is a few single-row fusions that update their buffer in place. Each gathered value
-  has a single use (a value used twice becomes a gather of its own, which XLA CPU splits across
-  threads at every step), hence the real and the imaginary part gathered separately; no fusion
-  gathers from the buffer it writes (that would copy the whole buffer each step), hence what
-  the children gather is kept apart from the baselines and weights. The loop bodies compile to
-  8 and 5 thunks: XLA CPU runs a body of at most 8 thunks inline and a longer one through its
-  thread pool, which costs more than the step itself (unrolling the loops is slower for that
-  reason).
-  O(N · W) work in 2N steps of W-wide rows.
-
   Example (one tree, γ = 1, trunk 0): parent [[-1, 0, 0]], reward [[0, 1, 3]]: the reverse pass
   gives Q̂ = [2, 1, 3] and row 0 = 4 + 2i; forward: A_root = 0, so b_0 = 0, w_0 = 1; node 0
   hands its children A_0 = 4 / 1, β_0 = 1, w_0 / 2, so b_1 = 4 − 1 = 3, b_2 = 1,
   w = [1, 0.5, 0.5].
+
+  Performance notes (XLA CPU; for this kernel and the single-pass ones, `_forest_subtree_sums`
+  and `_forest_affine_down`). They shape the code, not its numbers. Each step is a few one-row
+  fusions that update their buffer in place; what keeps them so:
+  * A bare transpose is copied by a tiled kernel, one with elementwise work fused into it (the
+    parents' row indices, say) by a plain loop, about 7x slower: hence plain transposes, and the
+    row indices computed inside each step. The single-pass kernels transpose behind an
+    optimisation barrier and take their buffers flat, or XLA folds the transpose into every
+    consumer or gives an operand a column-major layout, and each row read strides the array.
+  * Reading the buffer a step updates in place (the next row read before the scatter, a gather
+    from the buffer being written) makes XLA copy the whole buffer at every step, or keep the
+    read out of the in-place fusion as a gather of its own (below): hence the next row is read
+    after the scatter, what the children gather is kept apart from the baselines and weights,
+    and `_forest_affine_down` keeps two copies of x.
+  * A scatter costs about the same per element whatever the element's width: hence the
+    (sum, count) pair as one complex number, half the elements of two floats.
+  * XLA CPU splits a large gather across threads at every step, which costs more than the step;
+    a gathered value used twice becomes a second gather: hence the real and the imaginary part
+    gathered separately, each used once. A loop body of at most 8 thunks runs inline, a longer
+    one through the thread pool at a cost above the step's: the bodies here compile to 8 and 5
+    thunks, and unrolling the loops is slower for that reason.
   """
-  width, n = parent.shape
+  width = parent.shape[0]
+  rows = _NodeRows(parent.T, valid.T, reward.astype(jnp.float32).T,
+                   jnp.arange(width, dtype=jnp.int32))
+  children, values = _bpo_reverse_pass(rows, gamma)
+  baselines, weights = _bpo_forward_pass(rows, children, values, trunk_baseline, gamma)
+  return (values - baselines).T, weights.T, values.T, baselines.T
+
+
+class _NodeRows(NamedTuple):
+  """A forest node-major: row i ([W]) holds node i of every tree; columns = arange(W)."""
+  parent: Array
+  valid: Array
+  reward: Array
+  columns: Array
+
+  def parent_of(self, i: Array) -> tuple[Array, Array]:
+    """The flat index (slot · W + column) of node i's parent row, and node i's validity."""
+    n, width = self.parent.shape
+    p, ok = _row_at(self.parent, i), _row_at(self.valid, i)
+    return jnp.where(ok, jnp.where(p < 0, n, p), n + 1) * width + self.columns, ok
+
+
+def _row_at(x: Array, i: Array) -> Array:
+  return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+
+
+def _bpo_reverse_pass(rows: _NodeRows, gamma: Array) -> tuple[Array, Array]:
+  """Node values, children first: (the complex sum + i·count buffer, flat [(N + 2) · W]; the
+  values [N, W]). See `_forest_bpo`."""
+  n, width = rows.parent.shape
   f32 = jnp.float32
-  columns = jnp.arange(width, dtype=jnp.int32)
-  parent_rows, valid_rows, reward_rows = parent.T, valid.T, reward.astype(f32).T
-  inv_gamma = 1.0 / gamma
-
-  def row(x, i):
-    return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
-
-  def parent_of(i):
-    p, ok = row(parent_rows, i), row(valid_rows, i)
-    return jnp.where(ok, jnp.where(p < 0, n, p), n + 1) * width + columns, ok
 
   def reverse_step(k, carry):
-    children, values, own = carry  # children: flat [(N + 2) · W] complex; own: node i's row
+    children, values, own = carry  # own: node i's row of children
     i = n - 1 - k
-    at, ok = parent_of(i)
-    value = jnp.where(ok, row(reward_rows, i) + gamma * own.real / jnp.maximum(own.imag, 1.0),
+    at, ok = rows.parent_of(i)
+    value = jnp.where(ok, _row_at(rows.reward, i) + gamma * own.real / jnp.maximum(own.imag, 1.0),
                       0.0)
     children = children.at[at].add(lax.complex(value, ok.astype(f32)), unique_indices=True)
     values = lax.dynamic_update_index_in_dim(values, value, i, 0)
-    # Read the next row after the scatter: reading it before, from the buffer the scatter
-    # updates in place, would make XLA copy the whole buffer at every step.
+    # The next row, read after the scatter (performance notes of `_forest_bpo`).
     own = lax.dynamic_slice_in_dim(children, jnp.maximum(i - 1, 0) * width, width)
     return children, values, own
 
   children = jnp.zeros(((n + 2) * width,), jnp.complex64)
   children, values, _ = lax.fori_loop(
       0, n, reverse_step, (children, jnp.zeros((n, width), f32), children[:width]))
+  return children, values
+
+
+def _bpo_forward_pass(rows: _NodeRows, children: Array, values: Array, trunk_baseline: Array,
+                      gamma: Array) -> tuple[Array, Array]:
+  """Baselines and weights [N, W], parents first. See `_forest_bpo`."""
+  n, width = rows.parent.shape
+  inv_gamma = 1.0 / gamma
   counts = children.imag
   beta = jnp.where(counts >= 2, 1.0 / jnp.maximum(counts - 1.0, 1.0), 0.0)
   root = children[n * width:(n + 1) * width]
@@ -301,25 +391,25 @@ def _forest_bpo(parent: Array, reward: Array, valid: Array, trunk_baseline: Arra
 
   def forward_step(i, carry):
     for_children, baselines, weights = carry
-    at, ok = parent_of(i)
+    at, ok = rows.parent_of(i)
     own = lax.dynamic_slice_in_dim(children, i * width, width)
-    value, total, count = row(values, i), own.real, own.imag
+    value, total, count = _row_at(values, i), own.real, own.imag
     a_p = for_children.real.at[at].get(mode="clip")
     w_p = for_children.imag.at[at].get(mode="clip")
     beta_p = beta.at[at].get(mode="clip")
     baselines = lax.dynamic_update_index_in_dim(
         baselines, jnp.where(ok, a_p - beta_p * value, 0.0), i, 0)
     weights = lax.dynamic_update_index_in_dim(weights, jnp.where(ok, w_p, 0.0), i, 0)
-    b, w = row(baselines, i), row(weights, i)
+    b, w = _row_at(baselines, i), _row_at(weights, i)
     a = jnp.where(count >= 2, total / jnp.maximum(count - 1.0, 1.0),
-                  jnp.where(count == 1, (b - row(reward_rows, i)) * inv_gamma, 0.0))
+                  jnp.where(count == 1, (b - _row_at(rows.reward, i)) * inv_gamma, 0.0))
     for_children = lax.dynamic_update_slice_in_dim(
         for_children, lax.complex(a, w / jnp.maximum(count, 1.0)), i * width, 0)
     return for_children, baselines, weights
 
-  zeros = jnp.zeros((n, width), f32)
+  zeros = jnp.zeros((n, width), jnp.float32)
   _, baselines, weights = lax.fori_loop(0, n, forward_step, (for_children, zeros, zeros))
-  return (values - baselines).T, weights.T, values.T, baselines.T
+  return baselines, weights
 
 
 def root_value(tree: RolloutTree, gamma: float = 1.0) -> Array:
@@ -505,8 +595,8 @@ def _solve_affine_down(tree: RolloutTree, a: Array, c: Array, x_root: Array | fl
 def _node_major(*xs: Array) -> tuple[Array, ...]:
   """[..., N] arrays → [N, W]: every leading index becomes one column (one tree of a forest).
 
-  The transposed copies are made once, flat, behind an optimisation barrier: otherwise XLA folds
-  the transpose into every consumer, each then reading the input across its rows.
+  The transposed copies are made once, flat, behind an optimisation barrier (performance notes of
+  `_forest_bpo`).
   """
   n = xs[0].shape[-1]
   flat = lax.optimization_barrier(tuple(x.reshape(-1, n).T.reshape(-1) for x in xs))
@@ -520,11 +610,7 @@ def _forest_columns(slot: Array) -> Array:
 
 
 def _rows(x: Array) -> Array:
-  """[N, W] → flat [N · W], read row by row with `_row`.
-
-  The passes take their inputs flat: XLA may otherwise give a transposed [N, W] operand a
-  column-major layout, and every row read inside the loop then strides across the whole array.
-  """
+  """[N, W] → flat [N · W], read row by row with `_row` (performance notes of `_forest_bpo`)."""
   return x.reshape(-1)
 
 
@@ -553,8 +639,7 @@ def _forest_subtree_sums(jump: Array, rel: Array, total: Array) -> Array:
     pushed = pushed.at[_row(target, i, width)].add(_row(rel, i, width) * t_i,
                                                    unique_indices=True)
     totals = lax.dynamic_update_slice_in_dim(totals, t_i, i * width, 0)
-    # Read the next row from the updated buffer: reading row i before the scatter into the same
-    # buffer would make XLA copy the whole buffer at every step.
+    # The next row, read after the scatter (performance notes of `_forest_bpo`).
     children_sum = lax.dynamic_slice_in_dim(pushed, jnp.maximum(i - 1, 0) * width, width)
     return pushed, totals, children_sum
 
@@ -576,10 +661,8 @@ def _forest_affine_down(jump: Array, a: Array, c: Array) -> Array:
   source = _rows(_forest_columns(jnp.where(jump >= 0, jump, n)))
   a, c = _rows(a), _rows(c)
 
-  # Two copies of x: each step gathers from one and writes row i into the other, then copies the
-  # row across. Gathering from the buffer being written would stop XLA from fusing the gather
-  # into the in-place row update, and on CPU a separate gather of a large buffer is split across
-  # threads at every step, which costs more than the step itself.
+  # Two copies of x: each step gathers from one, writes row i into the other and copies the row
+  # across (performance notes of `_forest_bpo`).
   def visit(i, buffers):
     x_read, x_write = buffers
     x_parent = jnp.take(x_read, _row(source, i, width), mode="clip")

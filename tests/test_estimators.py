@@ -1,4 +1,9 @@
-"""Estimators against hand-computed trees, a dict-walking reference, and invariances."""
+"""Estimators against hand-computed trees, the readable reference, a float64 dict-walking
+reference, and invariances.
+
+Tolerances count float32 roundings at the magnitude compared (bpo_jax.testing.tolerance); most
+hand-computed trees have dyadic rewards, so their sums are exact and only divisions round.
+"""
 
 import subprocess
 import sys
@@ -9,7 +14,8 @@ import numpy as np
 import pytest
 
 from bpo_jax import estimators as E
-from bpo_jax.testing.random_trees import random_bpo_tree, random_tree, reference_bpo
+from bpo_jax.testing.random_trees import bpo_roundings, random_bpo_tree, random_tree, reference_bpo
+from bpo_jax.testing.tolerance import assert_close, ulp_tol
 from bpo_jax.tree import TreeBuilder, empty_tree, from_parents, pad_tree, stack_trees
 
 
@@ -28,10 +34,9 @@ gigpo_advantages = jax.jit(E.gigpo_advantages,
 def test_hand_computed_fork_below_trunk():
   # Trunk step 0 (reward 0), then a fork of two terminal steps with rewards 1 and 3.
   out = bpo_advantages(from_parents([-1, 0, 0], [0.0, 1.0, 3.0]))
-  np.testing.assert_allclose(out.values, [2, 1, 3])
-  np.testing.assert_allclose(out.baselines, [0, 3, 1])
-  np.testing.assert_allclose(out.advantages, [2, -2, 2])
-  np.testing.assert_allclose(out.weights, [1, 0.5, 0.5])
+  # At most 5 roundings per output at magnitude ≤ 4 (exact here: integers and halves).
+  for x, expected in zip(out, ([2, -2, 2], [1, 0.5, 0.5], [2, 1, 3], [0, 3, 1])):
+    assert_close(x, expected, steps=5, magnitude=4)
 
 
 def test_hand_computed_discount_inheritance_and_trunk():
@@ -41,19 +46,22 @@ def test_hand_computed_discount_inheritance_and_trunk():
   q3 = 0 + 0.5 * 8  # 4
   q1 = 2 + 0.5 * (4 + q3) / 2  # 4
   q0 = 1 + 0.5 * q1  # 3
-  np.testing.assert_allclose(out.values, [q0, q1, 4, q3, 8])
   b0 = 3.0
   b1 = (b0 - 1.0) / 0.5  # 4
   b2, b3 = q3, 4.0
   b4 = (b3 - 0.0) / 0.5  # 8
-  np.testing.assert_allclose(out.baselines, [b0, b1, b2, b3, b4])
-  np.testing.assert_allclose(out.advantages, [0, 0, 0, 0, 0], atol=1e-6)
-  np.testing.assert_allclose(out.weights, [1, 1, 0.5, 0.5, 0.5])
+  # The roundings bpo_roundings counts down this tree, at magnitude ≤ 8 (the values, baselines
+  # and rewards); every number here is dyadic and γ = 1/2, so all are in fact exact.
+  steps = bpo_roundings(tree, 0.5)
+  assert_close(out.values, [q0, q1, 4, q3, 8], steps=steps, magnitude=8)
+  assert_close(out.baselines, [b0, b1, b2, b3, b4], steps=steps, magnitude=8)
+  assert_close(out.advantages, [0, 0, 0, 0, 0], steps=steps, magnitude=8)
+  assert_close(out.weights, [1, 1, 0.5, 0.5, 0.5], steps=3, magnitude=1)  # ≤ 3 divisions.
   # A chain carries its fork's advantage divided by γ per step: change the leaf reward.
   tree.reward[4] = 10.0
   out = bpo_advantages(tree, gamma=0.5, trunk_baseline=3.0)
   a3 = (0 + 0.5 * 10) - 4.0
-  np.testing.assert_allclose(out.advantages[3:], [a3, a3 / 0.5], rtol=1e-6)
+  assert_close(out.advantages[3:], [a3, a3 / 0.5], steps=bpo_roundings(tree, 0.5), magnitude=10)
 
 
 def test_star_tree_is_rloo_and_grpo():
@@ -66,62 +74,103 @@ def test_star_tree_is_rloo_and_grpo():
     rewards += [0.25 * g, 0.75 * g]
   tree = from_parents(parents, rewards)
   loo = returns - (returns.sum() - returns) / (k - 1)
+  # The rewards are dyadic, so the returns and their sums are exact; a leave-one-out mean then
+  # rounds once (the division) and the advantage once more, at magnitude ≤ 8 (the sum); BPO's
+  # kernel as often as bpo_roundings counts.
   rloo = _np(rloo_advantages(tree))
-  np.testing.assert_allclose(rloo, np.repeat(loo, 2), rtol=1e-6, atol=1e-6)
+  assert_close(rloo, np.repeat(loo, 2), steps=2, magnitude=8, dtype=np.float32)
   bpo = bpo_advantages(tree)
-  np.testing.assert_allclose(_np(bpo.advantages), rloo, rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(_np(bpo.weights), np.full(2 * k, 1 / k))
+  steps = bpo_roundings(tree)
+  assert_close(bpo.advantages, rloo, steps=steps, magnitude=8)
+  assert_close(bpo.weights, np.full(2 * k, 1 / k), steps=1, magnitude=1)
   std = returns.std()
   grpo = (returns - returns.mean()) / (std + 1e-6)
-  np.testing.assert_allclose(_np(grpo_advantages(tree)), np.repeat(grpo, 2), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(_np(grpo_advantages(tree, normalize_std=False)),
-                             np.repeat(returns - returns.mean(), 2), rtol=1e-6, atol=1e-6)
-  # BPO on a star tree, rescaled by (K − 1)/K and divided by the std, is exactly GRPO.
-  np.testing.assert_allclose(_np(bpo.advantages) * (k - 1) / k / (std + 1e-6),
-                             np.repeat(grpo, 2), rtol=1e-5, atol=1e-6)
+  # GRPO: the centred returns and their variance are exact; eps to float32, the square root,
+  # + eps and the division round 4 times, each relative to the result, at most max |A|.
+  assert_close(grpo_advantages(tree), np.repeat(grpo, 2), steps=4)
+  assert_close(grpo_advantages(tree, normalize_std=False),
+               np.repeat(returns - returns.mean(), 2), steps=1)
+  # BPO on a star tree, rescaled by (K − 1)/K and divided by the std, is exactly GRPO: BPO's
+  # roundings, scaled with its advantages.
+  scale = (k - 1) / k / (std + 1e-6)
+  assert_close(_np(bpo.advantages) * scale, np.repeat(grpo, 2), steps=steps, magnitude=8 * scale,
+               dtype=np.float32)
 
 
 def test_gigpo_hand_computed():
+  # Integer rewards: means, deviations and the stds (√1) are exact; at most 8 roundings (two
+  # group statistics, the divisions, ω, the sum) at magnitude ≤ 2 bound the rest.
   tree = from_parents([-1, 0, -1, 2], [0.0, 1.0, 2.0, 1.0], state_id=[7, -1, 7, -1])
-  np.testing.assert_allclose(gigpo_advantages(tree, normalize_std=False), [-2, -1, 2, 1])
+  assert_close(gigpo_advantages(tree, normalize_std=False), [-2, -1, 2, 1], steps=8)
   # With std: episode returns 1, 3 → ±1; step group at state 7 → ±1; ω = 0.5.
-  np.testing.assert_allclose(gigpo_advantages(tree, step_weight=0.5, eps=0.0),
-                             [-1.5, -1, 1.5, 1], rtol=1e-6)
+  assert_close(gigpo_advantages(tree, step_weight=0.5, eps=0.0), [-1.5, -1, 1.5, 1], steps=8)
   # A lone state id (group of one) adds nothing.
   lone = from_parents([-1, 0, -1, 2], [0.0, 1.0, 2.0, 1.0], state_id=[7, 5, 8, -1])
-  np.testing.assert_allclose(gigpo_advantages(lone, normalize_std=False), [-1, -1, 1, 1])
+  assert_close(gigpo_advantages(lone, normalize_std=False), [-1, -1, 1, 1], steps=8)
 
 
 def test_diagnostics_hand_computed():
+  # Dyadic weights and rewards: the sums are exact, the last division rounds once (2 steps
+  # allow for the reciprocal of a reciprocal).
   tree = from_parents([-1, 0, 0, 1, 1], [0.0, 0.0, 1.0, 2.0, 4.0])
-  np.testing.assert_allclose(jax.jit(E.path_weights)(tree), [1, 0.5, 0.5, 0.25, 0.25])
-  np.testing.assert_allclose(jax.jit(E.effective_num_samples)(tree), 8 / 3, rtol=1e-6)
+  assert_close(jax.jit(E.path_weights)(tree), [1, 0.5, 0.5, 0.25, 0.25], steps=2)
+  assert_close(jax.jit(E.effective_num_samples)(tree), 8 / 3, steps=2)
   # Path returns 1, 2, 4 (weights .5, .25, .25): var 1.5; last-fork means 2, 3, 3: var 0.5.
-  np.testing.assert_allclose(jax.jit(E.prefix_explained_variance)(tree), 1 / 3, rtol=1e-6)
-  np.testing.assert_allclose(jax.jit(E.children_counts)(tree), [2, 2, 0, 0, 0, 1])
-  np.testing.assert_allclose(E.leave_one_out_trunk_baselines(jnp.array([1.0, 2.0, 6.0])),
-                             [4, 3.5, 1.5])
+  assert_close(jax.jit(E.prefix_explained_variance)(tree), 1 / 3, steps=2)
+  np.testing.assert_array_equal(jax.jit(E.children_counts)(tree), [2, 2, 0, 0, 0, 1])
+  assert_close(E.leave_one_out_trunk_baselines(jnp.array([1.0, 2.0, 6.0])), [4, 3.5, 1.5],
+               steps=2)  # An exact sum and difference, one division.
   with pytest.raises(ValueError, match="at least 2 trees"):
     E.leave_one_out_trunk_baselines(jnp.array([1.0]))
   with pytest.raises(ValueError, match="gamma must be in"):
     E.bpo_advantages(tree, gamma=0.0)
 
 
+def _assert_bpo_close(out, expected, tree, gamma):
+  """Two BPO results on one tree agree within the float32 roundings of BPO on it."""
+  steps = bpo_roundings(tree, gamma)
+  magnitude = max(np.abs(np.asarray(x)).max() for x in (expected[2], expected[3], tree.reward))
+  for name in ("advantages", "values", "baselines"):
+    assert_close(getattr(out, name), getattr(expected, name), steps=steps, magnitude=magnitude,
+                 dtype=np.float32, err_msg=name)
+  # A weight is a product of as many divisions as the node is deep: relative rounding.
+  depth = int(np.max(np.where(tree.valid, tree.depth, 0))) + 1
+  np.testing.assert_allclose(out.weights, expected.weights, atol=0,
+                             rtol=ulp_tol(np.float32, 1.0, depth))
+
+
+def _random_trees(rng, capacity):
+  return ([random_tree(rng, capacity - 8, capacity, fail_prob=0.05) for _ in range(4)]
+          + [random_tree(rng, capacity - 16, capacity, root_children=3) for _ in range(2)]
+          + [random_bpo_tree(rng, capacity, max_depth=10) for _ in range(2)])
+
+
+@pytest.mark.parametrize("gamma,trunk", [(1.0, 0.0), (0.9, 0.7)])
+def test_kernel_matches_readable_reference(gamma, trunk):
+  # Forks, chains, failed branches, several steps at the root state, and 8 small and 8 larger
+  # trees: the fused kernel and the formulas as written give the same numbers.
+  rng = np.random.default_rng(10)
+  for capacity in (48, 256):
+    trees = _random_trees(rng, capacity)
+    batch = stack_trees(trees)
+    kernel, reference = (
+        jax.jit(jax.vmap(lambda t, f=f: f(t, gamma=gamma, trunk_baseline=trunk)))(batch)
+        for f in (E.bpo_advantages, E.bpo_advantages_reference))
+    for b, tree in enumerate(trees):
+      _assert_bpo_close(E.BPOOutput(*(x[b] for x in kernel)),
+                        E.BPOOutput(*(x[b] for x in reference)), tree, gamma)
+
+
 @pytest.mark.parametrize("gamma,trunk", [(1.0, 0.0), (0.9, 0.7)])
 def test_matches_dict_walking_reference(gamma, trunk):
   rng = np.random.default_rng(1)
-  trees = ([random_tree(rng, 40, 48, fail_prob=0.05) for _ in range(4)]
-           + [random_tree(rng, 30, 48, root_children=3) for _ in range(2)]
-           + [random_bpo_tree(rng, 48, max_depth=10) for _ in range(2)])
+  trees = _random_trees(rng, 48)
   batch = stack_trees(trees)
-  out = jax.jit(jax.vmap(lambda t: E.bpo_advantages(t, gamma=gamma, trunk_baseline=trunk)))(
-      batch)
-  for b, tree in enumerate(trees):
-    adv, w, q, base = reference_bpo(tree, gamma, trunk)
-    np.testing.assert_allclose(out.values[b], q, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(out.weights[b], w, rtol=1e-6, atol=1e-12)
-    np.testing.assert_allclose(out.baselines[b], base, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(out.advantages[b], adv, rtol=1e-4, atol=1e-4)
+  for estimator in (E.bpo_advantages, E.bpo_advantages_reference):
+    out = jax.jit(jax.vmap(lambda t: estimator(t, gamma=gamma, trunk_baseline=trunk)))(batch)
+    for b, tree in enumerate(trees):
+      _assert_bpo_close(E.BPOOutput(*(x[b] for x in out)),
+                        E.BPOOutput(*reference_bpo(tree, gamma, trunk)), tree, gamma)
 
 
 def _all(tree):
@@ -133,6 +182,46 @@ def _all(tree):
 _all_jit = jax.jit(_all)
 
 
+def _all_tolerances(tree, out):
+  """Per leaf of `_all(tree)`, the absolute tolerance between two compilations of it.
+
+  They run the same float32 operations but for the order of some sums, so each leaf is within
+  its roundings of the exact value on both sides: BPO's (`bpo_roundings`, + 4 for the group
+  statistics) at the tree's magnitude M; for GRPO and GiGPO, which divide by a std σ, the same
+  times (1 + max |A|) / σ for the smallest σ (for GiGPO: twice, episode and step terms); for the
+  effective sample size 1 / Σ w² (positive terms) 2 · depth + leaves + 2 roundings relative;
+  for the explained share Var(m) / Var(G) over path returns G, an error ≤ steps · M in G and m
+  moves each weighted variance by 2 · max |G − mean G| · steps · M, + leaves + 3 roundings of it.
+  """
+  valid, parent = np.asarray(tree.valid), np.asarray(tree.parent)
+  bpo = out[0]
+  returns = reference_bpo(tree)[2]  # Q̂ at γ = 1, RLOO's, GRPO's and GiGPO's.
+  magnitude = max(np.abs(np.asarray(x)).max() for x in (bpo.values, bpo.baselines, tree.reward,
+                                                        returns))
+  steps = bpo_roundings(tree, 0.95) + 4
+  plain = ulp_tol(np.float32, magnitude, steps)
+  groups = [returns[valid & (parent < 0)]]
+  groups += [returns[valid & (tree.state_id == s)] for s in np.unique(tree.state_id[valid])
+             if s >= 0]
+  # No group of two: the centred values are exactly 0 and nothing is divided.
+  sigma = min((g.std() for g in groups if g.size >= 2), default=np.inf)
+  grpo, gigpo = (plain * max(1.0, (1 + np.abs(np.asarray(a)).max()) / sigma) for a in out[2:4])
+  # Path returns G (γ = 0.95, from the root) of the leaves, and their weights.
+  path_return = np.zeros(tree.capacity)
+  for i in np.flatnonzero(valid):
+    above = path_return[parent[i]] if parent[i] >= 0 else 0.0
+    path_return[i] = above + 0.95 ** tree.depth[i] * tree.reward[i]
+  leaves = valid & ~np.isin(np.arange(tree.capacity), parent[valid])
+  w = np.asarray(bpo.weights, np.float64)[leaves]
+  g = path_return[leaves]
+  var_g = w @ (g - w @ g) ** 2
+  share = ulp_tol(np.float32, 1.0,
+                  2 * np.abs(g - w @ g).max() * magnitude * steps / var_g + leaves.sum() + 3)
+  ess = ulp_tol(np.float32, float(out[4]), 2 * tree.depth[valid].max() + leaves.sum() + 2)
+  # Leaves: BPO's advantages, weights, values, baselines; RLOO; GRPO; GiGPO; the two scalars.
+  return [plain] * 5 + [grpo, 2 * gigpo, ess, share]
+
+
 def test_jit_vmap_loop_and_padding_agree():
   rng = np.random.default_rng(2)
   trees = [random_tree(rng, 20, 24, root_children=2, num_states=4, fail_prob=0.05)
@@ -140,14 +229,17 @@ def test_jit_vmap_loop_and_padding_agree():
   batched = jax.jit(jax.vmap(_all))(stack_trees(trees))
   padded = jax.jit(jax.vmap(_all))(stack_trees([pad_tree(t, 40) for t in trees]))
   eager = _all(trees[0])  # No jit, op by op: slow, so once.
-  for e, j in zip(*map(jax.tree_util.tree_leaves, (eager, _all_jit(trees[0])))):
-    np.testing.assert_allclose(j, e, rtol=1e-5, atol=1e-6)
+  for e, j, tol in zip(*map(jax.tree_util.tree_leaves, (eager, _all_jit(trees[0]))),
+                       _all_tolerances(trees[0], eager)):
+    np.testing.assert_allclose(j, e, rtol=0, atol=tol)
   for b, tree in enumerate(trees):
     looped = _all_jit(tree)
-    for e, v, p in zip(*map(jax.tree_util.tree_leaves, (looped, batched, padded))):
+    tolerances = _all_tolerances(tree, looped)
+    for e, v, p, tol in zip(*map(jax.tree_util.tree_leaves, (looped, batched, padded)),
+                            tolerances):
       v, p = np.asarray(v)[b], np.asarray(p)[b]
-      np.testing.assert_allclose(v, e, rtol=1e-5, atol=1e-6)
-      np.testing.assert_allclose(p[..., :24] if p.ndim else p, e, rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(v, e, rtol=0, atol=tol)
+      np.testing.assert_allclose(p[..., :24] if p.ndim else p, e, rtol=0, atol=tol)
       if p.ndim:
         np.testing.assert_array_equal(p[24:], 0.0)
 
@@ -167,15 +259,17 @@ def test_failed_branch_is_the_same_as_no_branch():
       b.set_outcome(bad, 100.0)
       b.mark_failed(bad)
     return b.build()
-  full, clean = _all_jit(build(True)), _all_jit(build(False))
+  clean_tree = build(False)
+  full, clean = _all_jit(build(True)), _all_jit(clean_tree)
   keep = [0, 1, 4]
-  for f, c in zip(jax.tree_util.tree_leaves(full), jax.tree_util.tree_leaves(clean)):
+  for f, c, tol in zip(jax.tree_util.tree_leaves(full), jax.tree_util.tree_leaves(clean),
+                       _all_tolerances(clean_tree, clean)):
     f, c = np.asarray(f), np.asarray(c)
     if f.ndim:
-      np.testing.assert_allclose(f[keep], c[:3], rtol=1e-6)
+      np.testing.assert_allclose(f[keep], c[:3], rtol=0, atol=tol)
       np.testing.assert_array_equal(f[[2, 3]], 0.0)
     else:
-      np.testing.assert_allclose(f, c, rtol=1e-6)
+      np.testing.assert_allclose(f, c, rtol=0, atol=tol)
 
 
 def test_estimators_import_no_heavy_packages():
@@ -197,14 +291,14 @@ def test_nested_vmap_and_unbatched_tree():
   single = jax.jit(lambda t, trunk: E.bpo_advantages(t, gamma=0.9, trunk_baseline=trunk))
   nested = jax.jit(jax.vmap(jax.vmap(lambda t: E.bpo_advantages(t, gamma=0.9))))(grid)
   for k, tree in enumerate(trees):
-    for x, y in zip(nested, single(tree, 0.0)):
-      np.testing.assert_allclose(np.asarray(x).reshape(6, -1)[k], y, rtol=1e-5, atol=1e-6)
+    _assert_bpo_close(E.BPOOutput(*(np.asarray(x).reshape(6, -1)[k] for x in nested)),
+                      single(tree, 0.0), tree, 0.9)
   trunks = jnp.array([0.0, 1.0, -2.0])
   over_trunks = jax.jit(jax.vmap(lambda b: E.bpo_advantages(trees[0], gamma=0.9,
                                                             trunk_baseline=b)))(trunks)
   for k in range(3):
-    np.testing.assert_allclose(over_trunks.advantages[k],
-                               single(trees[0], trunks[k]).advantages, rtol=1e-5, atol=1e-6)
+    _assert_bpo_close(E.BPOOutput(*(x[k] for x in over_trunks)), single(trees[0], trunks[k]),
+                      trees[0], 0.9)
 
 
 def test_deep_chain_carries_the_trunk_advantage():
@@ -218,6 +312,7 @@ def test_deep_chain_carries_the_trunk_advantage():
   chain.terminal[-1] = True
   chain.depth[:] = np.arange(n)
   out = bpo_advantages(chain)
+  # Integers below 2²⁴ and γ = 1: every float32 operation here is exact.
   np.testing.assert_array_equal(out.values, np.arange(n, 0, -1))
   np.testing.assert_array_equal(out.baselines, -np.arange(n))
   np.testing.assert_array_equal(out.advantages, np.full(n, n))
@@ -226,22 +321,26 @@ def test_deep_chain_carries_the_trunk_advantage():
 
 def test_wide_star_is_leave_one_out():
   # A trunk step, then 1000 terminal siblings below it (and, as a second tree, 1000 steps at the
-  # root state): leave-one-out baselines and weights 1/K against NumPy in float64.
+  # root state): leave-one-out baselines and weights 1/K against NumPy in float64. The rewards are
+  # eighths in [−4, 4], so every sum of them is exact in float32 and only the divisions round.
   k = 1000
-  rewards = np.random.default_rng(4).normal(size=k)
+  rewards = np.random.default_rng(4).integers(-32, 33, size=k) / 8
   below_trunk = from_parents([-1] + [0] * k, [0.5] + list(rewards))
   at_root = from_parents([-1] * k, list(rewards))
   out = jax.jit(jax.vmap(lambda t: E.bpo_advantages(t, gamma=0.9, trunk_baseline=0.25)))(
       stack_trees([below_trunk, pad_tree(at_root, k + 1)]))
   loo = (rewards.sum() - rewards) / (k - 1)
   for b, first in ((0, 1), (1, 0)):
-    np.testing.assert_allclose(out.baselines[b, first:first + k], loo, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(out.advantages[b, first:first + k], rewards - loo, rtol=1e-5,
-                               atol=1e-6)
-    np.testing.assert_allclose(out.weights[b, first:first + k], np.full(k, 1 / k), rtol=1e-6)
-  # The trunk step: Q̂ = 0.5 + 0.9 · mean(r), baseline the trunk's 0.25, weight 1.
-  np.testing.assert_allclose(out.values[0, 0], 0.5 + 0.9 * rewards.mean(), rtol=1e-5)
-  np.testing.assert_allclose(out.advantages[0, 0], 0.25 + 0.9 * rewards.mean(), rtol=1e-5)
+    # b = sum / (K − 1) − Q̂ / (K − 1): 4 roundings (two divisions, a product, a difference) at
+    # magnitude ≤ 4; the advantage one more at ≤ 8; the weight 1 / K one.
+    assert_close(out.baselines[b, first:first + k], loo, steps=4, magnitude=4)
+    assert_close(out.advantages[b, first:first + k], rewards - loo, steps=5, magnitude=8)
+    assert_close(out.weights[b, first:first + k], np.full(k, 1 / k), steps=1, magnitude=1 / k)
+  # The trunk step: Q̂ = 0.5 + 0.9 · mean(r), baseline the trunk's 0.25, weight 1: 0.9 to
+  # float32, the mean's division, the product and the sum round, at magnitude ≤ 1; the
+  # advantage once more.
+  assert_close(out.values[0, 0], 0.5 + 0.9 * rewards.mean(), steps=4, magnitude=1)
+  assert_close(out.advantages[0, 0], 0.25 + 0.9 * rewards.mean(), steps=5, magnitude=1)
   np.testing.assert_array_equal(out.weights[0, 0], 1.0)
   np.testing.assert_array_equal(out.weights[1, k], 0.0)  # The padding slot.
 
@@ -254,8 +353,5 @@ def test_large_random_trees_match_dict_walking_reference():
   out = jax.jit(jax.vmap(lambda t: E.bpo_advantages(t, gamma=0.97, trunk_baseline=-0.3)))(
       stack_trees(trees))
   for b, tree in enumerate(trees):
-    adv, w, q, base = reference_bpo(tree, 0.97, -0.3)
-    np.testing.assert_allclose(out.values[b], q, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(out.weights[b], w, rtol=1e-5, atol=1e-12)
-    np.testing.assert_allclose(out.baselines[b], base, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(out.advantages[b], adv, rtol=1e-4, atol=1e-4)
+    _assert_bpo_close(E.BPOOutput(*(x[b] for x in out)),
+                      E.BPOOutput(*reference_bpo(tree, 0.97, -0.3)), tree, 0.97)

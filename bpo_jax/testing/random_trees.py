@@ -1,8 +1,10 @@
-"""Random well-formed trees and a plain-Python reference estimator that walks dicts of children.
+"""Random well-formed trees, a plain-Python BPO reference that walks dicts of children, and the
+rounding bound of BPO's float32 outputs on a tree.
 
 The reference is written the way agent-RL code on PyTorch stacks usually is (a dict of children,
-recursion for values, a walk from the root for baselines and weights); tests compare the jitted
-estimators to it and benchmarks/estimators.py times both.
+recursion for values, a walk from the root for baselines and weights), in float64; tests compare
+the jitted estimators to it and benchmarks/estimators.py times both. (The readable JAX version
+beside the fused kernel is `bpo_jax.estimators.bpo_advantages_reference`.)
 """
 
 from __future__ import annotations
@@ -112,3 +114,36 @@ def random_bpo_tree(rng: np.random.Generator, num_nodes: int, capacity: int | No
   for i in range(num_nodes):
     builder.set_outcome(i, float(rng.normal()), terminal=not has_child[i])
   return builder.build()
+
+
+def bpo_roundings(tree: RolloutTree, gamma: float = 1.0) -> float:
+  """An upper bound on the float32 roundings in any one computation of BPO on `tree` (the fused
+  kernel, a reference), at most at the tree's largest magnitude M among rewards, values and
+  baselines: two computations agree within `tolerance.ulp_tol(float32, M, steps)`.
+
+  A node's value Q̂(i) takes at most k_i + 3 roundings of its own (a sum of its k_i children, a
+  division, γ to float32 and the product with it, a sum with r_i) on top of its worst child's. A
+  leave-one-out baseline among n siblings takes n + 3 of its own on top of at most three times
+  its siblings' worst value error (the sum over n − 1 of them divided by n − 1, its own
+  subtracted; n = 2 is the worst); an inherited one takes 4 (a difference, γ, 1 / γ and the
+  product) on top of its parent's, all divided by γ; the trunk baseline's is its own rounding to
+  float32. An advantage adds one to its value's and baseline's.
+  """
+  parent, valid = np.asarray(tree.parent), np.asarray(tree.valid, bool)
+  n = parent.shape[0]
+  slot = np.where(parent < 0, n, parent)
+  num_children = np.bincount(slot[valid], minlength=n + 1)
+  values = np.zeros(n)  # roundings in Q̂(i)
+  worst_child = np.zeros(n + 1)  # the largest among a node's children (entry n: the root state)
+  for i in reversed(range(n)):
+    if valid[i]:
+      values[i] = num_children[i] + 3 + worst_child[i]
+      worst_child[slot[i]] = max(worst_child[slot[i]], values[i])
+  baselines = np.zeros(n)  # roundings in b_i
+  for i in range(n):
+    num_siblings = num_children[slot[i]]
+    if valid[i] and num_siblings >= 2:
+      baselines[i] = num_siblings + 3 + 3 * worst_child[slot[i]]
+    elif valid[i]:
+      baselines[i] = (baselines[parent[i]] + 4) / gamma if parent[i] >= 0 else 1.0
+  return float(np.max(np.where(valid, values + baselines + 1, 0.0), initial=1.0))
