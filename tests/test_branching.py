@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bpo_jax import branching as B
+from bpo_jax.testing.tolerance import assert_close
 from bpo_jax.tree import from_parents
 
 
@@ -38,14 +39,16 @@ def test_top_k_fork_steps():
 
 
 def test_quantile_threshold_uses_earlier_batches():
+  # The quantile interpolates between two sorted entries, the mix is two products and a sum:
+  # ≤ 4 roundings at magnitude ≤ 10 (exact here: integers, 0.75 and 0.25).
   state = B.init_quantile_threshold(1.0)
   state = B.update_quantile_threshold(state, jnp.arange(5.0), jnp.ones(5, bool), quantile=0.5)
-  np.testing.assert_allclose(state.threshold, 2.0)
+  assert_close(state.threshold, 2.0, steps=4, magnitude=4)
   state = B.update_quantile_threshold(state, jnp.array([10.0, 0.0]), jnp.array([True, False]),
                                       quantile=0.5, decay=0.75)
-  np.testing.assert_allclose(state.threshold, 0.75 * 2 + 0.25 * 10)
+  assert_close(state.threshold, 0.75 * 2 + 0.25 * 10, steps=4, magnitude=10)
   same = B.update_quantile_threshold(state, jnp.ones(3), jnp.zeros(3, bool), quantile=0.5)
-  np.testing.assert_allclose(same.threshold, state.threshold)
+  np.testing.assert_array_equal(same.threshold, state.threshold)  # Kept as it was, no arithmetic.
   with pytest.raises(ValueError, match="quantile"):
     B.update_quantile_threshold(state, jnp.ones(3), jnp.ones(3, bool), quantile=2.0)
 

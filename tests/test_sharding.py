@@ -12,6 +12,7 @@ import pytest
 from bpo_jax import packing
 from bpo_jax import sharding
 from bpo_jax.models import Decoder, ModelConfig
+from bpo_jax.testing.tolerance import assert_close
 from bpo_jax.training import update
 
 CONFIG = ModelConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -115,10 +116,13 @@ def test_sharded_train_step_equals_unsharded_and_compiles_once():
     batch = _batch(rng)
     sharded_state, m_sharded = sharded_step(sharded_state, sharding.reshard(batch, batch_sh))
     reference_state, m_plain = plain_step(reference_state, batch)
-    np.testing.assert_allclose(m_sharded["grad_norm"], m_plain["grad_norm"], rtol=1e-5)
-    np.testing.assert_allclose(m_sharded["loss"], m_plain["loss"], rtol=1e-5, atol=1e-7)
+    # The mesh splits the decoder's sums (over tokens, features, micro-batches) across devices
+    # and adds the parts in another order: ≤ 64 roundings along any path (sums counted by their
+    # depth) at the value compared, or at a parameter's largest entry after three steps.
+    assert_close(m_sharded["grad_norm"], m_plain["grad_norm"], steps=64)
+    assert_close(m_sharded["loss"], m_plain["loss"], steps=64)
   for a, b in zip(jax.tree.leaves(sharded_state.params), jax.tree.leaves(reference_state.params)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert_close(a, b, steps=64)
   # The layout survives the steps, and three steps compiled one program.
   for leaf, sh in zip(jax.tree.leaves(sharded_state.params), jax.tree.leaves(param_sh)):
     assert leaf.sharding.is_equivalent_to(sh, leaf.ndim)

@@ -1,7 +1,8 @@
 """The claims of docs/DESIGN.md §3, as numbers against exact enumeration on small tabular MDPs.
 
 Every tree the sampler can grow is enumerated with its probability, so expectations and variances
-are exact sums; the only error is float32 arithmetic in the estimators.
+are exact sums; the only error is float32 arithmetic in the estimators, bounded per tree by
+`bpo_roundings` at the tree's magnitude.
 """
 
 import functools
@@ -13,6 +14,8 @@ import pytest
 
 from bpo_jax import estimators as E
 from bpo_jax.testing import tabular as T
+from bpo_jax.testing.random_trees import bpo_roundings
+from bpo_jax.testing.tolerance import assert_close, eps, ulp_tol
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,17 +38,44 @@ _bpo = jax.jit(jax.vmap(E.bpo_advantages))
 _rloo = jax.jit(jax.vmap(E.rloo_advantages))
 
 
-def _assert_matches_true_gradient(mean, mdp):
+def _trees(batch):
+  return [jax.tree_util.tree_map(lambda x, b=b: x[b], batch.trees)
+          for b in range(batch.probability.shape[0])]
+
+
+def _roundings_and_magnitudes(batch):
+  """Per enumerated tree: its float32 roundings (BPO's, + one per level for the rewards' own
+  rounding to float32) and its magnitude (the largest |value|, |baseline| or |reward|)."""
+  out = _bpo(jax.tree_util.tree_map(jnp.asarray, batch.trees))
+  magnitude = np.max(np.abs(np.stack([out.values, out.baselines, batch.trees.reward])), (0, 2))
+  levels = int(batch.trees.depth.max()) + 1
+  steps = np.array([bpo_roundings(t) + levels for t in _trees(batch)])
+  return steps, magnitude, levels
+
+
+def _assert_matches_true_gradient(mean, mdp, batch, trunk_rounds=1):
+  """The enumerated mean gradient Σ_t p_t g_t against the truth. A gradient entry of tree t is
+  Σ_i w_i A_i (onehot − π)_i: score entries lie in [−1, 1] and the weights sum to at most 1 per
+  level, so the entry is off by at most levels · (A's error), and the mean by the p-weighted sum
+  of that. `trunk_rounds` = 2 when the trunk baseline is another tree's root value (its roundings
+  and magnitude add to this tree's: a factor 2 on each)."""
   truth = T.true_gradient(mdp)
   assert np.abs(truth).max() > 0.1  # The comparison is not between two zeros.
-  np.testing.assert_allclose(mean, truth, rtol=0, atol=1e-6 * max(1.0, np.abs(truth).max()))
+  steps, magnitude, levels = _roundings_and_magnitudes(batch)
+  atol = eps(np.float32) * levels * trunk_rounds**2 * (batch.probability @ (steps * magnitude))
+  np.testing.assert_allclose(mean, truth, rtol=0, atol=atol)
+
+
+def _assert_probabilities_sum_to_one(batch):
+  # float64: each probability a product of ≤ capacity factors, then one sum over the trees.
+  assert_close(batch.probability.sum(), 1.0, steps=len(batch.probability) + batch.trees.capacity)
 
 
 @pytest.mark.parametrize("num_actions,horizon,threshold,max_forks", [
     (2, 3, 0.55, 2), (2, 4, 0.55, 2), (3, 3, 0.9, 2)])
 def test_online_bpo_is_unbiased_zero_trunk(num_actions, horizon, threshold, max_forks):
   mdp, batch = _online(num_actions, horizon, threshold, max_forks)
-  np.testing.assert_allclose(batch.probability.sum(), 1.0, rtol=1e-12)
+  _assert_probabilities_sum_to_one(batch)
   # Forks happen, never at the confident root, and deeper down.
   counts = np.asarray(_children_counts(jax.tree_util.tree_map(jnp.asarray, batch.trees)))
   forked = counts[:, :-1] >= 2
@@ -53,13 +83,13 @@ def test_online_bpo_is_unbiased_zero_trunk(num_actions, horizon, threshold, max_
   np.testing.assert_array_equal(counts[:, -1], 1)
   assert set(np.asarray(batch.trees.depth)[forked].tolist()) >= {1}
   mean, _ = T.bpo_gradient_moments(batch, mdp, "zero", num_trees=1)
-  _assert_matches_true_gradient(mean, mdp)
+  _assert_matches_true_gradient(mean, mdp, batch)
 
 
 def test_online_bpo_is_unbiased_loo_trunk():
   mdp, batch = _online(2, 3, 0.55, 2)
   mean, _ = T.bpo_gradient_moments(batch, mdp, "loo", num_trees=2)
-  _assert_matches_true_gradient(mean, mdp)
+  _assert_matches_true_gradient(mean, mdp, batch, trunk_rounds=2)
 
 
 def test_wrong_weights_would_be_caught():
@@ -94,20 +124,29 @@ def test_sibling_variance_reduction_is_prefix_explained_variance(fork_depth, num
   m = np.array([c[1] for c in cond])
   var_cond = p @ m**2 - (p @ m)**2
   assert var_cond > 1e-3  # The prefix explains a nonzero share.
-  np.testing.assert_allclose(var_ind - var_sib, k / (k - 1) * var_cond, rtol=1e-5)
+  # An advantage a off by δ moves p·a² − (p·a)² by at most 2 · max |a| · δ: with δ the tree's
+  # roundings at its magnitude (RLOO's are at most BPO's on the same star tree: the same sums
+  # and divisions, no inherited chain), each variance is within ulp_tol(max |a| · M, steps); the
+  # float64 sums add nothing at that scale.
+  def var_tol(batch, a):
+    steps, magnitude, _ = _roundings_and_magnitudes(batch)
+    return ulp_tol(np.float32, np.abs(a).max() * magnitude.max(), steps.max())
+  tol_ind, tol_sib = var_tol(ind, a_ind), var_tol(sib, a_sib)
+  np.testing.assert_allclose(var_ind - var_sib, k / (k - 1) * var_cond, rtol=0,
+                             atol=tol_ind + tol_sib)
   # And the independent side is K/(K − 1) · Var(G) (from single-episode enumeration).
   single = T.enumerate_independent(mdp, 1)
   returns = np.array([sum(n[3] for n in o.nodes) for o in single])
   probs = np.array([o.probability for o in single])
   np.testing.assert_allclose(var_ind, k / (k - 1) * (probs @ returns**2 - (probs @ returns)**2),
-                             rtol=1e-5)
+                             rtol=0, atol=tol_ind)
 
 
 def test_top_k_after_the_fact_is_biased():
   mdp = _mdp(2, 3)
   outcomes = T.enumerate_topk_trees(mdp, k=1, fork_k=2)
   batch = T.to_batch(outcomes, mdp)
-  np.testing.assert_allclose(batch.probability.sum(), 1.0, rtol=1e-12)
+  _assert_probabilities_sum_to_one(batch)
   mean, _ = T.bpo_gradient_moments(batch, mdp, "zero", num_trees=1)
   bias = np.abs(mean - T.true_gradient(mdp)).max()
   assert bias > 0.05  # ≈ 0.31 for this MDP, against ≈ 1e-7 for the online rule.

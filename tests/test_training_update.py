@@ -11,6 +11,7 @@ import pytest
 from bpo_jax import losses
 from bpo_jax import packing
 from bpo_jax.models import Decoder, ModelConfig
+from bpo_jax.testing.tolerance import assert_close, ulp_tol
 from bpo_jax.training import update
 
 VOCAB = 24
@@ -75,11 +76,14 @@ def test_packed_equals_per_path_through_decoder():
   step = update.make_train_step(graphdef, tx, update.UpdateConfig())
   new_a, m_a = step(_copy(state), packed, None, 3)
   new_b, m_b = step(_copy(state), per_path, None, 3)
-  np.testing.assert_allclose(m_a["loss"], m_b["loss"], rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(m_a["grad_norm"], m_b["grad_norm"], rtol=1e-5, atol=1e-6)
+  # The layouts sum the same terms in other orders and lengths through two decoder layers:
+  # ≤ 64 roundings along any path (sums counted by their depth) at the value compared, or at a
+  # parameter's largest entry.
+  assert_close(m_a["loss"], m_b["loss"], steps=64)
+  assert_close(m_a["grad_norm"], m_b["grad_norm"], steps=64)
   assert float(m_a["grad_norm"]) > 1e-3
   for a, b in zip(jax.tree.leaves(new_a.params), jax.tree.leaves(new_b.params)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert_close(a, b, steps=64)
 
 
 def test_micro_batching_and_reinforce_gradient():
@@ -104,13 +108,16 @@ def test_micro_batching_and_reinforce_gradient():
     step = update.make_train_step(graphdef, tx, update.UpdateConfig(num_micro_batches=m))
     new, metrics = step(_copy(state), batch)
     results[m] = (new, metrics)
-    np.testing.assert_allclose(metrics["grad_norm"], expected_norm, rtol=1e-5)
-    assert float(metrics["approx_kl"]) == pytest.approx(0.0, abs=1e-7)
+    # Micro-batches split the sums as above (≤ 64 roundings at the norm).
+    assert_close(metrics["grad_norm"], expected_norm, steps=64)
+    # At ratio ≈ 1 each token's k3 = exp(−x) + x − 1 cancels terms of magnitude 1: ≤ 4 roundings
+    # there (exp, two sums, the mean).
+    assert abs(float(metrics["approx_kl"])) <= ulp_tol(np.float32, 1.0, 4)
     assert float(metrics["clip_fraction"]) == 0.0
     assert float(metrics["skipped"]) == 0.0
   for m in (4,):
     for a, b in zip(jax.tree.leaves(results[1][0].params), jax.tree.leaves(results[m][0].params)):
-      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+      assert_close(a, b, steps=64)  # As above, at a parameter's largest entry.
   assert float(results[1][1]["micro_grad_norm_var"]) == 0.0
   assert float(results[4][1]["micro_grad_norm_var"]) > 0.0
 

@@ -22,6 +22,7 @@ from bpo_jax.sandboxes.webshop import (
     load_webshop_files, make_catalogue, make_sandbox, make_tasks, normalize_color,
     option_matches, split_goal_indices, title_nouns, type_reward)
 from bpo_jax.sandboxes.webshop import search as search_lib
+from bpo_jax.testing.tolerance import assert_close
 
 SHOP = {"num_products": 60, "catalogue_seed": 3}
 
@@ -167,7 +168,9 @@ def test_bm25_scores_match_numpy_reference():
     return scores
 
   for query in ["copper", "lamp copper", "wooden spoon", "kettle", "teapot", "shade lamp"]:
-    np.testing.assert_allclose(index.scores(query), reference(query), rtol=1e-6, atol=1e-7)
+    # float32 scores (bm25s): per query term the idf, the length norm and the tf fraction take
+    # ≤ 8 roundings, the per-term scores one sum: ≤ 20 at the largest score.
+    assert_close(index.scores(query), reference(query), steps=20)
   # Best first; equal scores (docs 1 and 4 are the same text) in catalogue order; zero omitted.
   assert index.search("copper lamp", 10) == [1, 4, 0, 2]
   assert index.search("copper lamp", 2) == [1, 4]
