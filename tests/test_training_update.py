@@ -62,15 +62,18 @@ def _copy(state):
 def test_packed_equals_per_path_through_decoder():
   rng = np.random.default_rng(0)
   trees, adv, w = _random_trees(rng, 3)
-  packed = packing.pack_trees(trees, adv, w, buckets=BUCKETS, num_rows=4)
+  # The packed rows padded to the per-path batch's 16: one shape, so one compilation of each
+  # function below serves both layouts.
+  packed = packing.pack_trees(trees, adv, w, buckets=BUCKETS, num_rows=16)
   per_path = packing.pack_trees_per_path(trees, adv, w, buckets=BUCKETS, num_rows=16)
   # Plain SGD: the new parameters are then a linear function of the gradient (Adam's
   # g / (|g| + eps) would amplify float noise in near-zero gradient entries).
   graphdef, state = update.create_train_state(_model(), optax.sgd(0.1))
   tx = optax.sgd(0.1)
   # Behaviour logprobs equal to the model's, so the objective is the REINFORCE one.
-  lp_packed, _ = jax.jit(update.packed_logprobs, static_argnums=0)(graphdef, state.params, packed)
-  lp_path, _ = jax.jit(update.packed_logprobs, static_argnums=0)(graphdef, state.params, per_path)
+  logprobs = jax.jit(update.packed_logprobs, static_argnums=0)
+  lp_packed, _ = logprobs(graphdef, state.params, packed)
+  lp_path, _ = logprobs(graphdef, state.params, per_path)
   packed.old_logprob = np.asarray(lp_packed)
   per_path.old_logprob = np.asarray(lp_path)
   step = update.make_train_step(graphdef, tx, update.UpdateConfig())
