@@ -14,6 +14,7 @@ from bpo_jax import sharding
 from bpo_jax.models import Decoder, ModelConfig
 from bpo_jax.training import precision
 from bpo_jax.training import update
+from bpo_jax.testing.tolerance import ulp_tol
 
 FLOAT32 = ModelConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                            num_heads=4, num_kv_heads=2, head_dim=8)
@@ -121,8 +122,10 @@ def test_bfloat16_with_master_weights_trains_like_float32():
   plain = _sft_losses(BFLOAT16, master=False, batch=batch)
   decrease = reference[0] - reference[-1]
   assert decrease > 0.05
-  # Within bfloat16 compute noise of the float32 curve at every step, and the same progress.
-  np.testing.assert_allclose(mixed, reference, atol=5e-3)
+  # Within one bfloat16 rounding of the float32 curve at every step (bfloat16 compute, at the
+  # loss's magnitude), and the same progress.
+  np.testing.assert_allclose(mixed, reference, rtol=0,
+                             atol=ulp_tol(jnp.bfloat16, np.abs(reference).max(), 1))
   assert abs((mixed[0] - mixed[-1]) - decrease) < 0.05 * decrease
   # Without the master copy most of Adam's small steps round away: under half the progress.
   assert plain[0] - plain[-1] < 0.5 * decrease
