@@ -40,6 +40,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from bpo_jax import text
 from bpo_jax.training import config as config_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file.",
@@ -140,7 +141,10 @@ def _dry_run(config):
 
 
 def _evaluate(loop, config, workdir: str, primary: bool):
-  result = loop.evaluate(config, workdir)
+  try:
+    result = loop.evaluate(config, workdir)
+  except (config_lib.ConfigError, text.TokenizerError) as error:
+    _fail(str(error))
   if primary:
     print(f"held-out success {result['success_rate']:.3f} "
           f"[{result['success_low']:.3f}, {result['success_high']:.3f}] "
@@ -152,7 +156,9 @@ def _evaluate(loop, config, workdir: str, primary: bool):
 def _train(loop, config, workdir: str, primary: bool):
   try:
     summary = loop.train(config, workdir, stop_after=_STOP_AFTER.value)
-  except config_lib.ConfigError as error:  # e.g. a workdir that holds another experiment
+  # e.g. a workdir that holds another experiment, budgets the chat format's token counts do not
+  # fit, or a tokenizer without a chat template
+  except (config_lib.ConfigError, text.TokenizerError) as error:
     _fail(str(error))
   if not primary:
     return

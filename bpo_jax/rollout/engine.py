@@ -27,7 +27,7 @@ from typing import Any, Callable, Hashable, Sequence
 import jax
 import numpy as np
 
-from bpo_jax import agent_format
+from bpo_jax import text
 from bpo_jax import sampling
 from bpo_jax.rollout import entropy as entropy_lib
 from bpo_jax.rollout import keys as keys_lib
@@ -86,12 +86,12 @@ class RolloutEngine:
   Args:
     graphdef: the policy's `nnx.split` graph definition.
     model_config: its `ModelConfig`.
-    fmt: the conversation format (`agent_format.AgentFormat`).
+    fmt: the conversation format (`text.ChatFormat`).
     pool: a `SandboxPool` whose sandboxes play the tasks.
     config: a `RolloutConfig`.
   """
 
-  def __init__(self, graphdef, model_config, fmt: agent_format.AgentFormat,
+  def __init__(self, graphdef, model_config, fmt: text.ChatFormat,
                pool: pool_lib.SandboxPool, config: RolloutConfig):
     self.config = config
     self.fmt = fmt
@@ -446,7 +446,11 @@ class RolloutEngine:
     tree.observation_texts[node] = step.observation
     tree.success[node] = bool(step.info.get("success", False)) if done else False
     cut = not done and branch.depth + 1 >= cfg.max_turns
-    observation = [] if done or cut else self.fmt.observation_tokens(step.observation)
+    # A reply cut by the token limit lacks its end-of-turn token; the observation supplies it.
+    action = tree.action_tokens[node]
+    reply_ended = len(action) > 0 and int(action[-1]) in self.fmt.stop_token_ids
+    observation = ([] if done or cut else
+                   self.fmt.observation_tokens(step.observation, reply_ended=reply_ended))
     if not (done or cut) and (branch.length + len(observation) + cfg.max_new_tokens
                               > cfg.max_length):
       cut, observation = True, []  # no room for the next action: a token-limit cut

@@ -7,6 +7,8 @@
     corpus.py  the environment's text: expert episodes as chat turns
     build.py   build_text: a run's tokenizer and format in one call (a checkpoint's, or a
                from-scratch BPE kept in the workdir)
+    episodes.py  an episode as a chain of `packing.TreeTokens` (expert episodes for the warm
+               start)
 
 Actions are free text: each environment's system prompt and parser are in `bpo_jax.sandboxes`
 (`free_text.py`, `registry.get_action_syntax`). Importing this package imports neither
@@ -14,8 +16,11 @@ Actions are free text: each environment's system prompt and parser are in `bpo_j
 """
 
 from bpo_jax.text.bpe import DEFAULT_VOCAB_SIZE, save_bpe, train_bpe
-from bpo_jax.text.build import build_text, ensure_bpe_tokenizer, load_format, load_tokenizer
+from bpo_jax.text.build import (TOKENIZER_DIR, build_text, ensure_bpe_tokenizer, load_format,
+                                 load_tokenizer)
 from bpo_jax.text.chat import ChatFormat, TokenizerError
+from bpo_jax.text.episodes import ExpertEpisode, chain_tree_tokens, expert_tree_tokens
 
-__all__ = ["ChatFormat", "DEFAULT_VOCAB_SIZE", "TokenizerError", "build_text",
-           "ensure_bpe_tokenizer", "load_format", "load_tokenizer", "save_bpe", "train_bpe"]
+__all__ = ["ChatFormat", "DEFAULT_VOCAB_SIZE", "ExpertEpisode", "TOKENIZER_DIR", "TokenizerError",
+           "build_text", "chain_tree_tokens", "ensure_bpe_tokenizer", "expert_tree_tokens",
+           "load_format", "load_tokenizer", "save_bpe", "train_bpe"]

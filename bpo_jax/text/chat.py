@@ -114,8 +114,7 @@ def _turn_end(tokenizer, between: str) -> tuple[int, str]:
 class ChatFormat:
   """The token layout of an episode in a tokenizer's chat template (see the module docstring).
 
-  Build it with `from_tokenizer`. The methods match `agent_format.AgentFormat`'s, so rollout,
-  `chain_tree_tokens` and `expert_tree_tokens` take either.
+  Build it with `from_tokenizer`. Rollout and `episodes.py` lay episodes out with it.
 
   Attributes:
     tokenizer: a Hugging Face tokenizer with a chat template.

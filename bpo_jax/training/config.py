@@ -8,8 +8,11 @@ it must have. Config files (`experiments/configs/*.py`) start from it and change
 * that every value has its key's type (an int where a float is expected is fine; a bool is never
   an int),
 * allowed values and ranges (estimator names, K >= 2, positive sizes, ...),
-* that the budgets can hold one tree (a fork of K, a path of `max_turns` steps in the context),
+* that the budgets can hold one tree (a fork of K siblings),
 * for evaluation, that the checkpoint directory exists.
+
+The budgets that need the tokenizer's token counts (a path of `max_turns` steps in the context
+and in the tree) are checked once the run has built its chat format: `check_text_budgets`.
 
 Every problem found is reported in one `ConfigError`, each naming its key and what is allowed:
 
@@ -89,8 +92,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.num_heads = 4
   c.model.num_kv_heads = 2
   c.model.head_dim = 32
-  c.model.max_length = 288         # context = KV cache slots per row
+  # context = KV cache slots per row; a path of env.max_turns steps takes up to 310 tokens in the
+  # quickstart's chat format (`ChatFormat.path_token_bound`)
+  c.model.max_length = 320
   c.model.dtype = "float32"
+  # A Hugging Face model directory; "" = from scratch (a BPE tokenizer trained on the
+  # environment's text). When set, the tokenizer, chat template and stop tokens are the
+  # checkpoint's.
+  c.model.checkpoint = ""
 
   c.warm_start = ml_collections.ConfigDict()
   # Expert episodes on training tasks; 0 = no warm start. 16 rather than 64: the warm start
@@ -311,19 +320,31 @@ def _check_env_options(config, problems: list[str]):
                       f"{', '.join(sorted(allowed))}")
 
 
-def path_token_bound(config) -> int | None:
-  """An upper bound on a path's tokens: prompt + max_turns * (action + observation).
+def path_token_bound(config, fmt) -> int | None:
+  """An upper bound on a path's tokens in chat format `fmt` (`ChatFormat.path_token_bound`:
+  the prompt and `env.max_turns` replies of `rollout.max_action_tokens` with the observations
+  between them, counted in the template's own tokens). None when observations are not cut
+  (`env.max_observation_tokens = 0`): then no bound is known before the rollout runs."""
+  return fmt.path_token_bound(config.env.max_turns, config.rollout.max_action_tokens)
 
-  None when observations are not cut (`env.max_observation_tokens = 0`): then no bound is known
-  before the rollout runs.
-  """
-  observation = config.env.max_observation_tokens
-  if not observation:
-    return None
-  # Marker tokens (see agent_format): <bos> <obs> ... <act> around the first observation,
-  # <obs> ... <act> around later ones.
-  prompt, later = observation + 3, observation + 2
-  return prompt + config.env.max_turns * (config.rollout.max_action_tokens + later)
+
+def check_text_budgets(config, fmt) -> None:
+  """Raises ConfigError (one line per problem, naming the keys) unless one path of
+  `env.max_turns` steps fits `model.max_length` and `rollout.max_tree_tokens`."""
+  path_tokens = path_token_bound(config, fmt)
+  if path_tokens is None:
+    return
+  r, problems = config.rollout, []
+  holds = (f"one path of env.max_turns = {config.env.max_turns} steps (up to {path_tokens} "
+           f"tokens with rollout.max_action_tokens = {r.max_action_tokens} and "
+           f"env.max_observation_tokens = {config.env.max_observation_tokens})")
+  if path_tokens > config.model.max_length:
+    problems.append(f"model.max_length = {config.model.max_length}: cannot hold {holds}; raise "
+                    "max_length or lower max_turns")
+  if r.max_tree_tokens < path_tokens:
+    problems.append(f"rollout.max_tree_tokens = {r.max_tree_tokens}: cannot hold {holds}")
+  if problems:
+    raise ConfigError(problems)
 
 
 def _check_budgets(config, problems: list[str]):
@@ -335,20 +356,9 @@ def _check_budgets(config, problems: list[str]):
             else "one group of rollout.k = {k} independent rollouts")
     problems.append(f"rollout.max_leaves = {r.max_leaves}: cannot hold {unit.format(k=r.k)}; "
                     "set max_leaves >= k")
-  # One path of max_turns steps must fit the context; the tree's budgets must hold K paths.
-  path_tokens = path_token_bound(config)
-  if path_tokens is not None and path_tokens > config.model.max_length:
-    problems.append(
-        f"model.max_length = {config.model.max_length}: cannot hold one path of env.max_turns = "
-        f"{config.env.max_turns} steps (up to {path_tokens} tokens with "
-        f"rollout.max_action_tokens = {r.max_action_tokens} and env.max_observation_tokens = "
-        f"{config.env.max_observation_tokens}); raise max_length or lower max_turns")
   if r.max_env_steps < r.k:
     problems.append(f"rollout.max_env_steps = {r.max_env_steps}: cannot hold one step of each of "
                     f"rollout.k = {r.k} branches; set max_env_steps >= k")
-  if path_tokens is not None and r.max_tree_tokens < path_tokens:
-    problems.append(f"rollout.max_tree_tokens = {r.max_tree_tokens}: cannot hold one path of "
-                    f"env.max_turns = {config.env.max_turns} steps (up to {path_tokens} tokens)")
   min_tree_tokens = r.k * (config.rollout.max_action_tokens + 1) + 8
   if r.max_tree_tokens < min_tree_tokens:
     problems.append(f"rollout.max_tree_tokens = {r.max_tree_tokens}: cannot hold one step of "

@@ -23,6 +23,7 @@ from bpo_jax.training import estimator_registry
 from bpo_jax.training import experiment as experiment_lib
 from bpo_jax.training import metrics as metrics_lib
 from bpo_jax.training import placement as placement_lib
+from bpo_jax.training import translate
 
 
 def rollout_stats(batch: rollout_lib.RolloutBatch) -> dict:
@@ -141,7 +142,7 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   num_rows = placement_lib.row_count(len(tasks),
                                      config.train.micro_batches * placement.row_shards)
   packed = packing.pack_trees(batch.tree_tokens(), list(advantages), list(weights),
-                              num_rows=num_rows)
+                              buckets=translate.row_buckets(config), num_rows=num_rows)
   times["time/estimate_and_pack"] = time.perf_counter() - start
 
   start = time.perf_counter()

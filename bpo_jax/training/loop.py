@@ -16,11 +16,13 @@ run; the parts it calls each do one job:
 
 One run:
 
-1. The word tokenizer of the environment's vocabulary is saved to `<workdir>/tokenizer` (HF
-   format) and loaded back from there, and a from-scratch decoder is built from the seed; a
-   held-out evaluation of the untrained model (stage "init").
+1. The run's chat format (`text.build`): a byte-level BPE tokenizer trained on the
+   environment's text and saved to `<workdir>/tokenizer` (HF format, loaded back from there),
+   or `model.checkpoint`'s tokenizer and chat template; the path budgets are checked in its
+   token counts; a decoder is built from the seed; a held-out evaluation of the untrained model
+   (stage "init").
 2. Supervised warm start (`warm_start.*`): expert episodes of training tasks become token chains
-   (`agent_format.expert_tree_tokens`), packed and fitted with the SFT step, so that a tiny model
+   (`text.expert_tree_tokens`), packed and fitted with the SFT step, so that a tiny model
    starts with a non-zero success rate. Then a held-out evaluation (stage "warm_start") and
    checkpoint 0. The policy-gradient optimiser continues the warm start's Adam moments.
 3. Iterations 1..N: grow one tree (BPO) or group (RLOO, GRPO, GiGPO) per task with

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import optax
 
+from bpo_jax import packing
 from bpo_jax import rollout as rollout_lib
 from bpo_jax import sharding
 from bpo_jax.models import config as model_config_lib
@@ -44,6 +45,19 @@ def preset_model_config(config) -> model_config_lib.ModelConfig:
                      "the ModelConfig presets, e.g. 'qwen2_5_7b' or 'llama3_1_8b'")
   return getattr(model_config_lib.ModelConfig, s.model_preset)(
       param_dtype=s.param_dtype, remat=s.remat, scan_layers=s.scan_layers)
+
+
+def row_buckets(config) -> tuple[int, ...]:
+  """The packed row lengths the update compiles for: `packing.DEFAULT_BUCKETS`, doubled on until
+  one holds a whole tree (`rollout.max_tree_tokens`; a tree is packed into one row) and one
+  path of the context (`model.max_length`, a warm-start episode).
+
+  Example: max_tree_tokens = 65536 gives (128, ..., 8192, 16384, 32768, 65536).
+  """
+  buckets = list(packing.DEFAULT_BUCKETS)
+  while buckets[-1] < max(config.rollout.max_tree_tokens, config.model.max_length):
+    buckets.append(2 * buckets[-1])
+  return tuple(buckets)
 
 
 def rollout_config(config, evaluation: bool = False) -> rollout_lib.RolloutConfig:

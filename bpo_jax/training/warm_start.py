@@ -1,6 +1,6 @@
 """Supervised warm start: expert episodes of training tasks fitted with the SFT step.
 
-Expert episodes (`sandbox.expert_actions()`) become token chains (`agent_format.
+Expert episodes (`sandbox.expert_actions()`) become token chains (`text.
 expert_tree_tokens`), each packed into one row, so that a tiny model starts with a non-zero
 success rate. The policy-gradient optimiser then continues the warm start's Adam moments.
 """
@@ -15,9 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bpo_jax import agent_format
+from bpo_jax import text
 from bpo_jax import packing
-from bpo_jax.sandboxes import registry
 from bpo_jax.training import experiment as experiment_lib
 from bpo_jax.training import placement as placement_lib
 from bpo_jax.training import translate
@@ -25,10 +24,11 @@ from bpo_jax.training import update as update_lib
 
 
 def expert_episodes(exp: experiment_lib.Experiment,
-                    tasks: Sequence[Any]) -> list[agent_format.ExpertEpisode]:
+                    tasks: Sequence[Any]) -> list[text.ExpertEpisode]:
   """The expert's episode of each task (`sandbox.expert_actions()` from the first state)."""
-  env = registry.get_environment(exp.config.env.name)
-  sandbox = env.make_sandbox(**dict(exp.config.env.options))
+  # The pool's free-text sandbox: the expert's actions are parsed out of its replies as the
+  # policy's are.
+  sandbox = experiment_lib.sandbox_factory(exp.config)()
   episodes = []
   try:
     for task in tasks:
@@ -36,7 +36,7 @@ def expert_episodes(exp: experiment_lib.Experiment,
       actions = sandbox.expert_actions()
       if not actions:
         continue
-      episode = agent_format.expert_tree_tokens(exp.fmt, sandbox, task,
+      episode = text.expert_tree_tokens(exp.fmt, sandbox, task,
                                                 actions[:exp.config.env.max_turns])
       episodes.append(episode)
   finally:
@@ -72,6 +72,7 @@ def warm_start(exp: experiment_lib.Experiment, params) -> tuple[Any, Any, list[d
     batch_ids = rng.choice(len(episodes), size=min(ws.batch_size, len(episodes)), replace=False)
     batch = packing.pack_trees([episodes[i].tokens for i in batch_ids],
                                [ones[i] for i in batch_ids], [ones[i] for i in batch_ids],
+                               buckets=translate.row_buckets(config),
                                num_rows=placement_lib.row_count(len(batch_ids), micro))
     state, metrics = sft_step(state, jax.tree.map(jnp.asarray, batch))
     if step == ws.steps or step % max(1, ws.steps // 10) == 0:

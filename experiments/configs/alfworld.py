@@ -17,9 +17,10 @@ in about 5-12 commands.
 import ml_collections
 
 from bpo_jax.training import config as config_lib
+from experiments.configs import base
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(arg=None) -> ml_collections.ConfigDict:
   c = config_lib.default_config()
   c.env.name = "alfworld"
   c.env.options = ml_collections.ConfigDict({
@@ -38,4 +39,4 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.max_tree_tokens = 16384
   c.rollout.max_env_steps = 240
   c.eval.num_tasks = 60
-  return c
+  return base.variant(c, arg)

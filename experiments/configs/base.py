@@ -62,23 +62,41 @@ def textworld(estimator: str = "bpo",
   return with_estimator(config, estimator, TEXTWORLD_MATCHED_GROUP_SIZE)
 
 
+VARIANTS = ("tiny",)
+
+
+def variant(config: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
+  """`config` as a config file's argument asks (`--config=FILE:ARG`; ml_collections passes ARG
+  to `get_config`): none or "" as it is, "tiny" its `tiny` version."""
+  if not arg:
+    return config
+  if arg == "tiny":
+    return tiny(config)
+  raise ValueError(f"unknown config argument {arg!r}: one of {', '.join(VARIANTS)}, or none")
+
+
 def tiny(config: ml_collections.ConfigDict, iterations: int = 2) -> ml_collections.ConfigDict:
   """A seconds-long version of `config` for smoke tests and CI: a one-layer model, a handful of
-  warm-start steps, two tasks per iteration, four held-out tasks."""
+  warm-start steps, two tasks per iteration, at most four held-out tasks, at most four turns
+  and one fork per tree; the world's token budgets (observation, action, context) as they are."""
   config.model.hidden_size = 32
   config.model.intermediate_size = 64
   config.model.num_layers = 1
   config.model.num_heads = 2
   config.model.num_kv_heads = 1
   config.model.head_dim = 16
-  config.env.num_train_tasks = 16
-  config.env.num_eval_tasks = 4
-  config.eval.num_tasks = 4
+  config.env.num_train_tasks = min(config.env.num_train_tasks, 16)
+  config.env.num_eval_tasks = min(config.env.num_eval_tasks, 4)
+  config.eval.num_tasks = min(config.eval.num_tasks, 4)
   config.eval.every = 0
-  config.warm_start.num_trajectories = 8
+  config.warm_start.num_trajectories = min(config.warm_start.num_trajectories, 8)
   config.warm_start.steps = 4
   config.warm_start.batch_size = 4
   config.rollout.tasks_per_iteration = 2
+  # Short trees: a few turns and one fork (the worlds' long contexts would otherwise make the
+  # packed rows of a CPU update tens of thousands of tokens long).
+  config.env.max_turns = min(config.env.max_turns, 4)
+  config.rollout.max_leaves = config.rollout.k
   config.train.iterations = iterations
   config.checkpoint.every = 1
   config.log.progress_bar = False

@@ -21,10 +21,11 @@ from experiments.configs import base
 from experiments.configs import webshop
 
 
-def get_config():
+def get_config(arg=None):
   c = webshop.get_config()
   c.env.max_turns = 8
   c.env.options.max_steps = 8
   # v4-32: 16 chips on 4 hosts of 4.
-  return base.pod(c, model_preset="llama3_1_8b", chip="v4", fsdp=4, tensor=4, hosts=4,
-                  tasks_per_iteration=8, max_tree_tokens=4096, max_length=4096, micro_batches=4)
+  config = base.pod(c, model_preset="llama3_1_8b", chip="v4", fsdp=4, tensor=4, hosts=4,
+                    tasks_per_iteration=8, max_tree_tokens=4096, max_length=4096, micro_batches=4)
+  return base.variant(config, arg)

@@ -21,8 +21,9 @@ from experiments.configs import base
 from experiments.configs import webshop
 
 
-def get_config():
+def get_config(arg=None):
   # v5p-64: 32 chips on 8 hosts of 4.
-  return base.pod(webshop.get_config(), model_preset="qwen2_5_7b", chip="v5p", fsdp=8, tensor=4,
-                  hosts=8, tasks_per_iteration=32, max_tree_tokens=16384, max_length=4608,
-                  micro_batches=8)
+  config = base.pod(webshop.get_config(), model_preset="qwen2_5_7b", chip="v5p", fsdp=8, tensor=4,
+                    hosts=8, tasks_per_iteration=32, max_tree_tokens=16384, max_length=4608,
+                    micro_batches=8)
+  return base.variant(config, arg)

@@ -10,5 +10,5 @@ rate (greedy, with a 95% Wilson interval) is printed before and after.
 from experiments.configs import base
 
 
-def get_config():
-  return base.rooms("bpo")
+def get_config(arg=None):
+  return base.variant(base.rooms("bpo"), arg)

@@ -6,5 +6,5 @@
 from experiments.configs import base
 
 
-def get_config():
-  return base.rooms("gigpo")
+def get_config(arg=None):
+  return base.variant(base.rooms("gigpo"), arg)

@@ -6,5 +6,5 @@
 from experiments.configs import base
 
 
-def get_config():
-  return base.rooms("rloo")
+def get_config(arg=None):
+  return base.variant(base.rooms("rloo"), arg)

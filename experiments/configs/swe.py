@@ -6,7 +6,8 @@ confined (namespaces, a read-only view of the task, the interpreter and the syst
 no network, resource limits) in worker processes; a host without namespaces (not root) needs
 `--config.env.options.confinement=rlimits-only`, which only limits resources.
 Observations (problem statement, file views, test output) are long, so they are cut at 512
-tokens and an episode has at most 12 turns; the expert (the reference patch as `replace`
+tokens and an episode has at most 12 turns (a path of up to ~10200 tokens in the chat format;
+a tree of several is packed into one row of up to `rollout.max_tree_tokens`); the expert (the reference patch as `replace`
 actions) solves each task in 2-3.
 
     python experiments/run.py --config=experiments/configs/swe.py --workdir=workdirs/swe
@@ -15,9 +16,10 @@ actions) solves each task in 2-3.
 import ml_collections
 
 from bpo_jax.training import config as config_lib
+from experiments.configs import base
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(arg=None) -> ml_collections.ConfigDict:
   c = config_lib.default_config()
   c.env.name = "swe"
   c.env.options = ml_collections.ConfigDict(
@@ -28,9 +30,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.env.num_workers = 2          # commands and test runs happen in worker processes
   c.env.timeout_s = 120.0        # a submit runs the test suite
   c.env.max_observation_tokens = 512
-  c.rollout.max_action_tokens = 256
+  # The longest expert edit takes about 300 tokens of the tasks' BPE.
+  c.rollout.max_action_tokens = 320
   c.model.max_length = 12288
   c.rollout.max_tree_tokens = 65536
   c.eval.num_tasks = 4
   c.warm_start.num_trajectories = 8  # one expert episode per training task
-  return c
+  return base.variant(c, arg)

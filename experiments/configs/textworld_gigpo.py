@@ -6,5 +6,5 @@
 from experiments.configs import base
 
 
-def get_config():
-  return base.textworld("gigpo")
+def get_config(arg=None):
+  return base.variant(base.textworld("gigpo"), arg)

@@ -6,5 +6,5 @@
 from experiments.configs import base
 
 
-def get_config():
-  return base.textworld("grpo")
+def get_config(arg=None):
+  return base.variant(base.textworld("grpo"), arg)

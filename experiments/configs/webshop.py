@@ -6,7 +6,8 @@ JSON files (`products_path`, `attributes_path`, `human_instructions_path`); `cat
 and `goals_per_product` then do not apply, and `num_products` keeps the first N products.
 
 Pages are long (a result page lists ten titles, about 360 words), so observations are cut at
-384 tokens and the context holds 10 turns; the expert buys in about 6.
+384 tokens and the context holds 10 turns (a path of up to ~4250 tokens in the chat format); the
+expert buys in about 6.
 
     python experiments/run.py --config=experiments/configs/webshop.py --workdir=workdirs/webshop
 """
@@ -14,9 +15,10 @@ Pages are long (a result page lists ten titles, about 360 words), so observation
 import ml_collections
 
 from bpo_jax.training import config as config_lib
+from experiments.configs import base
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(arg=None) -> ml_collections.ConfigDict:
   c = config_lib.default_config()
   c.env.name = "webshop"
   c.env.options = ml_collections.ConfigDict({
@@ -29,8 +31,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.env.num_eval_tasks = 200
   c.env.max_turns = 10
   c.env.max_observation_tokens = 384
-  c.rollout.max_action_tokens = 16
+  # The longest expert action (a long search query) takes 18-19 tokens of the shop's BPE.
+  c.rollout.max_action_tokens = 24
   c.model.max_length = 4608
   c.rollout.max_tree_tokens = 16384
   c.eval.num_tasks = 100
-  return c
+  return base.variant(c, arg)
