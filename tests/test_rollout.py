@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from bpo_jax import agent_format
 from bpo_jax import branching
 from bpo_jax import estimators
 from bpo_jax import packing
 from bpo_jax import rollout
 from bpo_jax import sampling
+from bpo_jax import text
 from bpo_jax import tree as tree_lib
 from bpo_jax.models import Decoder
 from bpo_jax.models import forward
@@ -39,9 +39,11 @@ PATH_LENGTH = 384
 
 
 @pytest.fixture(scope="module")
-def fmt():
-  return agent_format.AgentFormat.for_word_tokenizer(
-      agent_format.WordTokenizer(rooms.vocabulary()))
+def fmt(tmp_path_factory):
+  """The chat format of a BPE tokenizer trained on rooms' text (as a run trains it)."""
+  tasks = rooms.make_tasks("train", num=16, seed=0, difficulty=1)
+  return text.build_text("rooms", str(tmp_path_factory.mktemp("rooms_text")), tasks,
+                         env_options={"difficulty": 1}, max_observation_tokens=40)[1]
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +53,11 @@ def policy(fmt):
   The action cue's embedding is zero, so the distribution after it comes from attention over the
   observation rather than from the cue token alone, and the entropy varies from state to state.
   """
-  config = ModelConfig.tiny(vocab_size=fmt.tokenizer.vocab_size, hidden_size=32,
+  config = ModelConfig.tiny(vocab_size=fmt.vocab_size, hidden_size=32,
                             intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16,
                             tie_word_embeddings=False)
   model = Decoder(config, rngs=nnx.Rngs(0))
-  cue = fmt.action_cue[0]
+  cue = fmt.prompt_tokens("x")[-1]  # the generation prompt's last token
   model.embed[...] = (model.embed[...] * 20.0).at[cue].set(0.0)
   model.lm_head[...] = model.lm_head[...] * 10.0
   graphdef, params = nnx.split(model)
@@ -429,7 +431,7 @@ def test_a_failed_reset_leaves_an_empty_tree_and_the_others_go_on(policy, fmt, t
 def test_worst_case_budgets_are_hard_limits(policy, fmt, tasks):
   # Every state is above the threshold, so only the budgets stop the forks; whatever the policy
   # samples, no tree may exceed its env-step or token budget.
-  for budget in (dict(max_env_steps=20), dict(max_tokens=1500)):
+  for budget in (dict(max_env_steps=20), dict(max_tokens=1000)):
     batch = grow(policy, fmt, in_process_pool(), tasks, seed=4, threshold=-1.0,
                  num_siblings=2, max_leaves=None, capacity=64, **budget)
     for result in batch.rollouts:
@@ -625,7 +627,7 @@ def test_matched_group_size_by_hand():
   # A root fork of 2, the first child goes on for two more steps: leaves at depth 3 and 1.
   result = rollout.TaskRollout(
       task=None, tree=tree_lib.from_parents([-1, -1, 0, 2], [0, 0, 0, 1]),
-      tokens=agent_format.packing.TreeTokens(
+      tokens=packing.TreeTokens(
           prompt=[1, 2], parent=[-1, -1, 0, 2], action_tokens=[[3], [3], [3], [3]],
           action_logprobs=[[0.0]] * 4, observation_tokens=[[4, 4], [], [4, 4], []]),
       first_observation="", action_texts=[""] * 4, observation_texts=[""] * 4,

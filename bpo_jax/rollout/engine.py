@@ -27,8 +27,8 @@ from typing import Any, Callable, Hashable, Sequence
 import jax
 import numpy as np
 
-from bpo_jax import text
 from bpo_jax import sampling
+from bpo_jax import text
 from bpo_jax.rollout import entropy as entropy_lib
 from bpo_jax.rollout import keys as keys_lib
 from bpo_jax.rollout import policies
