@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from bpo_jax import agent_format
+from bpo_jax import text
 from bpo_jax.sandboxes import registry, rooms
 from bpo_jax.testing import chat_tokenizers
 from bpo_jax.text import bpe, chat, corpus
@@ -188,7 +188,7 @@ def test_chain_and_expert_tokens_take_the_chat_format(family):
   _, tok, fmt = family
   task = rooms.make_tasks("train", 1, seed=3)[0]
   sandbox = registry.make_free_text_sandbox("rooms")
-  episode = agent_format.expert_tree_tokens(fmt, sandbox, task, rooms.expert_actions(task))
+  episode = text.expert_tree_tokens(fmt, sandbox, task, rooms.expert_actions(task))
   assert episode.success and episode.done
   path = list(episode.tokens.prompt)
   for a, o in zip(episode.tokens.action_tokens, episode.tokens.observation_tokens):
