@@ -1,5 +1,7 @@
 """The experiment configuration: each invalid case gives a message naming its key."""
 
+import dataclasses
+import importlib
 import os
 
 import ml_collections
@@ -7,6 +9,8 @@ import pytest
 
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import estimator_registry
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _problems(config, **kwargs):
@@ -103,14 +107,45 @@ def test_leaf_budget_cannot_hold_one_fork():
       "max_leaves >= k"]
 
 
-def test_context_cannot_hold_one_path():
+@pytest.fixture(scope="module")
+def rooms_format(tmp_path_factory):
+  """The default config's chat format: a BPE tokenizer trained on rooms' text."""
+  from bpo_jax import text  # pylint: disable=g-import-not-at-top
+  from bpo_jax.sandboxes import rooms  # pylint: disable=g-import-not-at-top
+  tasks = rooms.make_tasks("train", num=16, seed=0, difficulty=1)
+  return text.build_text("rooms", str(tmp_path_factory.mktemp("rooms_text")), tasks,
+                         env_options={"difficulty": 1}, max_observation_tokens=40)[1]
+
+
+def _text_problems(config, fmt) -> list[str]:
+  with pytest.raises(config_lib.ConfigError) as info:
+    config_lib.check_text_budgets(config, fmt)
+  return info.value.problems
+
+
+def test_path_bound_counts_the_template_tokens(rooms_format):
+  config = config_lib.default_config()
+  fmt = rooms_format
+  bound = config_lib.path_token_bound(config, fmt)
+  # The prompt (its overhead + 40 observation tokens), 5 replies of 5 tokens, and 4 observations
+  # between them, each with its overhead, the end-of-turn token of a cut reply and 40 tokens.
+  assert bound == fmt.prompt_overhead + 40 + 5 * 5 + 4 * (fmt.observation_overhead + 1 + 40)
+  assert bound <= config.model.max_length
+  config_lib.check_text_budgets(config, fmt)
+  uncut = dataclasses.replace(fmt, max_observation_tokens=None)
+  assert config_lib.path_token_bound(config, uncut) is None
+  config_lib.check_text_budgets(config, uncut)  # no bound, nothing to check
+
+
+def test_context_cannot_hold_one_path(rooms_format):
   config = config_lib.default_config()
   config.model.max_length = 128
-  (problem,) = _problems(config)
+  (problem,) = _text_problems(config, rooms_format)
   assert problem.startswith("model.max_length = 128: cannot hold one path of env.max_turns = 5")
+  assert "rollout.max_action_tokens = 5" in problem
 
 
-def test_env_step_and_token_budgets():
+def test_env_step_and_token_budgets(rooms_format):
   config = config_lib.default_config()
   config.rollout.k = 4
   config.rollout.max_env_steps = 3
@@ -118,22 +153,45 @@ def test_env_step_and_token_budgets():
   problems = _problems(config)
   assert problems[0].startswith("rollout.max_env_steps = 3: cannot hold one step of each of "
                                 "rollout.k = 4")
-  assert problems[1].startswith("rollout.max_tree_tokens = 10: cannot hold one path of "
-                                "env.max_turns = 5 steps")
-  assert problems[2].startswith("rollout.max_tree_tokens = 10: cannot hold one step of each")
+  assert problems[1].startswith("rollout.max_tree_tokens = 10: cannot hold one step of each")
+  (problem,) = _text_problems(config, rooms_format)
+  assert problem.startswith("rollout.max_tree_tokens = 10: cannot hold one path of "
+                            "env.max_turns = 5 steps")
 
 
-def test_tree_token_budget_must_hold_one_path():
+def test_tree_token_budget_must_hold_one_path(rooms_format):
   config = config_lib.default_config()
-  bound = config_lib.path_token_bound(config)
-  # 43 prompt tokens (40 + <bos> <obs> <act>), then 5 turns of 5 action + 42 observation tokens.
-  assert bound == 43 + 5 * (5 + 42) == 278
+  bound = config_lib.path_token_bound(config, rooms_format)
   config.rollout.max_tree_tokens = bound - 1
-  assert _problems(config) == [
-      f"rollout.max_tree_tokens = {bound - 1}: cannot hold one path of env.max_turns = 5 steps "
-      f"(up to {bound} tokens)"]
+  (problem,) = _text_problems(config, rooms_format)
+  assert problem.startswith(f"rollout.max_tree_tokens = {bound - 1}: cannot hold one path of "
+                            f"env.max_turns = 5 steps (up to {bound} tokens")
   config.rollout.max_tree_tokens = bound
-  config_lib.validate(config)
+  config_lib.check_text_budgets(config, rooms_format)
+
+
+CONFIG_FILES = sorted(
+    f for f in os.listdir(os.path.join(REPO, "experiments", "configs"))
+    if f.endswith(".py") and f not in ("__init__.py", "base.py", "estimator_demo.py")
+    and not f.startswith("pod_"))
+
+
+@pytest.mark.parametrize("name", CONFIG_FILES)
+def test_every_config_file_has_a_tiny_version(name):
+  """`--config=FILE:tiny`: ml_collections passes "tiny" to get_config; the result validates and
+  differs from the full config only in the run's length (estimator_demo.py is no training
+  config and takes no argument; the pod configs' tiny versions keep their multi-host settings,
+  which two tasks per iteration cannot feed)."""
+  module = importlib.import_module(f"experiments.configs.{name[:-3]}")
+  full, tiny = module.get_config(), module.get_config("tiny")
+  config_lib.validate(full)
+  config_lib.validate(tiny)
+  assert tiny.model.num_layers == 1 and tiny.train.iterations == 2
+  assert tiny.env.name == full.env.name and dict(tiny.env.options) == dict(full.env.options)
+  assert tiny.rollout.estimator == full.rollout.estimator
+  assert tiny.env.max_turns == min(full.env.max_turns, 4)
+  with pytest.raises(ValueError, match="unknown config argument 'huge'"):
+    module.get_config("huge")
 
 
 def test_loo_trunk_baseline_needs_two_trees_per_task():
