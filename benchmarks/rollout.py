@@ -29,10 +29,12 @@ seconds (`bpo_seconds_<phase>`), `device_row_tokens_over_decoded` and the counte
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,11 +44,12 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from bpo_jax import agent_format  # noqa: E402
 from bpo_jax import rollout  # noqa: E402
+from bpo_jax import text  # noqa: E402
 from bpo_jax.models import Decoder  # noqa: E402
 from bpo_jax.models import ModelConfig  # noqa: E402
 from bpo_jax.sandboxes import pool as pool_lib  # noqa: E402
+from bpo_jax.sandboxes import registry  # noqa: E402
 from bpo_jax.sandboxes import rooms  # noqa: E402
 
 
@@ -73,10 +76,11 @@ def main(argv=None):
   p.add_argument("--fork-prob", type=float, default=0.3, help="the random rule's probability")
   args = p.parse_args(argv)
 
-  fmt = agent_format.AgentFormat.for_word_tokenizer(
-      agent_format.WordTokenizer(rooms.vocabulary()))
-  config, graphdef, params = _policy(fmt.tokenizer.vocab_size)
   tasks = rooms.make_tasks("train", num=args.tasks, seed=0, difficulty=2)
+  with tempfile.TemporaryDirectory() as workdir:  # the BPE tokenizer a rooms run trains
+    _, fmt = text.build_text("rooms", workdir, tasks, env_options={"difficulty": 2},
+                             max_observation_tokens=40)
+  config, graphdef, params = _policy(fmt.vocab_size)
   shared = dict(max_turns=args.max_turns, max_new_tokens=8, max_length=1024,
                 batch_buckets=(8, 16, 32, 64, 128, 256))
   # The random rule spreads forks along the backbone (a random tiny policy's entropies are all
@@ -85,7 +89,9 @@ def main(argv=None):
                                      fork_prob=args.fork_prob, max_leaves=args.max_leaves,
                                      budget_accounting="used", **shared)
 
-  pool = pool_lib.SandboxPool.for_environment("rooms", num_workers=args.workers, timeout_s=60.0)
+  pool = pool_lib.SandboxPool(
+      functools.partial(registry.make_free_text_sandbox, "rooms"), num_workers=args.workers,
+      timeout_s=60.0)
   groups = {}
 
   def independent(batch, key):

@@ -54,11 +54,9 @@ def test_unknown_key_or_wrong_type_override(tmp_path, override, expected):
       "rollout.estimator = 'ppo': must be one of 'bpo', 'rloo', 'grpo', 'gigpo'",
       "env.name = 'nethack': must be one of ["]),
     # Budgets that cannot hold one tree.
-    (["--config.rollout.max_leaves=1", "--config.model.max_length=64",
-      "--config.rollout.max_tree_tokens=100"],
+    (["--config.rollout.max_leaves=1", "--config.rollout.max_env_steps=1"],
      ["rollout.max_leaves = 1: cannot hold one fork of rollout.k = 2 siblings",
-      "model.max_length = 64: cannot hold one path of",
-      "rollout.max_tree_tokens = 100: cannot hold one path of env.max_turns = 5"]),
+      "rollout.max_env_steps = 1: cannot hold one step of each of rollout.k = 2 branches"]),
 ])
 def test_invalid_values_and_budgets_are_all_reported_at_once(tmp_path, overrides,
                                                              expected_lines):
@@ -69,6 +67,26 @@ def test_invalid_values_and_budgets_are_all_reported_at_once(tmp_path, overrides
   for expected in expected_lines:
     assert expected in stderr
   assert not (tmp_path / "w").exists()
+
+
+def test_budgets_the_chat_format_cannot_hold(tmp_path):
+  # Path budgets are counted in the template's tokens, so they are checked once the tokenizer
+  # is trained (and saved with the run's config.json: a rerun reuses both); no model is built.
+  stderr = _assert_clean_failure(
+      [f"--config={QUICKSTART}:tiny", f"--workdir={tmp_path / 'w'}",
+       "--config.model.max_length=64", "--config.rollout.max_tree_tokens=100"],
+      "error: invalid configuration:\n")
+  assert "model.max_length = 64: cannot hold one path of env.max_turns = 4 steps (up to " in stderr
+  assert "rollout.max_tree_tokens = 100: cannot hold one path of env.max_turns = 4" in stderr
+  assert sorted(os.listdir(tmp_path / "w")) == ["config.json", "tokenizer"]
+
+
+def test_checkpoint_without_a_tokenizer(tmp_path):
+  (tmp_path / "ckpt").mkdir()
+  _assert_clean_failure(
+      [f"--config={QUICKSTART}:tiny", f"--workdir={tmp_path / 'w'}",
+       f"--config.model.checkpoint={tmp_path / 'ckpt'}"],
+      f"error: {tmp_path / 'ckpt'}: no tokenizer files")
 
 
 def test_eval_without_checkpoint_directory(tmp_path):
