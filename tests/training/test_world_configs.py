@@ -3,8 +3,8 @@ the world's text and saved, the budgets fit its chat format, the warm start and 
 of BPO run, and the held-out evaluation reports.
 
 WebShop, ALFWorld (generated games) and SWE (the shipped tasks; in worker processes, confined
-where the host allows namespaces) are the worlds whose long contexts and actions the word-level
-format could not serve.
+where the host allows namespaces): the worlds with long contexts and actions (SWE's trees pack
+into rows longer than the default buckets, `translate.row_buckets`).
 """
 
 import importlib
