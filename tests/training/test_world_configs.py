@@ -40,7 +40,8 @@ def test_tiny_world_config_trains_two_iterations(name, tmp_path):
   summary = loop.train(config, workdir)
   assert summary["iterations"] == 2
   assert os.path.isfile(os.path.join(workdir, text.TOKENIZER_DIR, "tokenizer.json"))
-  _, fmt = text.load_format(os.path.join(workdir, text.TOKENIZER_DIR))
+  _, fmt = text.load_format(os.path.join(workdir, text.TOKENIZER_DIR),
+                            max_observation_tokens=config.env.max_observation_tokens)
   bound = fmt.path_token_bound(config.env.max_turns, config.rollout.max_action_tokens)
   assert bound <= config.model.max_length
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
