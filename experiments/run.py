@@ -47,7 +47,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configurat
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
 _MODE = flags.DEFINE_enum("mode", "train", list(config_lib.MODES),
                           "train: train (resuming if possible); eval: score the latest "
-                          "checkpoint on held-out tasks.")
+                          "checkpoint on held-out tasks; export: write the latest checkpoint "
+                          "as an HF directory at --export_dir.")
+_EXPORT_DIR = flags.DEFINE_string("export_dir", None,
+                                  "Where --mode=export writes the HF directory (new or empty).")
 _STOP_AFTER = flags.DEFINE_integer("stop_after", None,
                                    "Stop training after this iteration (resumable).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False,
@@ -109,6 +112,8 @@ def parse_flags(argv):
           f"({type(error).__name__}: {error})")
   if not _WORKDIR.value and not _DRY_RUN.value:
     _fail("--workdir is required")
+  if _MODE.value == "export" and not _EXPORT_DIR.value:
+    _fail("--mode=export needs --export_dir")
   return rest
 
 
@@ -117,7 +122,7 @@ def _refuse_unwired_scale_settings(config):
   (it does read scale.param_dtype, master_weights, remat, scan_layers and distributed; the
   default mesh is what several processes train on)."""
   scale = config.scale
-  if scale.model_preset:
+  if scale.model_preset and not config.model.checkpoint:  # with one: a check of its shape
     raise NotImplementedError(
         f"scale.model_preset = {scale.model_preset!r}: training a preset needs its pretrained "
         "checkpoint and tokenizer, which the loop does not load yet (it trains the `model` "
@@ -149,11 +154,32 @@ def _evaluate(loop, config, workdir: str, primary: bool):
           f"{result['iteration']}")
 
 
-def _train(loop, config, workdir: str, primary: bool):
+def _input_errors() -> tuple[type, ...]:
+  """Errors that mean bad input (a configuration, checkpoint or tokenizer the run cannot use)."""
+  from bpo_jax.models import params  # pylint: disable=g-import-not-at-top
+  errors = [config_lib.ConfigError, params.CheckpointError]
   try:
-    summary = loop.train(config, workdir, stop_after=_STOP_AFTER.value)
-  except config_lib.ConfigError as error:  # e.g. a workdir that holds another experiment
-    _fail(str(error))
+    from bpo_jax.text import TokenizerError  # pylint: disable=g-import-not-at-top
+    errors.append(TokenizerError)
+  except ImportError:
+    pass
+  return tuple(errors)
+
+
+def _first_line(error: Exception) -> str:
+  if isinstance(error, config_lib.ConfigError):
+    return str(error)
+  return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _export(loop, config, workdir: str, primary: bool):
+  path = loop.export(config, workdir, _EXPORT_DIR.value)
+  if primary:
+    print(f"exported the latest checkpoint of {workdir} to {path}")
+
+
+def _train(loop, config, workdir: str, primary: bool):
+  summary = loop.train(config, workdir, stop_after=_STOP_AFTER.value)
   if not primary:
     return
   labels = {"init": "untrained model", "start": "after the warm start (iteration 0)",
@@ -188,10 +214,11 @@ def main(argv):
   logging.get_absl_handler().addFilter(lambda record: "orbax" not in record.pathname)
   # The loop pulls in JAX, Flax and Orbax: imported only once the configuration is known good.
   from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
-  if mode == "eval":
-    _evaluate(loop, config, workdir, distributed.is_primary())
-  else:
-    _train(loop, config, workdir, distributed.is_primary())
+  run = {"eval": _evaluate, "export": _export, "train": _train}[mode]
+  try:
+    run(loop, config, workdir, distributed.is_primary())
+  except _input_errors() as error:  # e.g. a workdir of another experiment, a bad checkpoint
+    _fail(_first_line(error))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,15 @@
 
 `build_experiment(config, workdir)` makes the training and held-out tasks of the configured
 environment, the sandbox pool, the word tokenizer of the environment's vocabulary (saved to
-`<workdir>/tokenizer` in HF format and loaded back from there) and a from-scratch decoder built
-from the seed. `task_order` is the seeded order in which iterations draw the training tasks.
+`<workdir>/tokenizer` in HF format and loaded back from there) and the initial decoder: the HF
+checkpoint of `model.checkpoint` (its config.json decides the shape), or a from-scratch decoder
+built from the seed. `task_order` is the seeded order in which iterations draw the training
+tasks.
+
+Trainable and frozen parameters. With `model.lora_rank > 0` the train state's parameters are
+the adapters alone; the base (`Experiment.frozen`) is rebuilt by every start of the run from the
+same source (the checkpoint's weights, or the seed), so checkpoints hold only the adapters and
+their optimiser state. `Experiment.full_params(trainable)` joins them for sampling and export.
 """
 
 from __future__ import annotations
@@ -19,8 +26,11 @@ import numpy as np
 from bpo_jax import agent_format
 from bpo_jax.models import config as model_config_lib
 from bpo_jax.models import decoder as decoder_lib
+from bpo_jax.models import lora as lora_lib
+from bpo_jax.models import params as params_lib
 from bpo_jax.sandboxes import pool as pool_lib
 from bpo_jax.sandboxes import registry
+from bpo_jax.training import config as config_lib
 from bpo_jax.training import distributed
 from bpo_jax.training import tokenizer as tokenizer_lib
 from bpo_jax.training import translate
@@ -93,9 +103,57 @@ class Experiment:
   train_tasks: list
   eval_tasks: list
   pool: pool_lib.SandboxPool
+  frozen: Any = None  # the frozen base parameters of a LoRA run; None when every one trains
+
+  def full_params(self, params):
+    """The whole model's parameters from the trainable ones (adapters joined to the base)."""
+    return params if self.frozen is None else nnx.merge_state(params, self.frozen)
 
   def close(self):
     self.pool.shutdown()
+
+
+# ModelConfig fields `scale.model_preset` is checked against when the run loads a checkpoint.
+SHAPE_FIELDS = ("architecture", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                "num_kv_heads", "head_dim", "vocab_size", "tie_word_embeddings")
+
+
+def check_preset(config, loaded: model_config_lib.ModelConfig) -> None:
+  """`scale.model_preset`, with a checkpoint, must name the checkpoint's shape (ConfigError)."""
+  if not config.scale.model_preset:
+    return
+  preset = getattr(model_config_lib.ModelConfig, config.scale.model_preset)()
+  differ = [f"{name} {getattr(loaded, name)} (preset {getattr(preset, name)})"
+            for name in SHAPE_FIELDS if getattr(loaded, name) != getattr(preset, name)]
+  if differ:
+    raise config_lib.ConfigError([
+        f"scale.model_preset = {config.scale.model_preset!r}: the checkpoint "
+        f"{config.model.checkpoint!r} has another shape: " + ", ".join(differ)])
+
+
+def initial_model(config, vocab_size: int) -> decoder_lib.Decoder:
+  """The run's starting decoder: `model.checkpoint`'s weights (adapters from the seed), or a
+  from-scratch decoder of the `model` section built from the seed."""
+  m = config.model
+  if not m.checkpoint:
+    model_config = translate.model_config(config, vocab_size).replace(
+        lora_rank=m.lora_rank, lora_alpha=m.lora_alpha)
+    return decoder_lib.Decoder(model_config, rngs=nnx.Rngs(params=config.seed))
+  model, model_config = params_lib.load_hf_checkpoint(
+      m.checkpoint, lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, seed=config.seed)
+  if vocab_size > model_config.vocab_size:
+    raise params_lib.CheckpointError(
+        f"model.checkpoint = {m.checkpoint!r}: the tokenizer has {vocab_size} tokens, more than "
+        f"the model's vocab_size {model_config.vocab_size}")
+  check_preset(config, model_config)
+  return model
+
+
+def split_trainable(params, model_config) -> tuple[Any, Any]:
+  """(trainable, frozen): (adapters, base) with LoRA, else (every parameter, None)."""
+  if model_config.lora_rank == 0:
+    return params, None
+  return lora_lib.split_lora(params)
 
 
 def build_experiment(config, workdir: str) -> tuple[Experiment, update_lib.TrainState]:
@@ -110,11 +168,12 @@ def build_experiment(config, workdir: str) -> tuple[Experiment, update_lib.Train
   tokenizer = tokenizer_lib.load_word_tokenizer(tokenizer_dir)
   fmt = agent_format.AgentFormat.for_word_tokenizer(
       tokenizer, max_observation_tokens=config.env.max_observation_tokens or None)
-  model_config = translate.model_config(config, tokenizer.vocab_size)
-  model = decoder_lib.Decoder(model_config, rngs=nnx.Rngs(params=config.seed))
+  model = initial_model(config, tokenizer.vocab_size)
+  model_config = model.config
   graphdef, params = nnx.split(model)
-  state = update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=None)
+  trainable, frozen = split_trainable(params, model_config)
+  state = update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=trainable, opt_state=None)
   return Experiment(config=config, workdir=workdir, tokenizer=tokenizer, fmt=fmt,
                     model_config=model_config, graphdef=graphdef, train_tasks=train_tasks,
-                    eval_tasks=eval_tasks, pool=make_pool(config)), state
+                    eval_tasks=eval_tasks, pool=make_pool(config), frozen=frozen), state
 
