@@ -155,13 +155,13 @@ def test_lora_checkpoints_hold_only_adapters_and_only_adapters_change(lora_kl_ru
   # Parameters, Adam moments and the reference: every array is an adapter's A or B.
   assert arrays and all("_lora_" in k for k in arrays), sorted(arrays)[:5]
   assert any("['ref']" in k for k in arrays) and any("opt_state" in k for k in arrays)
-  params = [k for k in arrays if k.startswith("['train'].params")]
+  params = [k for k in arrays if k.startswith("['train']['params']")]
   assert len(params) == 2 * 7 * 1  # A and B of q, k, v, o, gate, up, down in the one layer
   changed = [k for k in params if not np.array_equal(start[k], end[k])]
   assert changed  # the iterations moved adapters
   # The reference stays the parameters the iterations started from.
   for k in params:
-    ref_key = k.replace("['train'].params", "['ref']")
+    ref_key = k.replace("['train']['params']", "['ref']")
     np.testing.assert_array_equal(end[ref_key], start[k])
   records = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
   kl = [r["kl_ref"] for r in records if r.get("phase") == "train"]
