@@ -236,15 +236,35 @@ def _hf_checkpoint(path, variant="qwen2", family="qwen2", template="qwen2_5.jinj
   return str(path)
 
 
-@pytest.mark.parametrize("variant,family,template", [
-    ("qwen2", "qwen2", "qwen2_5.jinja"), ("llama3.2", "llama3", "llama3_1.jinja")])
-def test_run_from_a_tiny_hf_checkpoint_trains_and_exports(tmp_path, variant, family, template):
-  checkpoint = _hf_checkpoint(tmp_path / "hf", variant, family, template)
+def _word_tokenizer_checkpoint(path, config_path, variant):
+  """A random HF checkpoint whose tokenizer (saved beside it) is the run's word tokenizer of
+  the environment, with the model's vocabulary that tokenizer's size."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  from bpo_jax.testing import hf_checkpoints  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import experiment  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, ROOT)
+  spec = importlib.util.spec_from_file_location("cfg", config_path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  tasks = experiment.make_tasks(config, "train", config.env.num_train_tasks)
+  tokenizer_lib.save_word_tokenizer(experiment.environment_vocabulary(config, tasks), str(path))
+  vocab = tokenizer_lib.load_word_tokenizer(str(path)).vocab_size
+  hf_checkpoints.make_hf_checkpoint(variant, str(path), vocab_size=vocab)
+  with open(os.path.join(path, "generation_config.json"), "w", encoding="utf-8") as f:
+    json.dump({"eos_token_id": [2, 3]}, f)
+  return str(path)
+
+
+@pytest.mark.parametrize("variant", ["qwen2", "llama3.2"])
+def test_run_from_a_tiny_hf_checkpoint_trains_and_exports(tmp_path, variant):
+  checkpoint = str(tmp_path / "hf")
   config_path = _config_file(tmp_path, f"""
       config.model.checkpoint = {checkpoint!r}
       config.warm_start.num_trajectories = 0
-      config.scale.model_preset = ""
   """)
+  _word_tokenizer_checkpoint(checkpoint, config_path, variant)
   workdir = str(tmp_path / "run")
   result = _run(config_path, workdir)
   assert result.returncode == 0, result.stderr[-3000:]
@@ -255,13 +275,15 @@ def test_run_from_a_tiny_hf_checkpoint_trains_and_exports(tmp_path, variant, fam
     exported = json.load(f)
   with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as f:
     source = json.load(f)
+  # The checkpoint decided the shape (the config's tiny model has another hidden size).
   for key in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size",
               "tie_word_embeddings"):
     assert exported[key] == source[key], key
   with open(os.path.join(export_dir, "generation_config.json"), encoding="utf-8") as f:
-    generation = json.load(f)
-  with open(os.path.join(checkpoint, "generation_config.json"), encoding="utf-8") as f:
-    assert generation["eos_token_id"] == json.load(f)["eos_token_id"]
+    assert json.load(f)["eos_token_id"] == [2, 3]
+  tokens = np.random.default_rng(1).integers(0, source["vocab_size"], (2, 10))
+  ours, theirs, _, _ = _library_and_hf_logits(config_path, workdir, export_dir, tokens)
+  np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
 
 
 def test_model_preset_is_a_shape_check_against_the_checkpoint(tmp_path):
