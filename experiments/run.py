@@ -1,11 +1,18 @@
-r"""Runs an experiment: train (default) or evaluate a configuration in a workdir, or dry-run it.
+r"""Runs an experiment: train (default), evaluate or export a configuration's workdir, or dry-run it.
 
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs
     python experiments/run.py --config=experiments/configs/rooms_grpo.py --workdir=workdirs/g \
         --config.train.iterations=20 --config.rollout.k=8
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs \
         --mode=eval
+    python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs \
+        --mode=export --export_dir=exports/qs     # an HF directory transformers loads as is
     python experiments/run.py --config=experiments/configs/pod_qwen2_5_7b_v5p64.py --dry_run
+
+`--config.model.checkpoint=DIR` starts from an HF checkpoint (its config.json decides the
+model's shape; `scale.model_preset` is then a check of that shape), `--config.model.lora_rank=R`
+trains low-rank adapters over the frozen base, `--config.train.kl_coef=B` adds the k3 KL term
+toward the parameters the policy gradient starts from.
 
 Training resumes from the workdir's latest checkpoint when there is one. Several processes (one
 per host of a pod, or two on one machine) run the same command with their own
@@ -22,8 +29,11 @@ and reports per-device memory (`bpo_jax.training.dry_run`). A config with `demo 
 (`experiments/estimator_demo.py`).
 
 An invalid configuration (unknown key, wrong type, a value outside the allowed ones, budgets
-that cannot hold one tree, a missing checkpoint directory for `--mode=eval`) is reported, naming
-the key, before any compute, and the command exits with status 2.
+that cannot hold one tree, a missing checkpoint directory for `--mode=eval` or `export`) is
+reported, naming the key, before any compute, and the command exits with status 2; so is a
+checkpoint the run cannot use (`models.CheckpointError`: no config.json, a missing shard, a
+tensor of the wrong shape, an unsupported model_type, a LoRA rank the model cannot take), in
+one line.
 """
 
 import os

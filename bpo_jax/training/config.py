@@ -20,7 +20,8 @@ Every problem found is reported in one `ConfigError`, each naming its key and wh
 
 Sections:
   env        which environment, its task splits and options
-  model      the from-scratch decoder's shape and the context (KV cache) length
+  model      an HF checkpoint to start from or the from-scratch decoder's shape, LoRA, and the
+             context (KV cache) length
   warm_start supervised warm start on expert trajectories
   rollout    estimator, branching factor, fork rule and per-tree budgets
   train      the optimiser and the policy-gradient update

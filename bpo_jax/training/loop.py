@@ -1,8 +1,9 @@
 """The training loop: warm start, then rollout → estimator → update, with checkpoints and metrics.
 
-`train(config, workdir)` runs an experiment described by a configuration (`training/config.py`)
-and `evaluate(config, workdir)` scores its latest checkpoint on held-out tasks; `experiments/
-run.py` and the Colab notebook both call them. This module starts, resumes and checkpoints a
+`train(config, workdir)` runs an experiment described by a configuration (`training/config.py`),
+`evaluate(config, workdir)` scores its latest checkpoint on held-out tasks and `export(config,
+workdir, export_dir)` writes that checkpoint as an HF directory; `experiments/run.py` and the
+Colab notebook call them. This module starts, resumes and checkpoints a
 run; the parts it calls each do one job:
 
   translate.py   the configuration -> ModelConfig, RolloutConfig, UpdateConfig, optimisers, mesh
@@ -17,12 +18,15 @@ run; the parts it calls each do one job:
 One run:
 
 1. The word tokenizer of the environment's vocabulary is saved to `<workdir>/tokenizer` (HF
-   format) and loaded back from there, and a from-scratch decoder is built from the seed; a
-   held-out evaluation of the untrained model (stage "init").
+   format) and loaded back from there, and the decoder is `model.checkpoint`'s or built from
+   the seed (with `model.lora_rank > 0` only its adapters train: the train state holds them
+   alone, over a frozen base rebuilt on every start); a held-out evaluation of the untrained
+   model (stage "init").
 2. Supervised warm start (`warm_start.*`): expert episodes of training tasks become token chains
    (`agent_format.expert_tree_tokens`), packed and fitted with the SFT step, so that a tiny model
    starts with a non-zero success rate. Then a held-out evaluation (stage "warm_start") and
-   checkpoint 0. The policy-gradient optimiser continues the warm start's Adam moments.
+   checkpoint 0. The policy-gradient optimiser continues the warm start's Adam moments. With
+   `train.kl_coef > 0` the parameters at this point are the KL term's frozen reference.
 3. Iterations 1..N: grow one tree (BPO) or group (RLOO, GRPO, GiGPO) per task with
    `rollout.RolloutEngine`, compute per-node advantages and path weights with the jitted
    estimator (vmapped over trees), pack each tree into one row (`packing.pack_trees`) and take
@@ -34,7 +38,9 @@ with `fold_in(key(seed), i)`, its tasks are positions `[(i-1)·T, i·T)` of a fi
 of the training split, and the sandboxes are deterministic. A checkpoint holds the parameters,
 the optimiser state, the iteration, the key, the task position and the metrics history, so a run
 killed at any point and started again with the same workdir ends with the same parameters and
-the same metrics (wall-clock times aside) as a run that was never interrupted.
+the same metrics (wall-clock times aside) as a run that was never interrupted. The KL term's
+reference parameters are saved in every checkpoint beside the train state (`_checkpoint_tree`),
+so a resumed run keeps the reference of the run it continues.
 
 Where the update runs. One process: unsharded, on its default device. Several processes
 (`scale.distributed`, e.g. two on one machine, or the hosts of a pod) run the same loop and end
@@ -54,7 +60,8 @@ restored by all processes together.
 
 Metrics per iteration (JSONL, TensorBoard, progress bar): success and return of the leaves,
 advantage statistics, the update's loss, gradient norm, variance of the micro-batch gradient
-norms, approximate KL to the sampling policy, token entropy, whether the step was skipped, and
+norms, approximate KL to the sampling policy, the k3 KL to the reference (`kl_ref`, with
+`train.kl_coef > 0`), token entropy, whether the step was skipped, and
 the rollout's compute counters (tokens, env steps, snapshots, restores, failed branches) with
 the wall time of each phase (`time/...`).
 """
