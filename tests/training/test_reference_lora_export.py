@@ -347,3 +347,30 @@ def test_malformed_checkpoints_exit_2_with_one_line(tmp_path, name, damage, extr
   assert len(errors) == 1 and expected in errors[0], (name, result.stderr[-2000:])
   assert "Traceback" not in result.stderr
   assert not (workdir / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ({"lora_rank": -1}, "model.lora_rank = -1: must be >= 0"),
+    ({"lora_rank": 2, "lora_alpha": 0.0}, "model.lora_alpha = 0.0: must be > 0"),
+    ({"checkpoint": "no/such/dir"}, "model.checkpoint = 'no/such/dir': no such directory"),
+])
+def test_model_section_checks(overrides, expected):
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.default_config()
+  for key, value in overrides.items():
+    config.model[key] = value
+  with pytest.raises(config_lib.ConfigError) as error:
+    config_lib.validate(config)
+  assert any(p.startswith(expected) for p in error.value.problems), error.value.problems
+
+
+def test_lora_with_several_processes_is_refused():
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.default_config()
+  config.model.lora_rank = 2
+  config.scale.distributed.num_processes = 2
+  config.scale.distributed.coordinator_address = "localhost:1"
+  with pytest.raises(config_lib.ConfigError) as error:
+    config_lib.validate(config)
+  assert any(p.startswith("model.lora_rank = 2: LoRA runs in one process")
+             for p in error.value.problems), error.value.problems
