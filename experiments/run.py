@@ -1,11 +1,18 @@
-r"""Runs an experiment: train (default) or evaluate a configuration in a workdir, or dry-run it.
+r"""Runs an experiment: train (default), evaluate or export a configuration's workdir, or dry-run it.
 
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs
     python experiments/run.py --config=experiments/configs/rooms_grpo.py --workdir=workdirs/g \
         --config.train.iterations=20 --config.rollout.k=8
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs \
         --mode=eval
+    python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs \
+        --mode=export --export_dir=exports/qs     # an HF directory transformers loads as is
     python experiments/run.py --config=experiments/configs/pod_qwen2_5_7b_v5p64.py --dry_run
+
+`--config.model.checkpoint=DIR` starts from an HF checkpoint (its config.json decides the
+model's shape; `scale.model_preset` is then a check of that shape), `--config.model.lora_rank=R`
+trains low-rank adapters over the frozen base, `--config.train.kl_coef=B` adds the k3 KL term
+toward the parameters the policy gradient starts from.
 
 Training resumes from the workdir's latest checkpoint when there is one. Several processes (one
 per host of a pod, or two on one machine) run the same command with their own
@@ -22,8 +29,11 @@ and reports per-device memory (`bpo_jax.training.dry_run`). A config with `demo 
 (`experiments/estimator_demo.py`).
 
 An invalid configuration (unknown key, wrong type, a value outside the allowed ones, budgets
-that cannot hold one tree, a missing checkpoint directory for `--mode=eval`) is reported, naming
-the key, before any compute, and the command exits with status 2.
+that cannot hold one tree, a missing checkpoint directory for `--mode=eval` or `export`) is
+reported, naming the key, before any compute, and the command exits with status 2; so is a
+checkpoint the run cannot use (`models.CheckpointError`: no config.json, a missing shard, a
+tensor of the wrong shape, an unsupported model_type, a LoRA rank the model cannot take), in
+one line.
 """
 
 import os
@@ -48,7 +58,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configurat
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
 _MODE = flags.DEFINE_enum("mode", "train", list(config_lib.MODES),
                           "train: train (resuming if possible); eval: score the latest "
-                          "checkpoint on held-out tasks.")
+                          "checkpoint on held-out tasks; export: write the latest checkpoint "
+                          "as an HF directory at --export_dir.")
+_EXPORT_DIR = flags.DEFINE_string("export_dir", None,
+                                  "Where --mode=export writes the HF directory (new or empty).")
 _STOP_AFTER = flags.DEFINE_integer("stop_after", None,
                                    "Stop training after this iteration (resumable).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False,
@@ -110,6 +123,8 @@ def parse_flags(argv):
           f"({type(error).__name__}: {error})")
   if not _WORKDIR.value and not _DRY_RUN.value:
     _fail("--workdir is required")
+  if _MODE.value == "export" and not _EXPORT_DIR.value:
+    _fail("--mode=export needs --export_dir")
   return rest
 
 
@@ -118,7 +133,7 @@ def _refuse_unwired_scale_settings(config):
   (it does read scale.param_dtype, master_weights, remat, scan_layers and distributed; the
   default mesh is what several processes train on)."""
   scale = config.scale
-  if scale.model_preset:
+  if scale.model_preset and not config.model.checkpoint:  # with one: a check of its shape
     raise NotImplementedError(
         f"scale.model_preset = {scale.model_preset!r}: training a preset needs its pretrained "
         "checkpoint and tokenizer, which the loop does not load yet (it trains the `model` "
@@ -141,10 +156,7 @@ def _dry_run(config):
 
 
 def _evaluate(loop, config, workdir: str, primary: bool):
-  try:
-    result = loop.evaluate(config, workdir)
-  except (config_lib.ConfigError, text.TokenizerError) as error:
-    _fail(str(error))
+  result = loop.evaluate(config, workdir)
   if primary:
     print(f"held-out success {result['success_rate']:.3f} "
           f"[{result['success_low']:.3f}, {result['success_high']:.3f}] "
@@ -153,13 +165,26 @@ def _evaluate(loop, config, workdir: str, primary: bool):
           f"{result['iteration']}")
 
 
+def _input_errors() -> tuple[type, ...]:
+  """Errors that mean bad input (a configuration, checkpoint or tokenizer the run cannot use)."""
+  from bpo_jax.models import params  # pylint: disable=g-import-not-at-top
+  return (config_lib.ConfigError, params.CheckpointError, text.TokenizerError)
+
+
+def _first_line(error: Exception) -> str:
+  if isinstance(error, config_lib.ConfigError):
+    return str(error)
+  return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _export(loop, config, workdir: str, primary: bool):
+  path = loop.export(config, workdir, _EXPORT_DIR.value)
+  if primary:
+    print(f"exported the latest checkpoint of {workdir} to {path}")
+
+
 def _train(loop, config, workdir: str, primary: bool):
-  try:
-    summary = loop.train(config, workdir, stop_after=_STOP_AFTER.value)
-  # e.g. a workdir that holds another experiment, budgets the chat format's token counts do not
-  # fit, or a tokenizer without a chat template
-  except (config_lib.ConfigError, text.TokenizerError) as error:
-    _fail(str(error))
+  summary = loop.train(config, workdir, stop_after=_STOP_AFTER.value)
   if not primary:
     return
   labels = {"init": "untrained model", "start": "after the warm start (iteration 0)",
@@ -194,10 +219,11 @@ def main(argv):
   logging.get_absl_handler().addFilter(lambda record: "orbax" not in record.pathname)
   # The loop pulls in JAX, Flax and Orbax: imported only once the configuration is known good.
   from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
-  if mode == "eval":
-    _evaluate(loop, config, workdir, distributed.is_primary())
-  else:
-    _train(loop, config, workdir, distributed.is_primary())
+  run = {"eval": _evaluate, "export": _export, "train": _train}[mode]
+  try:
+    run(loop, config, workdir, distributed.is_primary())
+  except _input_errors() as error:  # e.g. a workdir of another experiment, a bad checkpoint
+    _fail(_first_line(error))
 
 
 if __name__ == "__main__":

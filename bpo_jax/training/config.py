@@ -23,7 +23,8 @@ Every problem found is reported in one `ConfigError`, each naming its key and wh
 
 Sections:
   env        which environment, its task splits and options
-  model      the from-scratch decoder's shape and the context (KV cache) length
+  model      an HF checkpoint to start from or the from-scratch decoder's shape, LoRA, and the
+             context (KV cache) length
   warm_start supervised warm start on expert trajectories
   rollout    estimator, branching factor, fork rule and per-tree budgets
   train      the optimiser and the policy-gradient update
@@ -51,7 +52,7 @@ TRUNK_BASELINES = ("zero", "loo", "batch")
 NORMALIZATIONS = ("tree", "token")
 ARCHITECTURES = ("qwen2", "llama")
 DTYPES = ("float32", "bfloat16")
-MODES = ("train", "eval")
+MODES = ("train", "eval", "export")
 REMAT_POLICIES = ("none", "full", "dots")
 # `ModelConfig` presets a config may name in `scale.model_preset` (models/config.py).
 MODEL_PRESETS = ("tiny", "tiny_llama", "qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b", "qwen2_5_7b",
@@ -98,8 +99,12 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"
   # A Hugging Face model directory; "" = from scratch (a BPE tokenizer trained on the
   # environment's text). When set, the tokenizer, chat template and stop tokens are the
-  # checkpoint's.
+  # checkpoint's, and its config.json decides the model's shape (the shape keys above are then
+  # ignored) and its weights start the run.
   c.model.checkpoint = ""
+  # > 0: low-rank adapters on the attention and MLP projections; only they train (models/lora.py)
+  c.model.lora_rank = 0
+  c.model.lora_alpha = 16.0
 
   c.warm_start = ml_collections.ConfigDict()
   # Expert episodes on training tasks; 0 = no warm start. 16 rather than 64: the warm start
@@ -211,6 +216,7 @@ _RANGES = (
     ("model.num_kv_heads", 1, None, ""),
     ("model.head_dim", 2, None, ""),
     ("model.max_length", 8, None, ""),
+    ("model.lora_rank", 0, None, "0 = no adapters"),
     ("warm_start.num_trajectories", 0, None, "0 = no warm start"),
     ("warm_start.steps", 0, None, ""),
     ("warm_start.batch_size", 1, None, ""),
@@ -470,9 +476,16 @@ def validate(config, mode: str = "train", workdir: str | None = None) -> None:
   _check_scale(config, problems)
   if not problems:
     _check_budgets(config, problems)
-  if mode == "eval":
+  if m.lora_rank and not m.lora_alpha > 0:
+    problems.append(f"model.lora_alpha = {m.lora_alpha!r}: must be > 0")
+  if m.lora_rank and config.scale.distributed.num_processes > 1:
+    problems.append(f"model.lora_rank = {m.lora_rank}: LoRA runs in one process (the frozen "
+                    "base is not laid out over several processes' devices yet)")
+  if m.checkpoint and not os.path.isdir(m.checkpoint):
+    problems.append(f"model.checkpoint = {m.checkpoint!r}: no such directory")
+  if mode in ("eval", "export"):
     if workdir is None:
-      problems.append("workdir: evaluation needs the workdir of a training run")
+      problems.append(f"workdir: {mode} needs the workdir of a training run")
     else:
       checkpoint_dir = os.path.join(workdir, "checkpoints")
       if not os.path.isdir(checkpoint_dir):

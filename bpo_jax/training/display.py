@@ -40,7 +40,7 @@ def sample_tree(config, workdir: str, task_index: int = 0, seed: int = 0):
   try:
     engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
                                        translate.rollout_config(config))
-    batch = engine.rollout(state.params, tasks, jax.random.key(seed))
+    batch = engine.rollout(exp.full_params(state.params), tasks, jax.random.key(seed))
   finally:
     exp.close()
   advantages, _ = estimator_registry.advantages_and_weights(

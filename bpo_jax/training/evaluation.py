@@ -26,7 +26,7 @@ def evaluate_policy(exp: experiment_lib.Experiment, params, tasks: Sequence[Any]
                                      translate.rollout_config(exp.config, evaluation=True))
   start = time.perf_counter()
   share = distributed.process_share(len(tasks))
-  batch = engine.rollout(params, list(tasks)[share.start:share.stop], key, task_ids=share)
+  batch = engine.rollout(exp.full_params(params), list(tasks)[share.start:share.stop], key, task_ids=share)
   outcomes = [(bool(r.node_success[r.leaves()].any()), float(r.leaf_returns().sum()),
                int(r.tree.valid.sum())) for r in batch.rollouts]
   parts = distributed.allgather_objects((outcomes, batch.compute.failed_branches))

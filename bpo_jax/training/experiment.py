@@ -5,8 +5,14 @@ environment, the sandbox pool (free-text sandboxes: a step takes the model's rep
 environment's parser takes the action out of it), the run's text path (`text.build`: a
 byte-level BPE tokenizer trained on the environment's text and saved to `<workdir>/tokenizer`,
 or with `model.checkpoint` that checkpoint's tokenizer, chat template and generation config)
-and the decoder (`build_model`). `task_order` is the seeded order in which iterations draw the
-training tasks.
+and the initial decoder (`initial_model`: the HF checkpoint of `model.checkpoint`, whose
+config.json decides the shape, or a from-scratch decoder built from the seed). `task_order` is
+the seeded order in which iterations draw the training tasks.
+
+Trainable and frozen parameters. With `model.lora_rank > 0` the train state's parameters are
+the adapters alone; the base (`Experiment.frozen`) is rebuilt by every start of the run from the
+same source (the checkpoint's weights, or the seed), so checkpoints hold only the adapters and
+their optimiser state. `Experiment.full_params(trainable)` joins them for sampling and export.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import functools
 from bpo_jax import text
 from bpo_jax.models import config as model_config_lib
 from bpo_jax.models import decoder as decoder_lib
+from bpo_jax.models import lora as lora_lib
+from bpo_jax.models import params as params_lib
 from bpo_jax.sandboxes import pool as pool_lib
 from bpo_jax.sandboxes import registry
 from bpo_jax.training import config as config_lib
@@ -72,15 +80,6 @@ def build_text(config, workdir: str, train_tasks) -> tuple[Any, text.ChatFormat]
                           config.env.max_observation_tokens or None)
 
 
-def build_model(config, vocab_size: int) -> tuple[model_config_lib.ModelConfig, Any, Any]:
-  """(model config, graphdef, parameters) of the decoder the run starts from: built from the
-  seed with the config's shape and the tokenizer's vocabulary."""
-  model_config = translate.model_config(config, vocab_size)
-  model = decoder_lib.Decoder(model_config, rngs=nnx.Rngs(params=config.seed))
-  graphdef, params = nnx.split(model)
-  return model_config, graphdef, params
-
-
 def task_order(num_tasks: int, seed: int, start: int, count: int) -> list[int]:
   """Positions `[start, start + count)` of an endless task order: a seeded permutation of the
   training split per epoch. A pure function of its arguments (exact resume needs no state).
@@ -109,9 +108,57 @@ class Experiment:
   train_tasks: list
   eval_tasks: list
   pool: pool_lib.SandboxPool
+  frozen: Any = None  # the frozen base parameters of a LoRA run; None when every one trains
+
+  def full_params(self, params):
+    """The whole model's parameters from the trainable ones (adapters joined to the base)."""
+    return params if self.frozen is None else nnx.merge_state(params, self.frozen)
 
   def close(self):
     self.pool.shutdown()
+
+
+# ModelConfig fields `scale.model_preset` is checked against when the run loads a checkpoint.
+SHAPE_FIELDS = ("architecture", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                "num_kv_heads", "head_dim", "vocab_size", "tie_word_embeddings")
+
+
+def check_preset(config, loaded: model_config_lib.ModelConfig) -> None:
+  """`scale.model_preset`, with a checkpoint, must name the checkpoint's shape (ConfigError)."""
+  if not config.scale.model_preset:
+    return
+  preset = getattr(model_config_lib.ModelConfig, config.scale.model_preset)()
+  differ = [f"{name} {getattr(loaded, name)} (preset {getattr(preset, name)})"
+            for name in SHAPE_FIELDS if getattr(loaded, name) != getattr(preset, name)]
+  if differ:
+    raise config_lib.ConfigError([
+        f"scale.model_preset = {config.scale.model_preset!r}: the checkpoint "
+        f"{config.model.checkpoint!r} has another shape: " + ", ".join(differ)])
+
+
+def initial_model(config, vocab_size: int) -> decoder_lib.Decoder:
+  """The run's starting decoder: `model.checkpoint`'s weights (adapters from the seed), or a
+  from-scratch decoder of the `model` section built from the seed."""
+  m = config.model
+  if not m.checkpoint:
+    model_config = translate.model_config(config, vocab_size).replace(
+        lora_rank=m.lora_rank, lora_alpha=m.lora_alpha)
+    return decoder_lib.Decoder(model_config, rngs=nnx.Rngs(params=config.seed))
+  model, model_config = params_lib.load_hf_checkpoint(
+      m.checkpoint, lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, seed=config.seed)
+  if vocab_size > model_config.vocab_size:
+    raise params_lib.CheckpointError(
+        f"model.checkpoint = {m.checkpoint!r}: the tokenizer has {vocab_size} tokens, more than "
+        f"the model's vocab_size {model_config.vocab_size}")
+  check_preset(config, model_config)
+  return model
+
+
+def split_trainable(params, model_config) -> tuple[Any, Any]:
+  """(trainable, frozen): (adapters, base) with LoRA, else (every parameter, None)."""
+  if model_config.lora_rank == 0:
+    return params, None
+  return lora_lib.split_lora(params)
 
 
 def build_experiment(config, workdir: str) -> tuple[Experiment, update_lib.TrainState]:
@@ -125,9 +172,12 @@ def build_experiment(config, workdir: str) -> tuple[Experiment, update_lib.Train
   eval_tasks = make_tasks(config, "test", config.env.num_eval_tasks)
   tokenizer, fmt = build_text(config, workdir, train_tasks)
   config_lib.check_text_budgets(config, fmt)
-  model_config, graphdef, params = build_model(config, fmt.vocab_size)
-  state = update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=None)
+  model = initial_model(config, fmt.vocab_size)
+  model_config = model.config
+  graphdef, params = nnx.split(model)
+  trainable, frozen = split_trainable(params, model_config)
+  state = update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=trainable, opt_state=None)
   return Experiment(config=config, workdir=workdir, tokenizer=tokenizer, fmt=fmt,
                     model_config=model_config, graphdef=graphdef, train_tasks=train_tasks,
-                    eval_tasks=eval_tasks, pool=make_pool(config)), state
+                    eval_tasks=eval_tasks, pool=make_pool(config), frozen=frozen), state
 

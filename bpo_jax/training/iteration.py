@@ -82,7 +82,7 @@ def next_fork_threshold(config, threshold: dict, batch: rollout_lib.RolloutBatch
 
 
 def ppo_epochs(train_step, state, fed, num_trees: int, epochs: int,
-               placement: placement_lib.Placement):
+               placement: placement_lib.Placement, ref=None, frozen=None):
   """`epochs` update steps on the same batch, its behaviour logprobs fixed (PPO epochs).
 
   The first step's metrics are the estimator's (ratio 1) and are the ones reported; the last
@@ -91,7 +91,7 @@ def ppo_epochs(train_step, state, fed, num_trees: int, epochs: int,
   """
   skipped = 0.0
   for epoch in range(epochs):
-    state, epoch_metrics = train_step(state, fed, None, num_trees)
+    state, epoch_metrics = train_step(state, fed, ref, num_trees, frozen)
     epoch_metrics = {k: float(v) for k, v in placement.host(epoch_metrics).items()}
     skipped = max(skipped, epoch_metrics["skipped"])
     if epoch == 0:
@@ -105,8 +105,12 @@ def ppo_epochs(train_step, state, fed, num_trees: int, epochs: int,
 
 def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine,
                   train_step, state, iteration: int, root_key: jax.Array,
-                  threshold: dict | None = None, placement: placement_lib.Placement | None = None):
+                  threshold: dict | None = None, placement: placement_lib.Placement | None = None,
+                  ref=None):
   """One rollout → estimator → update iteration.
+
+  `ref`: the reference parameters of the KL term (`train.kl_coef > 0`), structured like
+  `state.params`; its per-token k3 estimate is logged as `kl_ref`.
 
   With several processes (`placement` sharded), each grows the trees of its share of the tasks
   and every process then holds the whole batch (see the module docstring).
@@ -127,7 +131,7 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   tasks = [exp.train_tasks[p] for p in positions for _ in range(r.trees_per_task)]
   key = jax.random.fold_in(root_key, iteration)
   share = distributed.process_share(len(tasks))
-  batch = engine.rollout(placement.local(state.params), tasks[share.start:share.stop], key,
+  batch = engine.rollout(exp.full_params(placement.local(state.params)), tasks[share.start:share.stop], key,
                          threshold=threshold["threshold"], task_ids=share)
   batch = rollout_lib.RolloutBatch.concatenate(distributed.allgather_objects(batch))
   times["time/rollout"] = time.perf_counter() - start
@@ -147,7 +151,7 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
 
   start = time.perf_counter()
   state, update_metrics = ppo_epochs(train_step, state, placement.feed(packed), len(tasks),
-                                     config.train.epochs, placement)
+                                     config.train.epochs, placement, ref, exp.frozen)
   times["time/update"] = time.perf_counter() - start
 
   record = {"phase": "train", "iteration": iteration, "row_length": int(packed.shape[1]),
@@ -155,6 +159,8 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   record.update(rollout_stats(batch))
   record.update(advantage_stats(advantages, weights, np.asarray(trees.valid)))
   record.update(update_metrics)
+  if "ref_kl" in update_metrics:
+    record["kl_ref"] = record.pop("ref_kl")
   record["grad_norm_variance"] = update_metrics["micro_grad_norm_var"]
   record.update(times)
   if record["skipped"]:

@@ -1,8 +1,9 @@
 """The training loop: warm start, then rollout → estimator → update, with checkpoints and metrics.
 
-`train(config, workdir)` runs an experiment described by a configuration (`training/config.py`)
-and `evaluate(config, workdir)` scores its latest checkpoint on held-out tasks; `experiments/
-run.py` and the Colab notebook both call them. This module starts, resumes and checkpoints a
+`train(config, workdir)` runs an experiment described by a configuration (`training/config.py`),
+`evaluate(config, workdir)` scores its latest checkpoint on held-out tasks and `export(config,
+workdir, export_dir)` writes that checkpoint as an HF directory; `experiments/run.py` and the
+Colab notebook call them. This module starts, resumes and checkpoints a
 run; the parts it calls each do one job:
 
   translate.py   the configuration -> ModelConfig, RolloutConfig, UpdateConfig, optimisers, mesh
@@ -19,12 +20,15 @@ One run:
 1. The run's chat format (`text.build`): a byte-level BPE tokenizer trained on the
    environment's text and saved to `<workdir>/tokenizer` (HF format, loaded back from there),
    or `model.checkpoint`'s tokenizer and chat template; the path budgets are checked in its
-   token counts; a decoder is built from the seed; a held-out evaluation of the untrained model
-   (stage "init").
+   token counts; the decoder is `model.checkpoint`'s or built from the seed (with
+   `model.lora_rank > 0` only its adapters train: the train state holds them alone, over a
+   frozen base rebuilt on every start); a held-out evaluation of the untrained model (stage
+   "init").
 2. Supervised warm start (`warm_start.*`): expert episodes of training tasks become token chains
    (`text.expert_tree_tokens`), packed and fitted with the SFT step, so that a tiny model
    starts with a non-zero success rate. Then a held-out evaluation (stage "warm_start") and
-   checkpoint 0. The policy-gradient optimiser continues the warm start's Adam moments.
+   checkpoint 0. The policy-gradient optimiser continues the warm start's Adam moments. With
+   `train.kl_coef > 0` the parameters at this point are the KL term's frozen reference.
 3. Iterations 1..N: grow one tree (BPO) or group (RLOO, GRPO, GiGPO) per task with
    `rollout.RolloutEngine`, compute per-node advantages and path weights with the jitted
    estimator (vmapped over trees), pack each tree into one row (`packing.pack_trees`) and take
@@ -36,7 +40,9 @@ with `fold_in(key(seed), i)`, its tasks are positions `[(i-1)·T, i·T)` of a fi
 of the training split, and the sandboxes are deterministic. A checkpoint holds the parameters,
 the optimiser state, the iteration, the key, the task position and the metrics history, so a run
 killed at any point and started again with the same workdir ends with the same parameters and
-the same metrics (wall-clock times aside) as a run that was never interrupted.
+the same metrics (wall-clock times aside) as a run that was never interrupted. The KL term's
+reference parameters are saved in every checkpoint beside the train state (`_checkpoint_tree`),
+so a resumed run keeps the reference of the run it continues.
 
 Where the update runs. One process: unsharded, on its default device. Several processes
 (`scale.distributed`, e.g. two on one machine, or the hosts of a pod) run the same loop and end
@@ -56,7 +62,8 @@ restored by all processes together.
 
 Metrics per iteration (JSONL, TensorBoard, progress bar): success and return of the leaves,
 advantage statistics, the update's loss, gradient norm, variance of the micro-batch gradient
-norms, approximate KL to the sampling policy, token entropy, whether the step was skipped, and
+norms, approximate KL to the sampling policy, the k3 KL to the reference (`kl_ref`, with
+`train.kl_coef > 0`), token entropy, whether the step was skipped, and
 the rollout's compute counters (tokens, env steps, snapshots, restores, failed branches) with
 the wall time of each phase (`time/...`).
 """
@@ -65,13 +72,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from typing import Sequence
 
 from absl import logging
+from flax import nnx
 import jax
 import jax.numpy as jnp
 
 from bpo_jax import rollout as rollout_lib
+from bpo_jax.models import params as params_lib
 from bpo_jax.sandboxes import registry
 from bpo_jax.training import checkpoint as checkpoint_lib
 from bpo_jax.training import config as config_lib
@@ -177,7 +188,9 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
   local_state = update_lib.TrainState(step=state.step, params=state.params,
                                       opt_state=tx.init(state.params))
   placement = placement_lib.Placement.create(config, local_state)
+  use_ref = config.train.kl_coef > 0
   train_step = update_lib.make_train_step(exp.graphdef, tx, translate.update_config(config),
+                                          ref_params=state.params if use_ref else None,
                                           state_sharding=placement.state_sharding,
                                           batch_sharding=placement.row_sharding)
   engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
@@ -185,11 +198,11 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                              keep=config.checkpoint.keep)
   root_key = jax.random.key(config.seed)
-  abstract = placement.abstract(local_state)
+  abstract = _checkpoint_tree(placement.abstract(local_state), use_ref)
   del local_state
   latest = checkpointer.latest_step()
   if latest is not None:
-    state, loop = checkpointer.restore(latest, abstract)
+    (state, ref), loop = _from_checkpoint_tree(checkpointer.restore(latest, abstract))
     history, threshold = loop["history"], loop["fork_threshold"]
     if checkpoint_lib.key_to_json(root_key) != loop["key"]:
       raise ValueError("the checkpoint's RNG key does not match this configuration's seed")
@@ -199,7 +212,11 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
     threshold = iteration_lib.initial_fork_threshold(config)
     # Every process ran the same warm start; from here the state is laid out over all of them.
     state = placement.place(state)
-    checkpointer.save(0, state, _loop_state(0, root_key, config, history, threshold))
+    # The KL term's reference: the parameters the policy gradient starts from (own buffers: the
+    # update donates the train state's).
+    ref = jax.tree.map(jnp.copy, state.params) if use_ref else None
+    checkpointer.save(0, _checkpoint_tree(state, use_ref, ref),
+                      _loop_state(0, root_key, config, history, threshold))
     latest = 0
   writer = _RecordsOnly()
   if distributed.is_primary():
@@ -212,14 +229,14 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
                                                                   config.train.iterations)
     for iteration in range(latest + 1, last + 1):
       state, record, _, threshold = iteration_lib.run_iteration(
-          exp, engine, train_step, state, iteration, root_key, threshold, placement)
+          exp, engine, train_step, state, iteration, root_key, threshold, placement, ref)
       history.append(writer.write(record))
       final = iteration == config.train.iterations
       if (config.eval.every and iteration % config.eval.every == 0) or final:
         history.append(writer.write(evaluation.eval_record(exp, placement.local(state.params),
                                                            iteration)))
       if iteration % config.checkpoint.every == 0 or final:
-        checkpointer.save(iteration, state,
+        checkpointer.save(iteration, _checkpoint_tree(state, use_ref, ref),
                           _loop_state(iteration, root_key, config, history, threshold))
   finally:
     writer.close()
@@ -252,6 +269,23 @@ def _start(exp: experiment_lib.Experiment, params, tx) -> tuple[update_lib.Train
   history.append(evaluation.eval_record(exp, state.params, 0,
                                         "warm_start" if warm_start_records else "init"))
   return state, history
+
+
+def _checkpoint_tree(state, use_ref: bool, ref=None):
+  """What a checkpoint's arrays are: the train state, and with `train.kl_coef > 0` the KL
+  term's reference parameters beside it (so a resumed run keeps its reference exactly). With
+  LoRA both hold adapters only; the frozen base is rebuilt from its source on every start."""
+  if not use_ref:
+    return state
+  return {"train": state, "ref": state.params if ref is None else ref}
+
+
+def _from_checkpoint_tree(restored):
+  """((train state, reference or None), loop state) of a restored checkpoint."""
+  tree, loop = restored
+  if isinstance(tree, dict) and "ref" in tree:
+    return (tree["train"], tree["ref"]), loop
+  return (tree, None), loop
 
 
 def _loop_state(iteration: int, root_key, config, history, threshold: dict) -> dict:
@@ -295,7 +329,8 @@ def load_checkpoint(config, workdir: str):
     state = update_lib.TrainState(step=state.step, params=state.params,
                                   opt_state=tx.init(state.params))
     placement = placement_lib.Placement.create(config, state)
-    state, loop = checkpointer.restore(latest, placement.abstract(state))
+    abstract = _checkpoint_tree(placement.abstract(state), config.train.kl_coef > 0)
+    (state, _), loop = _from_checkpoint_tree(checkpointer.restore(latest, abstract))
     state = placement.local(state)
   finally:
     checkpointer.close()
@@ -320,3 +355,39 @@ def evaluate(config, workdir: str) -> dict:
       json.dump(record, f, indent=2, sort_keys=True)
   return record
 
+
+
+def export(config, workdir: str, export_dir: str) -> str:
+  """Writes the latest checkpoint of `workdir` as an HF directory at `export_dir`.
+
+  config.json, model.safetensors (LoRA adapters merged into the kernels), generation_config.json
+  (`model.checkpoint`'s, when it has one) and the run's tokenizer (`save_pretrained`): a
+  directory `transformers.AutoModelForCausalLM` / `AutoTokenizer` load as they are. Everything
+  is written beside `export_dir` and moved in when complete. Returns `export_dir`.
+  """
+  config_lib.validate(config, "export", workdir)
+  if os.path.exists(export_dir) and (not os.path.isdir(export_dir) or os.listdir(export_dir)):
+    raise config_lib.ConfigError([f"export_dir = {export_dir!r}: exists and is not an empty "
+                                  "directory (export into a new one)"])
+  exp, state, _ = load_checkpoint(config, workdir)
+  exp.close()
+  if not distributed.is_primary():
+    return export_dir
+  model = nnx.merge(exp.graphdef, exp.full_params(state.params))
+  source = config.model.checkpoint
+  generation = None
+  if source and os.path.exists(os.path.join(source, "generation_config.json")):
+    generation = params_lib.read_generation_config(source)
+  tokenizer_dir = source or os.path.join(workdir, "tokenizer")
+  parent = os.path.dirname(os.path.abspath(export_dir))
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
+  try:
+    params_lib.save_hf_checkpoint(model, staging, generation_config=generation)
+    params_lib.load_tokenizer(tokenizer_dir).save_pretrained(staging)
+    if os.path.isdir(export_dir):
+      os.rmdir(export_dir)
+    os.replace(staging, export_dir)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return export_dir

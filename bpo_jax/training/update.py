@@ -13,6 +13,12 @@ the gradient of the whole-batch loss whatever M is:
   * "per_token":    D = the number of action tokens in the batch (GRPO/DAPO token mean);
   * "per_sequence": each row's terms are divided by its own action-token count, D = rows.
 
+Frozen parameters. With LoRA the train state's parameters are the adapters alone; the frozen
+base is passed to each call as `frozen` and joined to them (`nnx.merge_state`) inside the
+step, so its gradient is never taken and the optimiser state covers the adapters only. The
+reference parameters `ref` of the KL term have the train state's structure (the starting
+adapters, or the starting parameters) and share the same frozen base.
+
 PPO epochs are the host loop `ppo_update`: the same batch (with the behaviour logprobs recorded
 at sampling) is used `num_epochs` times, so the ratio moves away from 1 after the first step.
 
@@ -122,6 +128,11 @@ def packed_logprobs(graphdef, params, batch: packing.PackedBatch, temperature: f
   return packing.gather_token_logprobs(logits, batch.tokens, batch.predecessor)
 
 
+def _joined(params, frozen):
+  """The whole model's parameters: the trainable ones, with the frozen base when there is one."""
+  return params if frozen is None else nnx.merge_state(params, frozen)
+
+
 def _denominator(batch: packing.PackedBatch, normalization: str, num_trees=None) -> jax.Array:
   if normalization == "per_token":
     return jnp.maximum(jnp.sum(batch.loss_mask).astype(jnp.float32), 1.0)
@@ -198,7 +209,8 @@ def _step_metrics(grads, micro_losses, micro_norms, sums) -> dict:
 def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateConfig,
                     ref_params: Any = None, state_sharding: Any = None,
                     batch_sharding: Any = None) -> Callable:
-  """Returns a jitted `train_step(state, batch, ref=None, num_trees=None) -> (state, metrics)`.
+  """Returns a jitted `train_step(state, batch, ref=None, num_trees=None, frozen=None) ->
+  (state, metrics)`.
 
   `ref_params` given here only switches the KL term on; the values are passed at call time as
   `ref` (so the reference can be updated without recompiling). `num_trees` overrides the
@@ -209,11 +221,12 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateCo
   if use_ref and ref_params is None:
     raise ValueError("kl_coef > 0 needs reference parameters")
 
-  def micro_loss(params, mb, denominator, ref):
-    logprob, entropy = packed_logprobs(graphdef, params, mb, config.temperature)
+  def micro_loss(params, mb, denominator, ref, frozen):
+    logprob, entropy = packed_logprobs(graphdef, _joined(params, frozen), mb, config.temperature)
     ref_logprob = None
     if use_ref:
-      ref_logprob, _ = packed_logprobs(graphdef, ref, mb, config.temperature)
+      ref_logprob, _ = packed_logprobs(graphdef, _joined(jax.lax.stop_gradient(ref), frozen),
+                                       mb, config.temperature)
     total, metrics = losses.policy_loss(
         logprob, mb.old_logprob, mb.advantage, _token_weights(mb, config.normalization),
         mb.loss_mask, ref_logprobs=ref_logprob, clip_eps=config.clip_eps,
@@ -232,7 +245,8 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateCo
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-  def train_step(state: TrainState, batch: packing.PackedBatch, ref=None, num_trees=None):
+  def train_step(state: TrainState, batch: packing.PackedBatch, ref=None, num_trees=None,
+                 frozen=None):
     denominator = _denominator(batch, config.normalization, num_trees)
     micro = _split_micro(batch, config.num_micro_batches, batch_sharding)
     zeros = _gradient_accumulator(state.params)
@@ -240,7 +254,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateCo
     def body(acc, mb):
       if batch_sharding is not None:  # each micro-batch spread over the batch axes
         mb = jax.lax.with_sharding_constraint(mb, batch_sharding)
-      (loss, sums), grads = grad_fn(state.params, mb, denominator, ref)
+      (loss, sums), grads = grad_fn(state.params, mb, denominator, ref, frozen)
       norm = optax.tree.norm(grads) * config.num_micro_batches
       return _accumulate(acc, grads), (loss, norm, sums)
 
@@ -259,12 +273,12 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateCo
     return jax.jit(train_step, donate_argnums=(0,))
   ref_sharding = state_sharding.params if use_ref else None
   jitted = jax.jit(train_step, donate_argnums=(0,),
-                   in_shardings=(state_sharding, batch_sharding, ref_sharding, None),
+                   in_shardings=(state_sharding, batch_sharding, ref_sharding, None, None),
                    out_shardings=(state_sharding, None))
 
-  def sharded_train_step(state, batch, ref=None, num_trees=None):
+  def sharded_train_step(state, batch, ref=None, num_trees=None, frozen=None):
     # in_shardings cover every positional argument, so the optional ones are always passed.
-    return jitted(state, batch, ref, num_trees)
+    return jitted(state, batch, ref, num_trees, frozen)
 
   sharded_train_step.jitted = jitted
   return sharded_train_step
@@ -286,19 +300,19 @@ def make_sft_step(graphdef, tx: optax.GradientTransformation, num_micro_batches:
   """A jitted supervised step: mean negative log-likelihood of the loss-masked (action) tokens.
 
   Used for warm starts from expert trajectories packed as `PackedBatch` (advantage and weight
-  are ignored).
+  are ignored). `sft_step(state, batch, frozen=None)`; `frozen` as for `make_train_step`.
   """
 
-  def micro_loss(params, mb, denominator):
-    logprob, _ = packed_logprobs(graphdef, params, mb)
+  def micro_loss(params, mb, denominator, frozen):
+    logprob, _ = packed_logprobs(graphdef, _joined(params, frozen), mb)
     return -jnp.sum(jnp.where(mb.loss_mask, logprob, 0.0)) / denominator
 
-  def sft_step(state: TrainState, batch: packing.PackedBatch):
+  def sft_step(state: TrainState, batch: packing.PackedBatch, frozen=None):
     denominator = jnp.maximum(jnp.sum(batch.loss_mask).astype(jnp.float32), 1.0)
     micro = _split_micro(batch, num_micro_batches)
 
     def body(acc, mb):
-      loss, grads = jax.value_and_grad(micro_loss)(state.params, mb, denominator)
+      loss, grads = jax.value_and_grad(micro_loss)(state.params, mb, denominator, frozen)
       return (_accumulate(acc[0], grads), acc[1] + loss), None
 
     zeros = _gradient_accumulator(state.params)

@@ -74,7 +74,7 @@ def warm_start(exp: experiment_lib.Experiment, params) -> tuple[Any, Any, list[d
                                [ones[i] for i in batch_ids], [ones[i] for i in batch_ids],
                                buckets=translate.row_buckets(config),
                                num_rows=placement_lib.row_count(len(batch_ids), micro))
-    state, metrics = sft_step(state, jax.tree.map(jnp.asarray, batch))
+    state, metrics = sft_step(state, jax.tree.map(jnp.asarray, batch), exp.frozen)
     if step == ws.steps or step % max(1, ws.steps // 10) == 0:
       records.append({"phase": "warm_start", "iteration": 0, "step": step,
                       "loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),

@@ -240,7 +240,7 @@ def test_eval_needs_an_existing_checkpoint_directory(tmp_path):
 
 def test_unknown_mode():
   assert _problems(config_lib.default_config(), mode="serve") == [
-      "mode = 'serve': must be one of train, eval"]
+      "mode = 'serve': must be one of train, eval, export"]
 
 
 @pytest.mark.parametrize("arg,expected", [
