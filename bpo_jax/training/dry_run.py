@@ -295,7 +295,7 @@ def _train_step_memory(graphdef, tx, update_config, state, state_sh, mesh, batch
   train_step = update.make_train_step(graphdef, tx, update_config, state_sharding=state_sh,
                                       batch_sharding=batch_sh)
   start = time.perf_counter()
-  compiled = train_step.jitted.lower(state, batch, None, None).compile()
+  compiled = train_step.jitted.lower(state, batch, None, None, None).compile()
   return ProgramMemory.from_compiled("train step", compiled,
                                      compile_seconds=time.perf_counter() - start)
 
