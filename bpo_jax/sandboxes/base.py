@@ -92,6 +92,39 @@ class Sandbox(Protocol):
     ...
 
 
+class SandboxWrapper:
+  """A sandbox that passes every call to `inner`; subclasses override what they change.
+
+  Names the wrapper does not define (an environment's extras such as `expert_actions` or
+  `admissible_actions`) are the inner sandbox's.
+  """
+
+  def __init__(self, inner: Sandbox):
+    self.inner = inner
+
+  def reset(self, task: Any) -> str:
+    return self.inner.reset(task)
+
+  def step(self, action: Any) -> Step:
+    return self.inner.step(action)
+
+  def snapshot(self) -> Snapshot:
+    return self.inner.snapshot()
+
+  def restore(self, snapshot: Snapshot) -> None:
+    self.inner.restore(snapshot)
+
+  def close(self) -> None:
+    self.inner.close()
+
+  def __getattr__(self, name: str):
+    # Only reached for names the class does not define; "inner" itself is missing only while
+    # unpickling, before __init__ state is set.
+    if name == "inner":
+      raise AttributeError(name)
+    return getattr(self.inner, name)
+
+
 def check_action(action: Any, max_chars: int = MAX_ACTION_CHARS) -> tuple[str, str | None]:
   """Normalises an action; returns `(text, reason)` where `reason` is None for a usable action.
 

@@ -25,14 +25,8 @@ from bpo_jax.sandboxes import registry
 FAULT_ACTIONS = ("fault raise", "fault hang", "fault exit", "fault segfault")
 
 
-class FaultySandbox:
+class FaultySandbox(base.SandboxWrapper):
   """Wraps `inner`; the actions in `FAULT_ACTIONS` trigger their fault during `step`."""
-
-  def __init__(self, inner: base.Sandbox):
-    self.inner = inner
-
-  def reset(self, task: Any) -> str:
-    return self.inner.reset(task)
 
   def step(self, action: Any) -> base.Step:
     if action == "fault raise":
@@ -44,15 +38,6 @@ class FaultySandbox:
     if action == "fault segfault":
       ctypes.string_at(0)
     return self.inner.step(action)
-
-  def snapshot(self) -> base.Snapshot:
-    return self.inner.snapshot()
-
-  def restore(self, snapshot: base.Snapshot) -> None:
-    self.inner.restore(snapshot)
-
-  def close(self) -> None:
-    self.inner.close()
 
 
 def make_sandbox(inner: str = "rooms", **config) -> FaultySandbox:

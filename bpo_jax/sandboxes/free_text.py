@@ -107,7 +107,7 @@ def bracket_command(text: str, verbs: Iterable[str]) -> str | None:
   return None
 
 
-class FreeTextSandbox:
+class FreeTextSandbox(base.SandboxWrapper):
   """A sandbox whose `step` takes a reply and acts on the action the syntax finds in it.
 
   Everything but `step` is the inner sandbox's (`reset`, `snapshot`, `restore`, `close`, and any
@@ -115,11 +115,8 @@ class FreeTextSandbox:
   """
 
   def __init__(self, inner: base.Sandbox, syntax: ActionSyntax):
-    self.inner = inner
+    super().__init__(inner)
     self.syntax = syntax
-
-  def reset(self, task: Any) -> str:
-    return self.inner.reset(task)
 
   def step(self, reply: Any) -> base.Step:
     if not isinstance(reply, str):
@@ -128,18 +125,3 @@ class FreeTextSandbox:
     if action is None:
       return base.invalid_action_step(NO_ACTION, self.syntax.hint)
     return self.inner.step(action)
-
-  def snapshot(self) -> base.Snapshot:
-    return self.inner.snapshot()
-
-  def restore(self, snapshot: base.Snapshot) -> None:
-    self.inner.restore(snapshot)
-
-  def close(self) -> None:
-    self.inner.close()
-
-  def __getattr__(self, name: str):
-    # Only reached for names this class does not define: the inner sandbox's extras.
-    if name == "inner":
-      raise AttributeError(name)
-    return getattr(self.inner, name)
