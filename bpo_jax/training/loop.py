@@ -103,7 +103,8 @@ RESUMABLE_CHANGES = ("train.iterations", "log.tensorboard", "log.progress_bar", 
 
 
 def _check_workdir_config(config, workdir: str):
-  """A workdir holds one experiment: resuming with other settings would not be exact."""
+  """A workdir holds one experiment: resuming with other settings would not be exact. Returns
+  the configuration record to save (`_write_workdir_config`)."""
   path = os.path.join(workdir, "config.json")
   current = config_lib.to_plain(config)
   env = registry.get_environment(config.env.name)
@@ -131,8 +132,13 @@ def _check_workdir_config(config, workdir: str):
           f"{k}: the workdir {workdir!r} holds a run with {k} = {a.get(k)!r}, not {b.get(k)!r} "
           "(use a new workdir, or the same settings to resume)" for k in changed])
   distributed.barrier("workdir config checked")
+  return current
+
+
+def _write_workdir_config(current: dict, workdir: str) -> None:
+  """Saves the checked configuration (`_check_workdir_config`) once the run is built."""
   if distributed.is_primary():
-    with open(path, "w", encoding="utf-8") as f:
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
       json.dump(current, f, indent=2, sort_keys=True)
 
 
@@ -150,9 +156,17 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
   """
   config_lib.validate(config, "train", workdir)
   _connect_processes(config)
+  created = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
-  _check_workdir_config(config, workdir)
-  exp, state = experiment_lib.build_experiment(config, workdir)
+  checked = _check_workdir_config(config, workdir)
+  try:
+    exp, state = experiment_lib.build_experiment(config, workdir)
+  except BaseException:
+    # Nothing half-written: a run that cannot be built leaves no workdir it created.
+    if created and distributed.is_primary():
+      shutil.rmtree(workdir, ignore_errors=True)
+    raise
+  _write_workdir_config(checked, workdir)
   try:
     return _train(exp, state, stop_after)
   finally:

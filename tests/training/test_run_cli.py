@@ -71,14 +71,14 @@ def test_invalid_values_and_budgets_are_all_reported_at_once(tmp_path, overrides
 
 def test_budgets_the_chat_format_cannot_hold(tmp_path):
   # Path budgets are counted in the template's tokens, so they are checked once the tokenizer
-  # is trained (and saved with the run's config.json: a rerun reuses both); no model is built.
+  # is trained; no model is built, and the workdir the failed run created is gone.
   stderr = _assert_clean_failure(
       [f"--config={QUICKSTART}:tiny", f"--workdir={tmp_path / 'w'}",
        "--config.model.max_length=64", "--config.rollout.max_tree_tokens=100"],
       "error: invalid configuration:\n")
   assert "model.max_length = 64: cannot hold one path of env.max_turns = 4 steps (up to " in stderr
   assert "rollout.max_tree_tokens = 100: cannot hold one path of env.max_turns = 4" in stderr
-  assert sorted(os.listdir(tmp_path / "w")) == ["config.json", "tokenizer"]
+  assert not (tmp_path / "w").exists()
 
 
 def test_checkpoint_without_a_tokenizer(tmp_path):
@@ -87,6 +87,21 @@ def test_checkpoint_without_a_tokenizer(tmp_path):
       [f"--config={QUICKSTART}:tiny", f"--workdir={tmp_path / 'w'}",
        f"--config.model.checkpoint={tmp_path / 'ckpt'}"],
       f"error: {tmp_path / 'ckpt'}: no tokenizer files")
+  assert not (tmp_path / "w").exists()  # nothing half-written
+
+
+def test_failed_build_in_an_existing_workdir_keeps_its_files(tmp_path):
+  # A workdir that was there before keeps what it held, and gets no config.json of the run
+  # that could not be built.
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  (workdir / "notes.txt").write_text("mine")
+  (tmp_path / "ckpt").mkdir()
+  _assert_clean_failure(
+      [f"--config={QUICKSTART}:tiny", f"--workdir={workdir}",
+       f"--config.model.checkpoint={tmp_path / 'ckpt'}"],
+      f"error: {tmp_path / 'ckpt'}: no tokenizer files")
+  assert sorted(os.listdir(workdir)) == ["notes.txt"]
 
 
 def test_eval_without_checkpoint_directory(tmp_path):
