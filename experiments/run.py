@@ -51,6 +51,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from bpo_jax import text
+from bpo_jax.sandboxes import base as sandbox_base
 from bpo_jax.training import config as config_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file.",
@@ -224,6 +225,10 @@ def main(argv):
     run(loop, config, workdir, distributed.is_primary())
   except _input_errors() as error:  # e.g. a workdir of another experiment, a bad checkpoint
     _fail(_first_line(error))
+  except sandbox_base.EnvironmentFailure as error:  # e.g. tests that cannot start on this host
+    print(f"error: the {config.env.name} environment cannot run here: {_first_line(error)}",
+          file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,13 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 MAX_ACTION_CHARS = 4096
 
 
+class EnvironmentFailure(RuntimeError):
+  """The environment's own machinery cannot run (a command that cannot be confined, tests that
+  cannot start, a grader that cannot read its log): never the agent's doing and never a reward.
+  In a rollout the pool records it as the branch's failure; outside one (the expert episodes of
+  the tokenizer corpus and the warm start) it stops the run with its one-line reason."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
   """What one action produced."""

@@ -157,3 +157,26 @@ def test_workdir_of_another_experiment(tmp_path):
   stderr = _assert_clean_failure([f"--config={QUICKSTART}", f"--workdir={workdir}"],
                                  "seed: the workdir")
   assert "holds a run with seed = 123, not 0" in stderr
+
+
+def test_environment_that_cannot_run_is_one_line_and_leaves_nothing(tmp_path):
+  # Tests that cannot start (here forced; on a host, e.g. an interpreter the unprivileged uid
+  # cannot reach) stop the run with the reason, exit status 1, no traceback and no workdir.
+  workdir = tmp_path / "w"
+  script = textwrap.dedent(f"""
+      import runpy, sys
+      from bpo_jax.sandboxes.swe import grading
+      def cannot_start(*args, **kwargs):
+        raise grading.GradingError("the tests could not start: python: Permission denied")
+      grading.run_tests = cannot_start
+      sys.argv = [{RUN!r}, "--config={os.path.join(ROOT, 'experiments', 'configs', 'swe.py')}:tiny",
+                  "--workdir={workdir}", "--config.env.num_workers=0"]
+      runpy.run_path({RUN!r}, run_name="__main__")
+      """)
+  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 1, result.stderr
+  assert "Traceback" not in result.stderr, result.stderr
+  assert ("error: the swe environment cannot run here: the tests could not start: python: "
+          "Permission denied") in result.stderr
+  assert not workdir.exists()

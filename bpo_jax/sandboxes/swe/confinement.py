@@ -64,6 +64,8 @@ import threading
 import time
 from typing import Callable, Mapping
 
+from bpo_jax.sandboxes import base
+
 _JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jail.py")
 # Where the writable directory appears inside the namespaces: one fixed path, so that anything a
 # command prints about its location is the same in every sandbox and process.
@@ -74,7 +76,7 @@ MODES = ("namespaces", "rlimits-only")
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class ConfinementError(RuntimeError):
+class ConfinementError(base.EnvironmentFailure):
   """Commands cannot be confined as asked: the mode is not available here, or set-up failed."""
 
 

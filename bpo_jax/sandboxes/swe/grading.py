@@ -26,6 +26,7 @@ import re
 import tempfile
 from typing import Any
 
+from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes.swe import confinement
 from bpo_jax.sandboxes.swe import tasks as tasks_lib
 from bpo_jax.sandboxes.swe import workspace as workspace_lib
@@ -38,7 +39,7 @@ _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
 CANNOT_START = (126, 127)
 
 
-class GradingError(RuntimeError):
+class GradingError(base.EnvironmentFailure):
   """The tests could not be run or read: an infrastructure failure, not a verdict on the patch."""
 
 
