@@ -372,9 +372,12 @@ def test_lora_with_several_processes_is_refused():
              for p in error.value.problems), error.value.problems
 
 
+@pytest.mark.parametrize("variant,family,template", [
+    ("qwen2", "qwen2", "qwen2_5.jinja"), ("llama3.2", "llama3", "llama3_1.jinja")])
 @pytest.mark.parametrize("world", ["webshop", "alfworld", "swe"])
-def test_tiny_worlds_train_from_a_qwen2_checkpoint(tmp_path, world):
-  checkpoint = _hf_checkpoint(tmp_path / "hf")
+def test_tiny_worlds_train_from_a_qwen2_or_llama3_checkpoint(tmp_path, world, variant, family,
+                                                             template):
+  checkpoint = _hf_checkpoint(tmp_path / "hf", variant, family, template)
   workdir = tmp_path / "run"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   result = subprocess.run(
