@@ -10,6 +10,10 @@ Pages are long (a result page lists ten titles, about 360 words), so observation
 expert buys in about 6.
 
     python experiments/run.py --config=experiments/configs/webshop.py --workdir=workdirs/webshop
+
+`webshop.py:cpu` is a shop a laptop CPU learns in minutes with the quickstart's model: 200
+products (320 train, 40 test goals), five results per page, observations cut at 192 tokens and
+8 turns, 64 expert episodes of warm start.
 """
 
 import ml_collections
@@ -36,4 +40,26 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.model.max_length = 4608
   c.rollout.max_tree_tokens = 16384
   c.eval.num_tasks = 100
+  if arg == "cpu":
+    return cpu(c)
   return base.variant(c, arg)
+
+
+def cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The small shop of the module docstring (`webshop.py:cpu`)."""
+  c.env.options.num_products = 200
+  c.env.options.results_per_page = 5
+  c.env.options.max_steps = 8
+  c.env.num_train_tasks = 320
+  c.env.num_eval_tasks = 40
+  c.eval.num_tasks = 40
+  c.eval.every = 10
+  c.env.max_turns = 8
+  c.env.max_observation_tokens = 192
+  c.model.max_length = 2048
+  c.rollout.max_tree_tokens = 8192
+  c.rollout.tasks_per_iteration = 8
+  c.warm_start.num_trajectories = 64
+  c.warm_start.steps = 300
+  c.train.iterations = 30
+  return c
