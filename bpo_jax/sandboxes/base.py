@@ -234,10 +234,36 @@ def check_replay(sandbox: Sandbox, snapshot: Snapshot, actions: Sequence[str],
 
 # ----------------------------------------------------------------------------- gymnasium adapter
 
+# The characters of the adapter's text spaces: printable ASCII, tab and newline (every
+# observation the registered environments give), the printable Latin-1 letters and signs, and
+# U+FFFD, which stands in an observation for any other character.
+REPLACEMENT_CHARACTER = "\ufffd"
+GYM_CHARSET = ("".join(chr(c) for c in range(32, 127)) + "\t\n"
+               + "".join(chr(c) for c in range(0xA1, 0x100) if chr(c).isprintable())
+               + REPLACEMENT_CHARACTER)
+# Longest observation the adapter's observation space holds; longer ones are cut to it.
+MAX_OBSERVATION_CHARS = 1 << 20
 
-def make_gym_env(sandbox: Sandbox, tasks: Sequence[Any], max_text_length: int = 4096):
+
+def gym_observation(text: str, charset: frozenset[str],
+                    max_chars: int = MAX_OBSERVATION_CHARS) -> str:
+  """`text` as a member of the adapter's observation space: each character outside `charset`
+  becomes U+FFFD, text past `max_chars` characters is cut, and an empty text becomes one space
+  (gymnasium's text spaces hold no empty string).
+
+  >>> gym_observation("caf\u00e9 \u2603", frozenset(GYM_CHARSET))
+  'caf\u00e9 \ufffd'
+  """
+  if not all(c in charset for c in text):
+    text = "".join(c if c in charset else REPLACEMENT_CHARACTER for c in text)
+  return text[:max_chars] or " "
+
+
+def make_gym_env(sandbox: Sandbox, tasks: Sequence[Any],
+                 max_observation_chars: int = MAX_OBSERVATION_CHARS,
+                 max_action_chars: int = MAX_ACTION_CHARS, charset: str = GYM_CHARSET):
   """A `gymnasium.Env` that plays `tasks` in `sandbox` (see `SandboxGymEnv`)."""
-  return _gym_env_class()(sandbox, tasks, max_text_length)
+  return _gym_env_class()(sandbox, tasks, max_observation_chars, max_action_chars, charset)
 
 
 _GYM_ENV_CLASS = None
@@ -258,25 +284,37 @@ def _gym_env_class():
     `(observation, reward, terminated, truncated, info)` with `terminated = done and not
     truncated`. `info` carries the Step's info, plus `"admissible_actions"` when the sandbox
     offers them.
+
+    Both spaces are `gymnasium.spaces.Text` over `charset` (default `GYM_CHARSET`); actions
+    hold up to `max_action_chars` characters (what sandboxes accept), observations up to
+    `max_observation_chars`. An observation the space cannot hold as it is (a character
+    outside the charset, too long, empty) is mapped into it by `gym_observation`, and the
+    sandbox's own text is then `info["sandbox_observation"]`. `gymnasium.utils.env_checker.
+    check_env` passes for every registered environment (tests/sandboxes/test_gym_check.py).
     """
 
     metadata = {"render_modes": []}
 
-    def __init__(self, sandbox, tasks, max_text_length=4096):
+    def __init__(self, sandbox, tasks, max_observation_chars=MAX_OBSERVATION_CHARS,
+                 max_action_chars=MAX_ACTION_CHARS, charset=GYM_CHARSET):
       super().__init__()
       if not tasks:
         raise ValueError("SandboxGymEnv needs at least one task")
       self.sandbox = sandbox
       self.tasks = list(tasks)
-      self.observation_space = gymnasium.spaces.Text(max_length=max_text_length)
-      self.action_space = gymnasium.spaces.Text(max_length=max_text_length)
-      self._last_observation = ""
+      self.observation_space = gymnasium.spaces.Text(max_length=max_observation_chars,
+                                                     charset=charset)
+      self.action_space = gymnasium.spaces.Text(max_length=max_action_chars, charset=charset)
+      self._charset = frozenset(charset)
 
-    def _info(self, info):
+    def _observation(self, text, info):
       info = dict(info)
+      observation = gym_observation(text, self._charset, self.observation_space.max_length)
+      if observation != text:
+        info["sandbox_observation"] = text
       if hasattr(self.sandbox, "admissible_actions"):
         info["admissible_actions"] = self.sandbox.admissible_actions()
-      return info
+      return observation, info
 
     def reset(self, *, seed=None, options=None):
       super().reset(seed=seed)
@@ -285,14 +323,15 @@ def _gym_env_class():
         task = options["task"]
       else:
         task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-      observation = self.sandbox.reset(task)
-      return observation, self._info({"task_id": getattr(task, "task_id", None)})
+      return self._observation(self.sandbox.reset(task),
+                               {"task_id": getattr(task, "task_id", None)})
 
     def step(self, action):
       step = self.sandbox.step(action)
       truncated = bool(step.truncated)
       terminated = bool(step.done) and not truncated
-      return step.observation, float(step.reward), terminated, truncated, self._info(step.info)
+      observation, info = self._observation(step.observation, step.info)
+      return observation, float(step.reward), terminated, truncated, info
 
     def close(self):
       self.sandbox.close()
