@@ -16,7 +16,8 @@ a confinement that cannot be set up), a log without the harness's markers, or a 
 crashes raises `GradingError`, which fails the branch (see sandboxes/pool.py) instead of
 scoring it. Harness markers printed by the tests themselves are defanged, so the command's
 output cannot forge or cut the harness's own lines. Grading leaves no trace of the test patch
-in the task's git directory (commands can read it), so tests hidden from the agent stay hidden.
+in the task's git directory (commands can read it), not even a copy that the tests or the
+agent's code made while they ran, so tests hidden from the agent stay hidden.
 """
 
 from __future__ import annotations
@@ -153,8 +154,9 @@ def grade_workspace(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib
   try:
     log = run_tests(ws, base_tree, task, limits, uid, namespaces)
   finally:
-    _reset_test_files(ws, tree, patched_files(task.instance["test_patch"]))
-    ws.checkout_tree(tree)
+    # Not `checkout_tree`, which would store the files as they are now (the hidden tests, and
+    # whatever the tests wrote) where commands of later branches could read them.
+    ws.discard_changes(tree)
   _check_log(log)
   try:
     report = report_from_log(task, model_patch, log)
