@@ -85,6 +85,13 @@ REPLACE = ("replace m.py\n<<<<<<< SEARCH\n    return x - 1\n=======\n    return 
     ("```bash\nrun ls -la\n```\nThat lists the files.", "run ls -la"),
     ("```\nwrite a.md\n# Title\n```\n", "write a.md\n# Title"),
     ("  run ls", "run ls"),
+    ("Let me find it.\nfind_file '*.py' src\nthen read it", "find_file '*.py' src"),
+    ('search_dir "def get(" lrucache\nrun ls', 'search_dir "def get(" lrucache'),
+    ("search_file hits\n", "search_file hits"),
+    ("```\nopen lrucache/cache.py 20\n```", "open lrucache/cache.py 20"),
+    ("goto 40", "goto 40"),
+    ("More below.\nscroll_down\nscroll_up", "scroll_down"),
+    ("scroll_up.", None),
     ("Run the tests", None),
     ("I would like to submit.", None),
 ])

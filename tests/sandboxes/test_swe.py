@@ -74,8 +74,9 @@ def test_each_task_fails_before_and_is_resolved_by_its_reference_patch(name):
   assert sorted(status["FAIL_TO_PASS"]["failure"]) == sorted(task.fail_to_pass)
   assert sorted(status["PASS_TO_PASS"]["success"]) == sorted(task.pass_to_pass)
   # The expert's actions (the reference patch's hunks as `replace` actions) in the sandbox:
-  # the graded diff is the reference patch byte for byte, and it resolves the task.
-  sandbox = swe.make_sandbox(show_tests=False, **MODE)
+  # the graded diff is the reference patch byte for byte, and it resolves the task (the hidden
+  # tests, which the default sandbox does not show, applied at grading).
+  sandbox = swe.make_sandbox(**MODE)
   sandbox.reset(task)
   for action in sandbox.expert_actions():
     step = sandbox.step(action)
@@ -180,7 +181,7 @@ def test_commands_see_the_repository_read_only(lru_sandbox):
   sandbox = lru_sandbox
   sandbox.reset(swe.load_shipped_task("lru"))
   head = sandbox.step("run git log --format='%H %s'").observation
-  # HEAD is the state after reset: the shipped base commit plus the test patch.
+  # HEAD is the state after reset: the shipped base commit (the test patch is hidden).
   assert head.endswith(" base\n[exit code 0]") and head.count("\n") == 1
   sandbox.step(LRU_FIX)
   diff = sandbox.step("run git diff --stat; git status --short").observation

@@ -4,6 +4,11 @@ Actions (one per step; the first word is the command):
 
     run <shell command>              run it in the task directory, confined (see confinement.py)
     view <path> [first [last]]       a file with line numbers (or a directory listing)
+    find_file <name> [dir]           files whose name matches a glob pattern (browse.py)
+    search_dir <text> [dir]          files holding the text
+    search_file <text> [file]        lines of a file holding the text (default: the open file)
+    open <file> [line]               a window of `window_lines` lines of the file, around line
+    goto <line> / scroll_down / scroll_up    move the open file's window
     write <path>                     replace the file with the text on the following lines
     <text>
     replace <path>                   replace one exact occurrence of SEARCH text by REPLACE text
@@ -13,6 +18,14 @@ Actions (one per step; the first word is the command):
     <new lines>
     >>>>>>> REPLACE
     submit                           end the episode; the task directory is graded
+
+An edit (`write`, `replace`) that would leave a Python file unparseable is refused and the file
+left as it was; the observation names the line of the error (browse.syntax_error).
+
+The task's test patch (its hidden tests) is applied only when grading: before submit the task
+directory, its git history and the viewer hold the repository at its base commit alone, as
+SWE-bench requires. `show_tests=True` applies it at reset instead, for a setting where the agent
+may read the tests it is graded by.
 
 Commands run confined (confinement.py) in the task directory, which they see at /tmp/task. In the
 mode "namespaces" (the default) they see nothing else of the host but the interpreter and the
@@ -34,7 +47,8 @@ command or grading cannot run for the infrastructure's sake (`confinement.Confin
 crashed grader) raises instead: the pool fails the branch with the reason, never a reward.
 
 State = the task directory's files (a git tree; see workspace.py) + step count + whether the
-episode is over + the last observation. Snapshots pack them as bytes any process can restore;
+episode is over + the last observation + the viewer (the open file and its window's first
+line). Snapshots pack them as bytes any process can restore;
 they also name the task, so a fresh sandbox restores without a reset. Not part of the state:
 wall-clock time and file times (commands that print them, e.g. `date`, `ls -l`, pytest's
 durations, differ between replays), special files (FIFOs, sockets), and, without namespaces,
@@ -53,6 +67,7 @@ from typing import Any, Mapping
 from absl import logging
 
 from bpo_jax.sandboxes import base
+from bpo_jax.sandboxes.swe import browse
 from bpo_jax.sandboxes.swe import confinement as confinement_lib
 from bpo_jax.sandboxes.swe import grading
 from bpo_jax.sandboxes.swe import tasks as tasks_lib
@@ -61,6 +76,10 @@ from bpo_jax.sandboxes.swe import workspace as workspace_lib
 HELP = """Commands (one per action):
   run <shell command>     (git diff / git status show your changes)
   view <path> [first_line [last_line]]
+  find_file <name> [dir]  (name: a glob pattern such as "*.py")
+  search_dir <text> [dir] (quote text with spaces: search_dir "def get(" src)
+  search_file <text> [file]
+  open <file> [line]      (then goto <line>, scroll_down, scroll_up)
   write <path>            (new file content on the following lines)
   replace <path>          (then <<<<<<< SEARCH / old / ======= / new / >>>>>>> REPLACE)
   submit"""
@@ -104,10 +123,12 @@ class SweSandbox:
     limits: `confinement.Limits` (or a dict of its fields) for `run` commands.
     grading_limits: limits for the test run at grading.
     max_steps: steps before the episode ends truncated (and is graded).
-    show_tests: apply the task's test patch at reset, so the failing tests are in the task
-      directory (grading resets and re-applies it either way, as SWE-bench does).
-      Snapshots restore only into sandboxes with the same setting.
+    show_tests: apply the task's test patch at reset, so the tests that grade are in the task
+      directory before submit. Off by default: SWE-bench hides them from the agent (grading
+      resets and applies them either way). Snapshots restore only into sandboxes with the same
+      setting.
     max_view_lines: most lines one `view` shows.
+    window_lines: the height of the `open` viewer's window.
     root: where task directories are made (default: the system temp directory).
     confinement: how commands are confined, one of `confinement.MODES`: "namespaces" (raises
       `confinement.ConfinementError` where the host cannot give them) or "rlimits-only".
@@ -115,17 +136,21 @@ class SweSandbox:
 
   def __init__(self, limits: confinement_lib.Limits | Mapping[str, Any] | None = None,
                grading_limits: confinement_lib.Limits | Mapping[str, Any] | None = None,
-               max_steps: int = 30, show_tests: bool = True, max_view_lines: int = 200,
-               root: str | None = None, confinement: str = "namespaces"):
+               max_steps: int = 30, show_tests: bool = False, max_view_lines: int = 200,
+               window_lines: int = 100, root: str | None = None,
+               confinement: str = "namespaces"):
     self.limits = _limits(limits, confinement_lib.Limits())
     self.grading_limits = _limits(grading_limits, grading.GRADING_LIMITS)
     if not isinstance(max_steps, int) or max_steps < 1:
       raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
     if not isinstance(max_view_lines, int) or max_view_lines < 1:
       raise ValueError(f"max_view_lines must be a positive integer, got {max_view_lines!r}")
+    if not isinstance(window_lines, int) or window_lines < 1:
+      raise ValueError(f"window_lines must be a positive integer, got {window_lines!r}")
     self.max_steps = max_steps
     self.show_tests = bool(show_tests)
     self.max_view_lines = max_view_lines
+    self.window_lines = window_lines
     self.root = root
     self.confinement = confinement
     self.protections = dict(confinement_lib.protections(confinement))
@@ -141,6 +166,7 @@ class SweSandbox:
     self._steps = 0
     self._done = False
     self._last_observation = ""
+    self._viewer = browse.Viewer()
 
   # -- protocol ---------------------------------------------------------------------------
 
@@ -151,6 +177,7 @@ class SweSandbox:
       self._load_task(task)
     self._ws.checkout_tree(self._start_tree)
     self._steps, self._done = 0, False
+    self._viewer = browse.Viewer()
     files = self._ws.git("ls-files").decode().splitlines()
     if len(files) > _MAX_LISTED_FILES:
       files = files[:_MAX_LISTED_FILES] + [f"... and {len(files) - _MAX_LISTED_FILES} more"]
@@ -186,7 +213,8 @@ class SweSandbox:
     if self._task is None:
       raise RuntimeError("snapshot() before reset()")
     extra = {"task": self._descriptor, "show_tests": self.show_tests, "steps": self._steps,
-             "done": self._done, "last_observation": self._last_observation}
+             "done": self._done, "last_observation": self._last_observation,
+             "viewer": self._viewer.to_json()}
     data, tree, untracked = self._ws.pack_state(self._base_tree, extra)
     return base.Snapshot(data=data, handle=(self._ws_token, tree, untracked, extra))
 
@@ -209,6 +237,7 @@ class SweSandbox:
       extra, _ = self._ws.unpack_state(snapshot.data, self._base_tree)
     self._steps, self._done = extra["steps"], extra["done"]
     self._last_observation = extra["last_observation"]
+    self._viewer = browse.Viewer.from_json(extra.get("viewer"))
 
   def close(self) -> None:
     if self._ws is not None:
@@ -294,6 +323,13 @@ class SweSandbox:
       info = {"exit_code": result.exit_code, "timed_out": result.timed_out,
               "output_limited": result.output_limited, "disk_limited": result.disk_limited}
       return base.Step(observation=f"{result.output}{report}", reward=0.0, done=False, info=info)
+    if verb in browse.SEARCH_COMMANDS + browse.VIEWER_COMMANDS:
+      try:
+        if rest.strip():
+          raise browse.BrowseError("is one line")
+        return self._browse(verb, argument)
+      except browse.BrowseError as e:
+        return base.invalid_action_step(f"{verb} {e}", HELP)
     try:
       if verb == "view":
         return self._view(argument)
@@ -317,6 +353,75 @@ class SweSandbox:
       return self._ws.resolve(path), None
     except ValueError as e:
       return None, str(e)
+
+  def _browse(self, verb: str, argument: str) -> base.Step:
+    """The search and viewer commands (browse.py); BrowseError for unusable arguments."""
+    root = os.path.realpath(self._ws.workdir)
+    if verb in ("goto", "scroll_down", "scroll_up"):
+      if self._viewer.path is None:
+        raise browse.BrowseError("needs an open file (open <file> first)")
+      words = browse.split_arguments(argument, 1 if verb == "goto" else 0)
+      if verb == "goto":
+        first = browse.centred(_line_number(words, needed=True), self.window_lines)
+      else:
+        first = self._viewer.first + (self.window_lines if verb == "scroll_down"
+                                      else -self.window_lines)
+      return self._show(root, browse.Viewer(self._viewer.path, first))
+    words = browse.split_arguments(argument, 2)
+    if not words:
+      raise browse.BrowseError("needs an argument")
+    if verb == "open":
+      full = self._existing(words[0], want_dir=False)
+      if full is None:
+        return _no_such(words[0])
+      line = _line_number(words[1:], needed=False)
+      first = 1 if line is None else browse.centred(line, self.window_lines)
+      return self._show(root, browse.Viewer(os.path.relpath(full, root), first))
+    if verb == "search_file":
+      target = words[1] if len(words) > 1 else self._viewer.path
+      if target is None:
+        raise browse.BrowseError("needs a file when none is open")
+      full = self._existing(target, want_dir=False)
+      if full is None:
+        return _no_such(target)
+      return base.Step(observation=browse.search_file(root, full, words[0]), reward=0.0,
+                       done=False)
+    top = self._existing(words[1] if len(words) > 1 else ".", want_dir=True)
+    if top is None:
+      return _no_such(words[1])
+    found = (browse.find_file if verb == "find_file" else browse.search_dir)(root, top, words[0])
+    return base.Step(observation=found, reward=0.0, done=False)
+
+  def _existing(self, path: str, want_dir: bool) -> str | None:
+    """The resolved path of an existing directory (`want_dir`) or regular file, else None;
+    BrowseError for a path outside the task directory."""
+    full, error = self._path(path)
+    if error:
+      raise browse.BrowseError(error)
+    exists = os.path.isdir(full) if want_dir else os.path.isfile(full)
+    return full if exists else None
+
+  def _show(self, root: str, viewer: browse.Viewer) -> base.Step:
+    try:
+      text, self._viewer = browse.window(root, viewer, self.window_lines)
+    except browse.BrowseError as e:
+      self._viewer = browse.Viewer()
+      return base.Step(observation=f"Error: {e}; the viewer is closed.", reward=0.0, done=False,
+                       info={"error": str(e)})
+    return base.Step(observation=text, reward=0.0, done=False)
+
+  def _refused_edit(self, full: str, new_content: bytes) -> base.Step | None:
+    """The Step refusing an edit that would leave a Python file unparseable, else None."""
+    before = None
+    if os.path.isfile(full):
+      with open(full, "rb") as f:
+        before = f.read()
+    rel = os.path.relpath(full, os.path.realpath(self._ws.workdir))
+    error = browse.syntax_error(rel, before, new_content)
+    if error is None:
+      return None
+    return base.Step(observation=f"Edit refused: {error}\nThe file is unchanged.", reward=0.0,
+                     done=False, info={"error": "syntax error", "syntax_error": error})
 
   def _view(self, argument: str) -> base.Step:
     parts = argument.split()
@@ -354,6 +459,9 @@ class SweSandbox:
       return base.invalid_action_step(f"{argument} is a directory", HELP)
     if content and not content.endswith("\n"):
       content += "\n"
+    refused = self._refused_edit(full, content.encode())
+    if refused is not None:
+      return refused
     self._ws.write_files([(os.path.relpath(full, os.path.realpath(self._ws.workdir)), "100644",
                            content.encode())])
     self._ws.fix_ownership()
@@ -386,6 +494,9 @@ class SweSandbox:
                        info={"error": "search text not unique"})
     mode = "100755" if os.access(full, os.X_OK) else "100644"
     new_text = text.replace(old, new).encode("utf-8", errors="surrogateescape")
+    refused = self._refused_edit(full, new_text)
+    if refused is not None:
+      return refused
     self._ws.write_files([(os.path.relpath(full, os.path.realpath(self._ws.workdir)), mode,
                            new_text)])
     self._ws.fix_ownership()
@@ -415,6 +526,26 @@ class SweSandbox:
     return base.Step(observation=text, reward=1.0 if resolved else 0.0, done=True,
                      info={"success": resolved, "report": summary,
                            "model_patch": report["model_patch"]})
+
+
+def _line_number(words: list[str], needed: bool) -> int | None:
+  """The line number in `words` (at most one), None when absent and not `needed`."""
+  if not words:
+    if needed:
+      raise browse.BrowseError("needs a line number")
+    return None
+  try:
+    line = int(words[0])
+  except ValueError:
+    line = 0
+  if line < 1:
+    raise browse.BrowseError(f"needs a line number >= 1, got {words[0]!r}")
+  return line
+
+
+def _no_such(path: str) -> base.Step:
+  return base.Step(observation=f"No such file or directory: {path}", reward=0.0, done=False,
+                   info={"error": "no such file"})
 
 
 _LOGGED_MODES: set[str] = set()

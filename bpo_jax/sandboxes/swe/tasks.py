@@ -26,7 +26,8 @@ DEFAULT_TEST_COMMAND = "python -m pytest --no-header -rA --tb=no -p no:cacheprov
 SPLITS = ("train", "test")
 # SweSandbox's constructor arguments, accepted (and ignored) by make_tasks.
 SANDBOX_OPTIONS = frozenset({"limits", "grading_limits", "max_steps", "show_tests",
-                             "max_view_lines", "root", "confinement"})
+                             "max_view_lines", "window_lines", "root",
+                             "confinement"})
 _REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch",
              "FAIL_TO_PASS", "PASS_TO_PASS")
 
