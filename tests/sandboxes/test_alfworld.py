@@ -328,3 +328,90 @@ def test_a_process_that_closed_sandboxes_exits_cleanly():
                           cwd=repo, timeout=300, env={**os.environ, "PYTHONPATH": repo})
   assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
   assert result.stdout.strip() == "closed"
+
+
+def _listed(observation):
+  head, _, listed = observation.rpartition("\n\nAdmissible commands: ")
+  assert head and listed, observation
+  return head, listed.split(", ")
+
+
+def test_admissible_commands_are_listed_and_are_what_the_engine_accepts(generated):
+  real = alfworld.load_game_dir(os.path.join(DATA_ROOT, FIXTURE_ID))
+  clean = next(t for t in generated if t.task_type == "pick_clean_then_place_in_recep")
+  listing = alfworld.make_sandbox(max_steps=200, admissible_commands=True)
+  plain = alfworld.make_sandbox(max_steps=200)
+  checked = refused = 0
+  for task in (real, clean):
+    states = []  # (snapshot, listed commands) at each state along the expert's episode
+    head, listed = _listed(listing.reset(task))
+    assert head == plain.reset(task)  # the listing is appended to the observation as it was
+    for command in task.walkthrough:
+      assert listed == listing.admissible_actions()
+      states.append((listing.snapshot(), listed))
+      step, plain_step = listing.step(command), plain.step(command)
+      if step.done:
+        assert step.observation == plain_step.observation  # no listing after the end
+        break
+      head, listed = _listed(step.observation)
+      assert head == plain_step.observation
+    assert step.info["success"]
+    every = sorted({c for _, commands in states for c in commands})
+    for snapshot, commands in (states[0], states[len(states) // 2]):  # seconds, not minutes
+      for command in commands:
+        listing.restore(snapshot)
+        assert not listing.step(command).observation.startswith("Nothing happens"), command
+        checked += 1
+      for command in sorted(set(every) - set(commands))[:8]:
+        listing.restore(snapshot)
+        assert listing.step(command).observation.startswith("Nothing happens."), command
+        refused += 1
+  assert checked > 30 and refused > 20, (checked, refused)
+  listing.close()
+  plain.close()
+
+
+def test_data_splits_are_selected_by_option(tmp_path):
+  real = alfworld.load_game_dir(os.path.join(DATA_ROOT, FIXTURE_ID))
+  for split in ("train", "valid_seen", "valid_unseen"):
+    shutil.copytree(os.path.join(DATA_ROOT, FIXTURE_ID), tmp_path / split / FIXTURE_ID.split(
+        "/", 1)[1])
+  root = str(tmp_path)
+
+  def ids(which, **options):
+    return [t.task_id.split("/")[0] for t in alfworld.make_tasks(which, 0, 0, data_path=root,
+                                                                  **options)]
+
+  assert ids("train") == ["train"] and ids("valid_seen") == ["valid_seen"]
+  assert ids("test") == ["valid_unseen"]  # ALFWorld's held-out split by default
+  assert ids("test", split="valid_seen") == ["valid_seen"]
+  assert ids("test", split="valid_unseen") == ["valid_unseen"]
+  assert ids("train", split="valid_seen") == ["train"]  # the option names the held-out split
+  # The same options dict serves the sandbox, which ignores the task options.
+  sb = alfworld.make_sandbox(data_path=root, split="valid_seen", admissible_commands=True)
+  assert "Admissible commands: " in sb.reset(real)
+  sb.close()
+  with pytest.raises(FileNotFoundError, match=r"^no ALFWorld data directory for split "
+                     r"'valid_unseen' in data_path '.*'; it has valid_seen$"):
+    alfworld.make_tasks("test", 1, 0, data_path=DATA_ROOT)
+  for bad, message in [
+      ({"split": "valid_seen"}, r"^ALFWorld option split = 'valid_seen' needs data_path"),
+      ({"split": "train", "data_path": root}, r"^ALFWorld option split = 'train': must be one "
+       r"of valid_seen, valid_unseen"),
+      ({"admissible_commands": "yes"}, r"^ALFWorld option admissible_commands = 'yes': must be"),
+  ]:
+    with pytest.raises(ValueError, match=message):
+      alfworld.make_tasks("test", 1, 0, **bad)
+    with pytest.raises(ValueError, match=message):
+      alfworld.make_sandbox(**bad)
+    assert "\n" not in alfworld.option_problem(bad)
+  # A run's config with these options passes the config checks.
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  config = config_lib.default_config()
+  config.env.name = "alfworld"
+  config.env.options = ml_collections.ConfigDict(
+      {"data_path": root, "split": "valid_seen", "admissible_commands": True})
+  problems = []
+  config_lib._check_env_options(config, problems)  # pylint: disable=protected-access
+  assert problems == []

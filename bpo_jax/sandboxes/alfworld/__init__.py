@@ -45,11 +45,13 @@ from bpo_jax.sandboxes.alfworld.games import (GAME_FILE, PDDL_FILE, TASK_TYPES, 
 from bpo_jax.sandboxes.alfworld.generator import generate_game, generate_game_dirs
 from bpo_jax.sandboxes.alfworld.layout import LAMP_RECEPTACLES, ROOM_RECEPTACLES, ROOM_SCENES
 from bpo_jax.sandboxes.alfworld.sandbox import AlfworldSandbox, make_sandbox
-from bpo_jax.sandboxes.alfworld.tasks import (DATA_SPLIT_ALIASES, GENERATOR_VERSION,
-                                              SANDBOX_OPTIONS, TASK_OPTIONS, make_tasks)
+from bpo_jax.sandboxes.alfworld.tasks import (DATA_SPLIT_ALIASES, DATA_SPLITS, GENERATOR_VERSION,
+                                              HELD_OUT_SPLITS, SANDBOX_OPTIONS, TASK_OPTIONS,
+                                              make_tasks, option_problem)
 
-__all__ = ["DATA_SPLIT_ALIASES", "GAME_FILE", "GENERATOR_VERSION", "LAMP_RECEPTACLES",
-           "PDDL_FILE", "ROOM_RECEPTACLES", "ROOM_SCENES", "SANDBOX_OPTIONS", "TASK_OPTIONS",
-           "TASK_TYPES", "TRAJ_FILE", "AlfworldSandbox", "AlfworldTask", "alfred_logic",
-           "expert_walkthrough", "find_game_dirs", "generate_game", "generate_game_dirs",
-           "load_game_dir", "make_sandbox", "make_tasks", "task_description"]
+__all__ = ["DATA_SPLITS", "DATA_SPLIT_ALIASES", "GAME_FILE", "GENERATOR_VERSION",
+           "HELD_OUT_SPLITS", "LAMP_RECEPTACLES", "PDDL_FILE", "ROOM_RECEPTACLES", "ROOM_SCENES",
+           "SANDBOX_OPTIONS", "TASK_OPTIONS", "TASK_TYPES", "TRAJ_FILE", "AlfworldSandbox",
+           "AlfworldTask", "alfred_logic", "expert_walkthrough", "find_game_dirs",
+           "generate_game", "generate_game_dirs", "load_game_dir", "make_sandbox", "make_tasks",
+           "option_problem", "task_description"]

@@ -66,6 +66,16 @@ class AlfworldSandbox:
   ALFWorld); text that is not a usable action (empty, too long, control characters, bad UTF-8)
   gets an "Invalid action" observation with `info["invalid_action"]` and also costs a turn.
 
+  With `admissible_commands=True` every observation (of reset and of each step before the
+  episode ends) closes with the commands the game accepts in the new state, as verl-agent's
+  ALFWorld prompt lists them:
+
+      ...
+      Admissible commands: examine countertop 1, go to cabinet 1, ..., look
+
+  (ALFWorld's commands hold no commas.) Every listed command does something; a command not
+  listed gets "Nothing happens." (tests/sandboxes/test_alfworld.py checks both).
+
   Example:
     sb = AlfworldSandbox(max_steps=50)
     sb.reset(task)
@@ -74,7 +84,8 @@ class AlfworldSandbox:
     assert step.info["success"] and step.reward == 1.0
   """
 
-  def __init__(self, max_steps: int = 50, max_action_chars: int = MAX_ACTION_CHARS):
+  def __init__(self, max_steps: int = 50, max_action_chars: int = MAX_ACTION_CHARS,
+               admissible_commands: bool = False):
     if max_steps < 1:
       raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     if max_action_chars < 1:
@@ -83,6 +94,7 @@ class AlfworldSandbox:
     _install_engine_caches()
     self.max_steps = int(max_steps)
     self.max_action_chars = int(max_action_chars)
+    self.admissible_commands = bool(admissible_commands)
     infos = aw["textworld"].EnvInfos(admissible_commands=True, won=True)
     self._pddl_env = aw["PddlEnv"](infos)
     self._env = aw["alfred_tw_env"].AlfredDemangler(self._pddl_env, shuffle=False)
@@ -103,7 +115,7 @@ class AlfworldSandbox:
       self._load(task)
     else:
       self._set_engine_state(self._initial)
-    observation = self._pddl_env.state.feedback
+    observation = self._with_admissible(self._pddl_env.state.feedback, done=False)
     self._progress = _Progress(commands=(), operators=(), steps=0, done=False, truncated=False,
                                success=False, observation=observation)
     return observation
@@ -136,6 +148,7 @@ class AlfworldSandbox:
     steps = progress.steps + 1
     truncated = not won and steps >= self.max_steps
     done = won or truncated
+    observation = self._with_admissible(observation, done)
     self._progress = _Progress(commands=commands, operators=operators, steps=steps, done=done,
                                truncated=truncated, success=won, observation=observation)
     info = {"success": won, "steps": steps}
@@ -215,6 +228,12 @@ class AlfworldSandbox:
     """The commands the game accepts now (sorted, as the engine lists them)."""
     self._require_progress()
     return list(self._pddl_env.state["admissible_commands"])
+
+  def _with_admissible(self, observation: str, done: bool) -> str:
+    if not self.admissible_commands or done:
+      return observation
+    commands = self._pddl_env.state["admissible_commands"]
+    return f"{observation.rstrip()}\n\nAdmissible commands: {', '.join(commands)}"
 
   @property
   def task(self) -> AlfworldTask | None:
