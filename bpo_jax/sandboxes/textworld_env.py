@@ -82,6 +82,20 @@ def parse_action(text: str) -> str | None:
   return free_text.first_command(text, COMMAND_VERBS)
 
 
+def _interpreter_problem(text: str) -> str | None:
+  """Why the interpreter cannot take `text` as one command, or None.
+
+  The interpreter reads a line per command: a second line would be taken as the next turn's
+  command (its output then served a turn late), and a line starting with a backslash is one of
+  the interpreter's own escapes, some of which wait for input forever.
+  """
+  if "\n" in text:
+    return "an action is one line"
+  if text.startswith("\\"):
+    return "an action cannot start with a backslash"
+  return None
+
+
 @dataclasses.dataclass(frozen=True)
 class TextWorldTask:
   """One game: `game_file` is the `.z8` path (its `.json` lies beside it)."""
@@ -218,6 +232,8 @@ class TextWorldSandbox:
     if self._over:
       return base.Step("The game is over.", 0.0, True, False, {"success": False})
     text, reason = base.check_action(action, max_chars=200)
+    if reason is None:
+      reason = _interpreter_problem(text)
     self._steps += 1
     truncated = self._steps >= self.max_steps
     if reason is not None:

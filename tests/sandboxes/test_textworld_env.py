@@ -50,6 +50,22 @@ def test_snapshot_is_small_and_restores_into_a_sandbox_playing_another_game():
   assert base.replay(other, snap, plan)[-1].info["success"]
 
 
+def test_actions_the_interpreter_would_misread_are_refused():
+  # A second line would be the next turn's command (its output served a turn late), and a
+  # leading backslash is an interpreter escape; `\\help` waits for input forever.
+  sandbox = textworld_env.make_sandbox()
+  sandbox.reset(_all_tasks()[0])
+  look = sandbox.step("look").observation
+  for bad, reason in [("look\ninventory", "an action is one line"),
+                      ("\\help", "an action cannot start with a backslash"),
+                      ("\\q", "an action cannot start with a backslash")]:
+    step = sandbox.step(bad)
+    assert step.info["invalid_action"] == reason and not step.done, bad
+  assert sandbox.step("look").observation == look  # nothing was left pending
+  assert sandbox.step("x \\q").observation == "What do you want to examine?"
+  sandbox.close()
+
+
 def test_step_limit_truncates():
   sandbox = textworld_env.make_sandbox(max_steps=2)
   sandbox.reset(_all_tasks()[0])
