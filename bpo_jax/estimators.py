@@ -452,78 +452,101 @@ def rloo_advantages(tree: RolloutTree, *, gamma: float = 1.0) -> Array:
 
   The episodes are the steps at the root state (a star tree of K independent trajectories);
   G_j is the root step's value Q̂ (its discounted return for a chain). Needs K ≥ 2 episodes.
+  The returns are taken relative to one of them first (`_group_deviations`), so equal returns
+  give exactly 0.
 
   Example: episode returns [1, 2, 6] → advantages [−3, −1.5, 4.5] on every step of each episode.
   """
   _check_tree(tree)
   values, at_root, count = _episode_returns(tree, gamma)
-  total = jnp.sum(jnp.where(at_root, values, 0.0))
-  loo = (total - values) / jnp.maximum(count - 1, 1)
-  return _broadcast_from_root_children(tree, jnp.where(at_root, values - loo, 0.0))
+  shifted = values - jnp.max(jnp.where(at_root, values, -jnp.inf))
+  shifted = jnp.where(at_root, shifted, 0.0)
+  loo = (jnp.sum(shifted) - shifted) / jnp.maximum(count - 1, 1)
+  return _broadcast_from_root_children(tree, jnp.where(at_root, shifted - loo, 0.0))
 
 
 def grpo_advantages(tree: RolloutTree, *, gamma: float = 1.0, normalize_std: bool = True,
-                    eps: float = 1e-6) -> Array:
+                    ddof: int = 0, eps: float = 1e-6) -> Array:
   """GRPO: every step of episode j gets (G_j − mean G) / (std G + eps), or G_j − mean G.
 
-  std is the population standard deviation over the K episodes (ddof = 0). Dividing by it makes
-  the estimator biased (docs/DESIGN.md §3); `normalize_std=False` is the Dr. GRPO variant.
+  std is the standard deviation over the K episodes with `ddof` degrees of freedom removed:
+  √(Σ_j (G_j − mean G)² / (K − ddof)). The defaults (ddof = 0, the population std; eps = 1e-6)
+  read the GRPO paper's std of the group; TRL's GRPOTrainer and verl take torch's unbiased std
+  (ddof = 1), TRL with eps = 1e-4, verl with 1e-6 (config keys `rollout.group_std_ddof`,
+  `rollout.group_std_eps`; docs/DESIGN.md §3). Dividing by the std makes the estimator biased;
+  `normalize_std=False` is the Dr. GRPO variant. A group of equal returns gets exactly 0.
   Relation to RLOO: G_j − mean G = (K − 1)/K · (G_j − mean_{k≠j} G_k).
 
-  Example: returns [1, 2, 6]: mean 3, std √(14/3) → advantages ≈ [−0.926, −0.463, 1.389].
+  Example: returns [1, 2, 6]: mean 3, std √(14/3) (ddof 0) → ≈ [−0.926, −0.463, 1.389];
+  std √7 (ddof 1) → ≈ [−0.756, −0.378, 1.134].
   """
   _check_tree(tree)
-  values, at_root, count = _episode_returns(tree, gamma)
-  count_f = jnp.maximum(count, 1).astype(jnp.float32)
-  mean = jnp.sum(jnp.where(at_root, values, 0.0)) / count_f
-  centred = jnp.where(at_root, values - mean, 0.0)
-  adv = centred
-  if normalize_std:
-    std = jnp.sqrt(jnp.sum(centred**2) / count_f)
-    adv = centred / (std + eps)
-  return _broadcast_from_root_children(tree, adv)
+  values, at_root, _ = _episode_returns(tree, gamma)
+  centred, std, _ = _group_deviations(jnp.zeros_like(tree.state_id), at_root, values, ddof)
+  adv = _normalised(centred, std, eps) if normalize_std else centred
+  return _broadcast_from_root_children(tree, jnp.where(at_root, adv, 0.0))
 
 
-def _group_stats(keys: Array, member: Array, x: Array):
-  """Per-node mean, population std and size of x over the members sharing the node's key."""
+def _normalised(centred: Array, std: Array, eps: float) -> Array:
+  """centred / (std + eps), and 0 where std + eps = 0 (a group of equal values, eps = 0)."""
+  scale = std + eps
+  return jnp.where(scale > 0, centred / jnp.where(scale > 0, scale, 1.0), 0.0)
+
+
+def _group_deviations(keys: Array, member: Array, x: Array, ddof: int = 0):
+  """Per node: x − mean_g x over its group g (the members sharing its key), the group's std
+  √(Σ_g (x − mean_g x)² / (|g| − ddof)) and its size |g|. Non-members form groups of their own.
+
+  The deviations are taken from a member first, (x − x_g) − mean_g (x − x_g) with x_g the
+  group's largest value: the same numbers algebraically, and exactly 0 in a group of equal
+  values, where float32 would round mean_g x off x (three returns of 0.9: 6e-8, which a std
+  normalisation with eps = 1e-6 turns into advantages of +0.056).
+  """
   n = keys.shape[0]
   # Non-members get distinct keys past every member so they form groups of their own.
   big = jnp.iinfo(jnp.int32).max
   order = jnp.argsort(jnp.where(member, keys, big), stable=True)
   sorted_keys = jnp.where(member, keys, big)[order]
-  sorted_member = member[order]
   new_group = jnp.concatenate([jnp.ones((1,), bool), sorted_keys[1:] != sorted_keys[:-1]])
-  new_group = new_group | ~sorted_member
+  new_group = new_group | ~member[order]
   group_sorted = jnp.cumsum(new_group) - 1
   group = jnp.zeros((n,), jnp.int32).at[order].set(group_sorted.astype(jnp.int32))
   m = member.astype(jnp.float32)
   size = jax.ops.segment_sum(m, group, num_segments=n)
-  mean = jax.ops.segment_sum(x * m, group, num_segments=n) / jnp.maximum(size, 1.0)
-  var = jax.ops.segment_sum(((x - mean[group]) ** 2) * m, group, num_segments=n)
-  var = var / jnp.maximum(size, 1.0)
-  return mean[group], jnp.sqrt(var)[group], size[group]
+  shifted = x - jax.ops.segment_max(x, group, num_segments=n)[group]
+  mean = jax.ops.segment_sum(shifted * m, group, num_segments=n) / jnp.maximum(size, 1.0)
+  centred = (shifted - mean[group]) * m
+  var = jax.ops.segment_sum(centred**2, group, num_segments=n)
+  var = var / jnp.maximum(size - ddof, 1.0)
+  return centred, jnp.sqrt(var)[group], size[group]
 
 
 def gigpo_advantages(tree: RolloutTree, *, gamma: float = 1.0, step_weight: float = 1.0,
-                     normalize_std: bool = True, eps: float = 1e-6) -> Array:
+                     step_gamma: float | None = None, normalize_std: bool = True,
+                     ddof: int = 0, eps: float = 1e-6) -> Array:
   """GiGPO: an episode-level group advantage plus a step-level group advantage.
 
   A_i = A^E(episode of i) + ω · A^S_i, where A^E is `grpo_advantages` over the episodes at the
-  root state, and A^S_i = (Q̂(i) − mean_g Q̂) / (std_g Q̂ + eps) over the step group g of valid
-  nodes with the same `state_id` (an anchor state reached by several episodes). Steps with
-  state_id −1 or alone in their group get A^S = 0. `normalize_std=False` drops both divisions.
+  root state (returns discounted by `gamma`), and A^S_i = (R_i − mean_g R) / (std_g R + eps)
+  over the step group g of valid nodes with the same `state_id` (an anchor state reached by
+  several episodes), R_i the return from step i discounted by `step_gamma` (`gamma` if None).
+  Steps with state_id −1 or alone in their group get A^S = 0, so do groups of equal returns.
+  `normalize_std=False` drops both divisions; `ddof` and `eps` are GRPO's, in both.
 
-  Example: two episodes of two steps, both first steps at state 7 with returns Q̂ = 1 and 3,
+  The GiGPO paper's settings are ω = 1, step_gamma = 0.95, std normalisation on (its reference
+  code, in verl, takes the unbiased std, ddof = 1, eps = 1e-6); the config's defaults (ω = 1,
+  step_gamma = 1, ddof = 0) keep the earlier behaviour (docs/DESIGN.md §3).
+
+  Example: two episodes of two steps, both first steps at state 7 with returns R = 1 and 3,
   episode returns 1 and 3, ω = 1, no std: A^E = [−1, −1, 1, 1] and A^S = [−1, 0, 1, 0].
   """
   _check_tree(tree)
-  episode = grpo_advantages(tree, gamma=gamma, normalize_std=normalize_std, eps=eps)
-  values = node_values(tree, gamma)
+  episode = grpo_advantages(tree, gamma=gamma, normalize_std=normalize_std, ddof=ddof, eps=eps)
+  values = node_values(tree, gamma if step_gamma is None else step_gamma)
   member = tree.valid & (tree.state_id >= 0)
-  mean, std, size = _group_stats(tree.state_id, member, values)
-  step = values - mean
+  step, std, size = _group_deviations(tree.state_id, member, values, ddof)
   if normalize_std:
-    step = step / (std + eps)
+    step = _normalised(step, std, eps)
   step = jnp.where(member & (size >= 2), step, 0.0)
   return jnp.where(tree.valid, episode + step_weight * step, 0.0)
 

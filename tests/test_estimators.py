@@ -26,9 +26,11 @@ def _np(x):
 # Jitted once per configuration: eager calls would compile each pass's loop every time.
 bpo_advantages = jax.jit(E.bpo_advantages, static_argnames=("gamma",))
 rloo_advantages = jax.jit(E.rloo_advantages, static_argnames=("gamma",))
-grpo_advantages = jax.jit(E.grpo_advantages, static_argnames=("gamma", "normalize_std", "eps"))
+grpo_advantages = jax.jit(E.grpo_advantages,
+                          static_argnames=("gamma", "normalize_std", "ddof", "eps"))
 gigpo_advantages = jax.jit(E.gigpo_advantages,
-                           static_argnames=("gamma", "normalize_std", "eps", "step_weight"))
+                           static_argnames=("gamma", "normalize_std", "ddof", "eps", "step_weight",
+                                            "step_gamma"))
 
 
 def test_hand_computed_fork_below_trunk():
@@ -107,6 +109,109 @@ def test_gigpo_hand_computed():
   # A lone state id (group of one) adds nothing.
   lone = from_parents([-1, 0, -1, 2], [0.0, 1.0, 2.0, 1.0], state_id=[7, 5, 8, -1])
   assert_close(gigpo_advantages(lone, normalize_std=False), [-1, -1, 1, 1], steps=8)
+
+
+def _episodes_tree(episodes):
+  """A star tree of chains: `episodes` lists (reward, state_id) steps per episode."""
+  parents, rewards, state_ids = [], [], []
+  for steps in episodes:
+    for t, (reward, state_id) in enumerate(steps):
+      parents.append(-1 if t == 0 else len(parents) - 1)
+      rewards.append(reward)
+      state_ids.append(state_id)
+  return from_parents(parents, rewards, state_id=state_ids)
+
+
+def _returns_np(rewards, gamma):
+  """Discounted return from each step of one chain, in float64."""
+  out, g = [], 0.0
+  for r in reversed(rewards):
+    g = r + gamma * g
+    out.append(g)
+  return out[::-1]
+
+
+def _normalised_np(x, ddof, eps, normalize):
+  x = np.asarray(x, np.float64)
+  centred = x - x.mean()
+  return centred / (x.std(ddof=ddof) + eps) if normalize else centred
+
+
+def _gigpo_np(episodes, *, gamma=1.0, step_gamma=1.0, step_weight=1.0, ddof=0, eps=1e-6,
+              normalize=True):
+  """GiGPO's formula (module docstring of estimators) over chains, node by node, in float64."""
+  returns = [_returns_np([r for r, _ in steps], gamma)[0] for steps in episodes]
+  episode = _normalised_np(returns, ddof, eps, normalize)
+  nodes = [(j, r, s) for j, steps in enumerate(episodes)
+           for r, s in zip(_returns_np([r for r, _ in steps], step_gamma), [s for _, s in steps])]
+  step = np.zeros(len(nodes))
+  for state in {s for _, _, s in nodes if s >= 0}:
+    members = [i for i, (_, _, s) in enumerate(nodes) if s == state]
+    if len(members) >= 2:
+      step[members] = _normalised_np([nodes[i][1] for i in members], ddof, eps, normalize)
+  return np.array([episode[j] for j, _, _ in nodes]) + step_weight * step
+
+
+@pytest.mark.parametrize("g", [0.9, 0.0, 1.0])
+def test_equal_returns_give_exactly_zero_advantages(g):
+  # float32 rounds the mean of three 0.9s off 0.9 by 6e-8, which a std normalisation with
+  # eps = 1e-6 once made +0.056 (GRPO) and +0.11 (GiGPO): now every advantage is exactly 0.
+  equal = _episodes_tree([[(0.0, 7), (g, 5)]] * 3)
+  for ddof, eps in ((0, 1e-6), (1, 1e-4), (1, 0.0)):
+    np.testing.assert_array_equal(grpo_advantages(equal, ddof=ddof, eps=eps), 0.0)
+    np.testing.assert_array_equal(gigpo_advantages(equal, ddof=ddof, eps=eps), 0.0)
+    np.testing.assert_array_equal(gigpo_advantages(equal, ddof=ddof, eps=eps, step_gamma=0.95),
+                                  0.0)
+  np.testing.assert_array_equal(rloo_advantages(equal), 0.0)
+  # The step-level part alone: the episodes differ (first rewards 0, 0.5, 1.5), but their
+  # second steps, all at state 5, return g each: there GiGPO adds exactly nothing to GRPO
+  # (and at the first steps, whose returns differ, it does add).
+  mixed = _episodes_tree([[(0.0, 7), (g, 5)], [(0.5, 7), (g, 5)], [(1.5, 7), (g, 5)]])
+  for ddof, eps in ((0, 1e-6), (1, 1e-4)):
+    gigpo = _np(gigpo_advantages(mixed, ddof=ddof, eps=eps))
+    grpo = _np(grpo_advantages(mixed, ddof=ddof, eps=eps))
+    np.testing.assert_array_equal(gigpo[1::2], grpo[1::2])
+    assert np.all(gigpo[::2] != grpo[::2])
+
+
+def test_grpo_std_ddof_and_eps_against_numpy():
+  # Dyadic returns 1, 2, 6, -1: the centred returns (−1, 0, 4, −3) and Σ² = 26 are exact; the
+  # variance's division, the square root, eps to float32, + eps and the division round 5 times,
+  # each relative to the result.
+  tree = _episodes_tree([[(1.0, -1)], [(2.0, -1)], [(6.0, -1)], [(-1.0, -1)]])
+  returns = np.array([1.0, 2.0, 6.0, -1.0])
+  for ddof, eps in ((0, 1e-6), (1, 1e-6), (1, 1e-4), (0, 0.5)):  # (1, 1e-4): TRL's
+    expected = (returns - 2.0) / (returns.std(ddof=ddof) + eps)
+    assert_close(grpo_advantages(tree, ddof=ddof, eps=eps), expected, steps=5)
+  # ddof 1 against 0 on the same returns: the std grows by √(4/3).
+  assert abs(float(np.std(returns, ddof=1) / np.std(returns)) - np.sqrt(4 / 3)) < 1e-12
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(),
+    dict(step_weight=0.5, step_gamma=0.95),
+    dict(ddof=1, eps=1e-4, step_gamma=0.95),
+    dict(ddof=1, eps=1e-6, step_weight=2.0, step_gamma=0.5, normalize=False),
+])
+def test_gigpo_switches_against_numpy(kwargs):
+  # Three episodes of two steps: first steps at state 7, second steps at states 5, 5 and 9 (a
+  # group of two and a lone state). Rewards ≤ 3, returns ≤ 4, group stds ≥ 0.8: each return
+  # rounds ≤ 3 times (γ to float32, product, sum), the group statistics ≤ 6 more, the division,
+  # ω · A^S and the sum 3: 12 roundings at the returns' scale over the std (≤ 4 / 0.8 = 5).
+  episodes = [[(0.0, 7), (1.0, 5)], [(1.0, 7), (3.0, 5)], [(2.0, 7), (2.0, 9)]]
+  tree = _episodes_tree(episodes)
+  expected = _gigpo_np(episodes, **kwargs)
+  options = dict(kwargs)
+  options["normalize_std"] = options.pop("normalize", True)
+  assert_close(gigpo_advantages(tree, **options), expected, steps=12,
+               magnitude=5 * max(1.0, options.get("step_weight", 1.0)))
+  # The reference's own numbers, by hand for the default case: returns 1, 4, 4 (mean 3, std √2);
+  # state 7: returns 1, 4, 4 again; state 5: returns 1, 3 (std 1); state 9 alone.
+  if not kwargs:
+    a = np.array([-2, 1, 1]) / (np.sqrt(2) + 1e-6)
+    np.testing.assert_allclose(expected, [2 * a[0], a[0] - 1 / (1 + 1e-6),
+                                          2 * a[1], a[1] + 1 / (1 + 1e-6), 2 * a[2], a[2]],
+                               rtol=1e-12)
 
 
 def test_diagnostics_hand_computed():

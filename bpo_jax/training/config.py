@@ -142,6 +142,16 @@ def default_config() -> ml_collections.ConfigDict:
   # trunk's advantage equal to its 0/1 return)
   c.rollout.trunk_baseline = "batch"
   c.rollout.gamma = 1.0
+  # GRPO's and GiGPO's group normalisation (docs/DESIGN.md §3): divide the centred returns by
+  # the group's std with `group_std_ddof` degrees of freedom removed, plus `group_std_eps`.
+  # 0 and 1e-6 read the GRPO paper (the population std); TRL takes 1 and 1e-4, verl 1 and 1e-6.
+  c.rollout.group_normalize_std = True
+  c.rollout.group_std_ddof = 0
+  c.rollout.group_std_eps = 1e-6
+  # GiGPO: A = A^episode + gigpo_step_weight · A^step, the step-level returns discounted by
+  # gigpo_step_gamma (the GiGPO paper: weight 1, discount 0.95; 1 keeps undiscounted returns)
+  c.rollout.gigpo_step_weight = 1.0
+  c.rollout.gigpo_step_gamma = 1.0
 
   c.train = ml_collections.ConfigDict()
   c.train.iterations = 120
@@ -232,6 +242,10 @@ _RANGES = (
     ("rollout.max_action_tokens", 1, None, ""),
     ("rollout.temperature", 0.0, None, "0 = greedy"),
     ("rollout.gamma", 0.0, 1.0, ""),
+    ("rollout.group_std_ddof", 0, 1, "0 = population std, 1 = unbiased"),
+    ("rollout.group_std_eps", 0.0, None, ""),
+    ("rollout.gigpo_step_weight", 0.0, None, ""),
+    ("rollout.gigpo_step_gamma", 0.0, 1.0, ""),
     ("train.iterations", 0, None, ""),
     ("train.weight_decay", 0.0, None, ""),
     ("train.micro_batches", 1, None, ""),

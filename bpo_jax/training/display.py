@@ -45,7 +45,8 @@ def sample_tree(config, workdir: str, task_index: int = 0, seed: int = 0):
     exp.close()
   advantages, _ = estimator_registry.advantages_and_weights(
       jax.tree.map(jnp.asarray, batch.stacked_trees()), estimator=config.rollout.estimator,
-      gamma=float(config.rollout.gamma), trees_per_task=trees_per_task, trunk=trunk)
+      gamma=float(config.rollout.gamma), trees_per_task=trees_per_task, trunk=trunk,
+      options=estimator_registry.config_options(config))
   return batch.rollouts[0], np.asarray(advantages[0])
 
 

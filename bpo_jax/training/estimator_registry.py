@@ -27,7 +27,7 @@ from bpo_jax import tree as tree_lib
 # `rollout.TOPOLOGIES`, named here too so that the schema reads the table without the rollout.
 TOPOLOGIES = ("tree", "group")
 
-# (trees, *, gamma, trees_per_task, trunk) -> (advantages [T, N], weights [T, N]).
+# (trees, *, gamma, trees_per_task, trunk, **options) -> (advantages [T, N], weights [T, N]).
 AdvantageFn = Callable[..., tuple[jax.Array, jax.Array]]
 
 
@@ -47,6 +47,8 @@ class Estimator:
       "observation" for estimators that group identical states.
     trunk_baseline: whether it reads `rollout.trunk_baseline` (the baseline of a tree's steps
       before its first fork).
+    options: `(keyword, key)` pairs: `advantages` takes `keyword=config.rollout.<key>` (e.g.
+      GRPO's `ddof` from `rollout.group_std_ddof`); see `config_options`.
   """
 
   name: str
@@ -54,6 +56,7 @@ class Estimator:
   topology: str
   state_ids: str = "none"
   trunk_baseline: bool = False
+  options: tuple[tuple[str, str], ...] = ()
 
   def __post_init__(self):
     if self.topology not in TOPOLOGIES:
@@ -86,17 +89,18 @@ def get(name: str) -> Estimator:
 
 
 def with_path_weights(per_tree: Callable[..., jax.Array]) -> AdvantageFn:
-  """An `advantages` function from a per-tree one, `per_tree(tree, gamma=...) -> [N]`.
+  """An `advantages` function from a per-tree one, `per_tree(tree, gamma=..., **options) -> [N]`.
 
   It is vmapped over the trees, and each node takes its path weight: 1/N per episode of a
   group of N (the weights of a star), so that every estimator averages over its episodes in the
-  same "per tree" normalisation. `trees_per_task` and `trunk` are not read.
+  same "per tree" normalisation. `trees_per_task` and `trunk` are not read; `options` (the
+  entry's `Estimator.options`) go to `per_tree`.
   """
 
   def advantages(trees: tree_lib.RolloutTree, *, gamma: float, trees_per_task: int = 1,
-                 trunk: str = "zero"):
+                 trunk: str = "zero", **options):
     del trees_per_task, trunk
-    values = jax.vmap(lambda t: per_tree(t, gamma=gamma))(trees)
+    values = jax.vmap(lambda t: per_tree(t, gamma=gamma, **options))(trees)
     weights = jax.vmap(estimators.path_weights)(trees)
     return values, jnp.where(trees.valid, weights, 0.0)
 
@@ -128,19 +132,38 @@ def bpo_batch_advantages(trees: tree_lib.RolloutTree, *, gamma: float, trees_per
 # GiGPO: Feng et al. 2025 (its step-level groups need the states' ids).
 register(Estimator("bpo", bpo_batch_advantages, topology="tree", trunk_baseline=True))
 register(Estimator("rloo", with_path_weights(estimators.rloo_advantages), topology="group"))
-register(Estimator("grpo", with_path_weights(estimators.grpo_advantages), topology="group"))
+# GRPO's and GiGPO's conventions (std ddof and eps, normalisation, GiGPO's ω and step discount)
+# are config keys: docs/DESIGN.md §3 says which settings match which paper and reference code.
+_GROUP_STD = (("normalize_std", "group_normalize_std"), ("ddof", "group_std_ddof"),
+              ("eps", "group_std_eps"))
+register(Estimator("grpo", with_path_weights(estimators.grpo_advantages), topology="group",
+                   options=_GROUP_STD))
 register(Estimator("gigpo", with_path_weights(estimators.gigpo_advantages), topology="group",
-                   state_ids="observation"))
+                   state_ids="observation",
+                   options=_GROUP_STD + (("step_weight", "gigpo_step_weight"),
+                                         ("step_gamma", "gigpo_step_gamma"))))
+
+
+def config_options(config) -> tuple[tuple[str, object], ...]:
+  """The `options` argument of `advantages_and_weights` for `config`'s estimator: its
+  `(keyword, value)` pairs read from the `rollout` section (hashable, for `jax.jit`).
+
+  Example: GRPO with the defaults → (("normalize_std", True), ("ddof", 0), ("eps", 1e-6)).
+  """
+  r = config.rollout
+  return tuple((keyword, r[key]) for keyword, key in get(r.estimator).options)
 
 
 @functools.partial(jax.jit, static_argnames=("estimator", "gamma", "trees_per_task",
-                                             "trunk"))
+                                             "trunk", "options"))
 def advantages_and_weights(trees: tree_lib.RolloutTree, *, estimator: str, gamma: float,
-                           trees_per_task: int = 1, trunk: str = "zero"):
-  """Per-node advantages and path weights of a stacked batch of trees, by the named estimator.
+                           trees_per_task: int = 1, trunk: str = "zero",
+                           options: tuple[tuple[str, object], ...] = ()):
+  """Per-node advantages and path weights of a stacked batch of trees, by the named estimator
+  (`options`: its keyword settings, `config_options`).
 
   Returns:
     (advantages [T, N], weights [T, N]), zero on invalid nodes.
   """
   return get(estimator).advantages(trees, gamma=gamma, trees_per_task=trees_per_task,
-                                   trunk=trunk)
+                                   trunk=trunk, **dict(options))

@@ -140,7 +140,8 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   trees = batch.stacked_trees()
   advantages, weights = estimator_registry.advantages_and_weights(
       jax.tree.map(jnp.asarray, trees), estimator=r.estimator, gamma=float(r.gamma),
-      trees_per_task=r.trees_per_task, trunk=r.trunk_baseline)
+      trees_per_task=r.trees_per_task, trunk=r.trunk_baseline,
+      options=estimator_registry.config_options(config))
   advantages, weights = np.asarray(advantages), np.asarray(weights)
   # Rows: a multiple of the micro-batches, each split evenly over the devices of the batch axes.
   num_rows = placement_lib.row_count(len(tasks),

@@ -91,3 +91,27 @@ def test_the_schema_names_what_the_rollout_accepts():
   assert estimator_registry.TOPOLOGIES == rollout_lib.TOPOLOGIES
   for entry in estimator_registry.ESTIMATORS.values():
     assert entry.state_ids in rollout_lib.STATE_IDS
+
+
+def test_group_conventions_reach_the_advantage_functions():
+  # The config's rollout keys become the estimators' keyword arguments, for GRPO and GiGPO
+  # alone; through the jitted table they give the functions' own numbers, bit for bit.
+  from bpo_jax.tree import from_parents, stack_trees  # pylint: disable=g-import-not-at-top
+  config = config_lib.default_config()
+  assert estimator_registry.config_options(config) == ()
+  config.rollout.estimator = "grpo"
+  config.rollout.group_std_ddof, config.rollout.group_std_eps = 1, 1e-4
+  assert estimator_registry.config_options(config) == (
+      ("normalize_std", True), ("ddof", 1), ("eps", 1e-4))
+  config.rollout.estimator = "gigpo"
+  config.rollout.gigpo_step_weight, config.rollout.gigpo_step_gamma = 0.5, 0.95
+  options = estimator_registry.config_options(config)
+  assert dict(options) == dict(normalize_std=True, ddof=1, eps=1e-4, step_weight=0.5,
+                               step_gamma=0.95)
+  tree = from_parents([-1, 0, -1, 2, -1, 4], [0.0, 1.0, 1.0, 3.0, 2.0, 2.0],
+                      state_id=[7, 5, 7, 5, 7, 9])
+  advantages, _ = estimator_registry.advantages_and_weights(
+      stack_trees([tree]), estimator="gigpo", gamma=1.0, options=options)
+  expected = jax.jit(lambda t: estimators.gigpo_advantages(t, gamma=1.0, **dict(options)))(tree)
+  assert jnp.array_equal(advantages[0], expected)
+  assert not jnp.array_equal(expected, jax.jit(estimators.gigpo_advantages)(tree))

@@ -59,6 +59,8 @@ def test_missing_key():
     ("train.learning_rate", "fast", "float"),
     ("log.tensorboard", 1, "bool"),
     ("rollout.estimator", 3, "str"),
+    ("rollout.group_normalize_std", 1, "bool"),
+    ("rollout.group_std_ddof", 1.0, "int"),
 ])
 def test_wrong_type(path, value, expected):
   config = ml_collections.ConfigDict(config_lib.default_config().to_dict(), type_safe=False)
@@ -214,6 +216,31 @@ def test_ranges_and_several_problems_at_once():
   assert "rollout.top_p = 1.5: must be in (0, 1]" in problems
   assert any(p.startswith("eval.num_tasks = 1000: more than") for p in problems)
   assert "model.num_heads = 3: must be a multiple of model.num_kv_heads = 2" in problems
+
+
+@pytest.mark.parametrize("path,value,expected", [
+    ("rollout.group_std_ddof", 2,
+     "rollout.group_std_ddof = 2: must be in [0, 1] (0 = population std, 1 = unbiased)"),
+    ("rollout.group_std_ddof", -1,
+     "rollout.group_std_ddof = -1: must be in [0, 1] (0 = population std, 1 = unbiased)"),
+    ("rollout.group_std_eps", -0.0001, "rollout.group_std_eps = -0.0001: must be >= 0.0"),
+    ("rollout.gigpo_step_weight", -1.0, "rollout.gigpo_step_weight = -1.0: must be >= 0.0"),
+    ("rollout.gigpo_step_gamma", 1.5, "rollout.gigpo_step_gamma = 1.5: must be in [0.0, 1.0]"),
+])
+def test_group_normalisation_and_gigpo_keys(path, value, expected):
+  config = config_lib.default_config()
+  config.rollout.estimator = "gigpo"
+  section, key = path.split(".")
+  config[section][key] = value
+  assert _problems(config) == [expected]
+
+
+def test_group_normalisation_settings_of_trl_and_the_gigpo_paper_are_valid():
+  config = config_lib.default_config()
+  config.rollout.estimator = "gigpo"
+  config.rollout.group_std_ddof, config.rollout.group_std_eps = 1, 1e-4
+  config.rollout.gigpo_step_gamma, config.rollout.group_normalize_std = 0.95, False
+  config_lib.validate(config)
 
 
 def test_environment_name_and_options():

@@ -53,6 +53,10 @@ def test_unknown_key_or_wrong_type_override(tmp_path, override, expected):
      ["rollout.k = 1: must be >= 2 (a fork needs at least two siblings)",
       "rollout.estimator = 'ppo': must be one of 'bpo', 'rloo', 'grpo', 'gigpo'",
       "env.name = 'nethack': must be one of ["]),
+    # GRPO's std conventions and GiGPO's discount.
+    (["--config.rollout.group_std_ddof=2", "--config.rollout.gigpo_step_gamma=1.5"],
+     ["rollout.group_std_ddof = 2: must be in [0, 1] (0 = population std, 1 = unbiased)",
+      "rollout.gigpo_step_gamma = 1.5: must be in [0.0, 1.0]"]),
     # Budgets that cannot hold one tree.
     (["--config.rollout.max_leaves=1", "--config.rollout.max_env_steps=1"],
      ["rollout.max_leaves = 1: cannot hold one fork of rollout.k = 2 siblings",
