@@ -25,7 +25,10 @@ TEST = [
     "hypothesis>=6.100",
     # The PyTorch reference for parity tests; 2.13.0 is the CPU build the test machines keep on disk.
     "torch==2.13.0",
+    "matplotlib>=3.8",  # experiments/compare.py's plots
 ]
+# experiments/compare.py: the comparison's plots.
+RESULTS = ["matplotlib>=3.8"]
 
 # One extra per environment package. Each line is added by the environment's module; the test
 # extra installs all of them so CI exercises every environment and its install step.
@@ -51,6 +54,7 @@ setup(
     install_requires=CORE + FULL,
     extras_require={
         "test": TEST + sorted({req for reqs in ENVIRONMENT_EXTRAS.values() for req in reqs}),
+        "results": RESULTS,
         **ENVIRONMENT_EXTRAS,
     },
     license="Apache-2.0",

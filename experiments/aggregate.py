@@ -1,0 +1,243 @@
+"""The numbers of `compare.py`: finished runs' metrics aggregated per method over seeds.
+
+Pure functions of what a run leaves in its workdir (config.json, metrics.jsonl, summary.json),
+so they are tested on hand-made metrics:
+
+  read_run(workdir)        the three files
+  run_metrics(run)         one run: final held-out success, env steps and policy tokens per task,
+                           policy updates, gradient-norm variance, the evaluation curve
+  aggregate(per_method)    per method over seeds: means, 95% t-intervals, ratios to BPO's
+                           compute, the mean curve with its band; and claim 3
+  markdown(results)        the table
+
+Per task means per training task of an iteration: a run's total over its iterations divided by
+iterations x `rollout.tasks_per_iteration` (all of a task's trees together). Policy updates are
+optimizer steps: iterations x `train.epochs`. The gradient-norm variance is the sample variance
+(ddof 1) of the iterations' `grad_norm`: how much the update's size moves from one iteration to
+the next, not the variance of the gradient estimator at fixed parameters. Intervals over seeds
+are Student-t intervals, mean ± t_{(1+c)/2, n-1} · s / √n with s the sample std: none for one
+seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+from scipy import stats
+
+REFERENCE = "bpo"
+
+
+def read_run(workdir: str) -> dict:
+  """`{"config", "records", "summary"}` of a finished run's workdir."""
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    config = json.load(f)
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  with open(os.path.join(workdir, "summary.json"), encoding="utf-8") as f:
+    summary = json.load(f)
+  return {"config": config, "records": records, "summary": summary}
+
+
+def _last_per_iteration(records: Sequence[dict], phase: str) -> list[dict]:
+  """The records of `phase`, the last one per iteration (a resumed run may repeat some, and
+  iteration 0 is evaluated before and after the warm start), by iteration."""
+  latest = {r["iteration"]: r for r in records if r.get("phase") == phase}
+  return [latest[i] for i in sorted(latest)]
+
+
+def evaluation_curve(records: Sequence[dict], epochs: int) -> list[dict]:
+  """Held-out success at each evaluated iteration, with the env steps, policy tokens and
+  policy updates spent up to and including that iteration."""
+  train = _last_per_iteration(records, "train")
+  curve = []
+  for e in _last_per_iteration(records, "eval"):
+    done = [r for r in train if r["iteration"] <= e["iteration"]]
+    curve.append({"iteration": e["iteration"], "success": e["success_rate"],
+                  "env_steps": sum(r["env_steps"] for r in done),
+                  "tokens": sum(r["tokens_processed"] for r in done),
+                  "updates": len(done) * epochs})
+  return curve
+
+
+def run_metrics(run: dict) -> dict:
+  """One run's numbers (module docstring)."""
+  config, records = run["config"], run["records"]
+  train = _last_per_iteration(records, "train")
+  epochs = config["train"]["epochs"]
+  tasks = max(len(train), 1) * config["rollout"]["tasks_per_iteration"]
+  grad_norms = [r["grad_norm"] for r in train]
+  return {
+      "final_success": run["summary"]["eval_end"]["success_rate"],
+      "env_steps_per_task": sum(r["env_steps"] for r in train) / tasks,
+      "tokens_per_task": sum(r["tokens_processed"] for r in train) / tasks,
+      "updates": len(train) * epochs,
+      "skipped_updates": sum(1 for r in train if r.get("skipped")),
+      "grad_norm_variance": (float(np.var(grad_norms, ddof=1)) if len(grad_norms) >= 2
+                             else None),
+      "curve": evaluation_curve(records, epochs),
+  }
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> dict:
+  """`{"mean", "low", "high", "n"}`: the Student-t interval of the mean over `values`.
+
+  Example: [0.2, 0.4, 0.6] at 95%: mean 0.4, s = 0.2, t_{0.975, 2} = 4.3027 → 0.4 ± 0.4968.
+  """
+  x = np.asarray(values, np.float64)
+  mean = float(np.mean(x))
+  if len(x) < 2:
+    return {"mean": mean, "low": None, "high": None, "n": len(x)}
+  half = float(stats.t.ppf((1 + confidence) / 2, len(x) - 1) * np.std(x, ddof=1)
+               / math.sqrt(len(x)))
+  return {"mean": mean, "low": mean - half, "high": mean + half, "n": len(x)}
+
+
+def mean_curve(curves: Sequence[Sequence[dict]], confidence: float = 0.95) -> list[dict]:
+  """The seeds' evaluation curves averaged at the iterations every seed evaluated: the mean
+  x-coordinates and the success's mean and t-interval (the band)."""
+  common = set.intersection(*({p["iteration"] for p in c} for c in curves)) if curves else set()
+  out = []
+  for it in sorted(common):
+    points = [next(p for p in c if p["iteration"] == it) for c in curves]
+    success = t_interval([p["success"] for p in points], confidence)
+    out.append({"iteration": it, "success": success["mean"], "success_low": success["low"],
+                "success_high": success["high"],
+                **{k: float(np.mean([p[k] for p in points]))
+                   for k in ("env_steps", "tokens", "updates")}})
+  return out
+
+
+def _ratio(value: float, reference: float | None) -> float | None:
+  return value / reference if reference else None
+
+
+def method_summary(runs: Sequence[dict], confidence: float = 0.95) -> dict:
+  """One method's `run_metrics` over its seeds."""
+  variances = [r["grad_norm_variance"] for r in runs if r["grad_norm_variance"] is not None]
+  return {
+      "seeds": len(runs),
+      "final_success": t_interval([r["final_success"] for r in runs], confidence),
+      "final_success_per_seed": [r["final_success"] for r in runs],
+      "env_steps_per_task": float(np.mean([r["env_steps_per_task"] for r in runs])),
+      "tokens_per_task": float(np.mean([r["tokens_per_task"] for r in runs])),
+      "updates": float(np.mean([r["updates"] for r in runs])),
+      "skipped_updates": int(sum(r["skipped_updates"] for r in runs)),
+      "grad_norm_variance": t_interval(variances, confidence) if variances else None,
+      "curve": mean_curve([r["curve"] for r in runs], confidence),
+  }
+
+
+def first_reach(curve: Sequence[dict], target: float) -> float | None:
+  """Policy updates at the first point of a mean curve whose success is at least `target`."""
+  return next((p["updates"] for p in curve if p["success"] >= target), None)
+
+
+def claim_three(methods: dict, reference: str = REFERENCE) -> dict | None:
+  """The policy updates `reference` needs to first reach the best baseline's final mean success,
+  against the updates that baseline needed to first reach it (both on the mean curves)."""
+  baselines = {name: m for name, m in methods.items() if name != reference}
+  if reference not in methods or not baselines:
+    return None
+  best = max(baselines, key=lambda name: baselines[name]["final_success"]["mean"])
+  target = baselines[best]["final_success"]["mean"]
+  ours = first_reach(methods[reference]["curve"], target)
+  theirs = first_reach(baselines[best]["curve"], target)
+  fewer = 1.0 - ours / theirs if ours is not None and theirs else None
+  return {"baseline": best, "target_success": target, "reference_updates": ours,
+          "baseline_updates": theirs, "fewer_updates": fewer}
+
+
+def aggregate(per_method: dict[str, Sequence[dict]], confidence: float = 0.95,
+              reference: str = REFERENCE) -> dict:
+  """`{"methods": {name: method_summary + compute ratios}, "claim_3": ..., "confidence"}`
+  from each method's `run_metrics` over its seeds; the ratios are to `reference`'s means."""
+  methods = {name: method_summary(runs, confidence) for name, runs in per_method.items() if runs}
+  ref = methods.get(reference)
+  for m in methods.values():
+    m["env_steps_ratio"] = _ratio(m["env_steps_per_task"], ref and ref["env_steps_per_task"])
+    m["tokens_ratio"] = _ratio(m["tokens_per_task"], ref and ref["tokens_per_task"])
+  return {"confidence": confidence, "reference": reference, "methods": methods,
+          "claim_3": claim_three(methods, reference)}
+
+
+def _fmt(x, digits: int = 3) -> str:
+  return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _interval(s: dict | None, digits: int = 3) -> str:
+  if s is None:
+    return "–"
+  if s["low"] is None:
+    return _fmt(s["mean"], digits)
+  return f"{_fmt(s['mean'], digits)} [{_fmt(s['low'], digits)}, {_fmt(s['high'], digits)}]"
+
+
+def markdown(results: dict) -> str:
+  """The results table (one row per method) and claim 3, in markdown."""
+  pct = f"{results['confidence']:.0%}"
+  ref = results["reference"].upper()
+  lines = [f"| method | seeds | final held-out success ({pct} t-interval) | env steps / task | "
+           f"× {ref} | policy tokens / task | × {ref} | policy updates | grad-norm variance |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  for name, m in results["methods"].items():
+    lines.append(f"| {name} | {m['seeds']} | {_interval(m['final_success'])} | "
+                 f"{_fmt(m['env_steps_per_task'], 1)} | {_fmt(m['env_steps_ratio'], 2)} | "
+                 f"{_fmt(m['tokens_per_task'], 0)} | {_fmt(m['tokens_ratio'], 2)} | "
+                 f"{_fmt(m['updates'], 0)} | {_interval(m['grad_norm_variance'], 4)} |")
+  c = results["claim_3"]
+  if c is not None:
+    reached = (f"{ref} first reaches it after {_fmt(c['reference_updates'], 0)} policy updates"
+               if c["reference_updates"] is not None else f"{ref} does not reach it")
+    fewer = (f" ({c['fewer_updates']:.0%} fewer)" if c["fewer_updates"] is not None else "")
+    lines += ["", f"Claim 3: the best baseline, {c['baseline']}, ends at a mean success of "
+              f"{c['target_success']:.3f}, first reached after "
+              f"{_fmt(c['baseline_updates'], 0)} policy updates; {reached}{fewer}."]
+  return "\n".join(lines) + "\n"
+
+
+PLOTS = (("env_steps", "env steps (all tasks)", "success_vs_env_steps.png"),
+         ("tokens", "policy tokens (all tasks)", "success_vs_tokens.png"),
+         ("updates", "policy updates", "success_vs_updates.png"))
+
+
+def plots(results: dict, out: str) -> list[str]:
+  """PNG plots into `out`: held-out success against env steps, policy tokens and policy
+  updates (the mean over seeds with its t-interval band), and each method's gradient-norm
+  variance (mean and interval over seeds). Returns the files' names."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  methods = results["methods"]
+  names = []
+  for key, label, name in PLOTS:
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for method, m in methods.items():
+      x = [p[key] for p in m["curve"]]
+      ax.plot(x, [p["success"] for p in m["curve"]], marker="o", label=method)
+      if m["seeds"] >= 2:
+        ax.fill_between(x, [p["success_low"] for p in m["curve"]],
+                        [p["success_high"] for p in m["curve"]], alpha=0.2)
+    ax.set(xlabel=label, ylabel="held-out success", ylim=(-0.02, 1.02))
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, name), dpi=100)
+    plt.close(fig)
+    names.append(name)
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  for i, (method, m) in enumerate(methods.items()):
+    v = m["grad_norm_variance"]
+    if v is None:
+      continue
+    err = [[v["mean"] - v["low"]], [v["high"] - v["mean"]]] if v["low"] is not None else None
+    ax.bar(i, v["mean"], yerr=err, capsize=4)
+  ax.set_xticks(range(len(methods)), list(methods))
+  ax.set(ylabel="grad-norm variance across iterations")
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "grad_norm_variance.png"), dpi=100)
+  plt.close(fig)
+  return names + ["grad_norm_variance.png"]

@@ -1,0 +1,291 @@
+r"""Runs estimators x seeds of one configuration and writes the comparison: table, JSON, plots.
+
+    python experiments/compare.py --config=experiments/configs/rooms_bpo.py --seeds=5
+    python experiments/compare.py --config=experiments/configs/rooms_bpo.py:tiny --seeds=2 \
+        --estimators=bpo,grpo --out=results/rooms_tiny --config.train.iterations=4
+
+`--config=FILE[:ARG]` is one method's configuration (and `--config.a.b=v` overrides it, as in
+run.py); each estimator of `--estimators` gets it through `configs/base.with_estimator` with the
+world's matched group size, the way rooms_grpo.py and the other baseline configs are built, and
+each seed 0..N-1 of `--seeds=N` sets `seed`. Every (estimator, seed) is a normal training run,
+
+    python experiments/run.py --config=experiments/json_config.py:OUT/runs/EST/seedS.json \
+        --workdir=OUT/runs/EST/seedS
+
+in a subprocess, `--jobs` at a time (default: as many as the machine has cores, at most the
+runs left; on one accelerator use --jobs=1). Its output goes to OUT/runs/EST/seedS.log. Runs are
+resumable: a finished one (summary.json holding all of its iterations) is skipped, an unfinished
+one resumes from its latest checkpoint; a finished one whose saved config differs is an error.
+
+Then OUT (default results/<config name>, e.g. results/rooms_bpo_tiny) receives results.json
+(per method over seeds, `aggregate.aggregate`), results.md (the table and claim 3) and the
+plots of `aggregate.plots`. Bad flags or configurations: one line, exit status 2; a run that
+fails is reported with its log's last line, the others are still aggregated, exit status 1.
+"""
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+
+from bpo_jax.training import config as config_lib
+from bpo_jax.training import estimator_registry
+from experiments import aggregate
+from experiments.configs import base
+
+# The flags, defined when run as a command (importing the module for its functions defines none).
+_FLAGS = {}
+
+
+def _define_flags():
+  _FLAGS["config"] = config_flags.DEFINE_config_file(
+      "config", None, "One method's configuration file.", lock_config=True)
+  _FLAGS["estimators"] = flags.DEFINE_list("estimators", ["bpo", "grpo", "rloo", "gigpo"],
+                                           "Estimators to compare (registered names).")
+  _FLAGS["seeds"] = flags.DEFINE_integer("seeds", 5, "Seeds 0..N-1 per estimator.")
+  _FLAGS["out"] = flags.DEFINE_string("out", None,
+                                      "Output directory (default results/<config name>).")
+  _FLAGS["jobs"] = flags.DEFINE_integer("jobs", 0, "Runs at once; 0 = the machine's cores.")
+
+
+EXIT_INVALID = 2
+RUN_PY = os.path.join(_ROOT, "experiments", "run.py")
+JSON_CONFIG_PY = os.path.join(_ROOT, "experiments", "json_config.py")
+# Independent episodes per task matching one BPO tree, per world (configs/base.py).
+MATCHED_GROUP_SIZES = {"rooms": base.ROOMS_MATCHED_GROUP_SIZE,
+                       "textworld": base.TEXTWORLD_MATCHED_GROUP_SIZE}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  estimator: str
+  seed: int
+  workdir: str
+
+  @property
+  def config_path(self) -> str:
+    return self.workdir + ".json"
+
+  @property
+  def log_path(self) -> str:
+    return self.workdir + ".log"
+
+
+def _fail(message: str):
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(EXIT_INVALID)
+
+
+def _config_arg(argv) -> str | None:
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def parse_flags(argv):
+  """absl flag parsing that reports a bad flag, config file or override in one line."""
+  spec = _config_arg(argv)
+  if spec is None:
+    _fail("--config is required, e.g. --config=experiments/configs/rooms_bpo.py")
+  path = spec.split(":", 1)[0]
+  if not os.path.isfile(path):
+    _fail(f"--config={path}: no such file")
+  try:
+    rest = flags.FLAGS(argv)
+    _FLAGS["config"].value.keys()  # a config file that failed to load raises here
+    return rest
+  except Exception as error:  # pylint: disable=broad-except
+    config, load_error = _load_config_file(spec)
+    if config is None:
+      _fail(f"--config={spec}: the file does not give a configuration ({load_error})")
+    _fail(config_lib.describe_override_error(argv, config) or " ".join(str(error).split()))
+
+
+def _load_config_file(spec: str):
+  """(the configuration `--config=FILE[:ARG]` names, without overrides, None) or (None, why it
+  cannot be loaded)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path, _, arg = spec.partition(":")
+  try:
+    module_spec = importlib.util.spec_from_file_location("_compared_config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return (module.get_config(arg) if arg else module.get_config()), None
+  except Exception as error:  # pylint: disable=broad-except
+    return None, f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
+def config_name(spec: str) -> str:
+  """`experiments/configs/rooms_bpo.py:tiny` → `rooms_bpo_tiny`."""
+  path, _, arg = spec.partition(":")
+  stem = os.path.splitext(os.path.basename(path))[0]
+  return f"{stem}_{arg}" if arg else stem
+
+
+def run_config(config, estimator: str, seed: int) -> ml_collections.ConfigDict:
+  """`config` for `estimator` (`base.with_estimator`, the world's matched group size) and
+  `seed`; a world without a measured size keeps `rollout.k`."""
+  config = ml_collections.ConfigDict(config_lib.to_plain(config))
+  group_size = MATCHED_GROUP_SIZES.get(config.env.name, config.rollout.k)
+  config = base.with_estimator(config, estimator, group_size)
+  config.seed = seed
+  return config
+
+
+def plain(config) -> dict:
+  """The configuration as its JSON file holds it (tuples become lists)."""
+  return json.loads(json.dumps(config_lib.to_plain(config)))
+
+
+def finished(run: Run, iterations: int) -> bool:
+  path = os.path.join(run.workdir, "summary.json")
+  if not os.path.exists(path):
+    return False
+  with open(path, encoding="utf-8") as f:
+    return json.load(f).get("iterations", 0) >= iterations
+
+
+def _saved_differences(run: Run, config) -> list[str]:
+  """Keys whose values differ between `config` and a finished run's saved config.json."""
+  with open(os.path.join(run.workdir, "config.json"), encoding="utf-8") as f:
+    saved = json.load(f)
+  saved.pop("env_protections", None)
+
+  def flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+      out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+  a, b = flat(saved), flat(plain(config))
+  return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def plan(config, estimators, seeds: int, out: str) -> list[tuple[Run, ml_collections.ConfigDict]]:
+  """Every (estimator, seed) run with its configuration, validated; exits 2 on a problem."""
+  unknown = [e for e in estimators if e not in estimator_registry.names()]
+  if unknown or not estimators:
+    _fail(f"--estimators={','.join(estimators)}: each must be one of "
+          f"{', '.join(estimator_registry.names())}")
+  if seeds < 1:
+    _fail(f"--seeds={seeds}: must be >= 1")
+  runs = []
+  for estimator in estimators:
+    for seed in range(seeds):
+      run = Run(estimator, seed, os.path.join(out, "runs", estimator, f"seed{seed}"))
+      c = run_config(config, estimator, seed)
+      try:
+        config_lib.validate(c)
+      except config_lib.ConfigError as error:
+        _fail(f"{estimator}, seed {seed}: invalid configuration: {'; '.join(error.problems)}")
+      if finished(run, c.train.iterations) and (diff := _saved_differences(run, c)):
+        _fail(f"{run.workdir} holds a finished run with other settings ({', '.join(diff)}); "
+              "use another --out")
+      runs.append((run, c))
+  return runs
+
+
+def train(run: Run, config, env: dict) -> tuple[Run, int, float]:
+  """Trains one run with run.py in a subprocess: (run, exit status, seconds)."""
+  os.makedirs(os.path.dirname(run.workdir), exist_ok=True)
+  with open(run.config_path, "w", encoding="utf-8") as f:
+    json.dump(plain(config), f, indent=2, sort_keys=True)
+  command = [sys.executable, RUN_PY, f"--config={JSON_CONFIG_PY}:{run.config_path}",
+             f"--workdir={run.workdir}"]
+  start = time.perf_counter()
+  with open(run.log_path, "a", encoding="utf-8") as log:
+    status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            check=False).returncode
+  return run, status, time.perf_counter() - start
+
+
+def _last_line(path: str) -> str:
+  with open(path, encoding="utf-8", errors="replace") as f:
+    lines = [line.strip() for line in f if line.strip()]
+  return lines[-1] if lines else "(no output)"
+
+
+def default_jobs(pending: int) -> int:
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return max(1, min(pending, cores or 1))
+
+
+def train_all(runs, jobs: int) -> list[Run]:
+  """Trains the unfinished runs, `jobs` at a time; returns the runs that failed."""
+  pending = []
+  for r, c in runs:
+    if finished(r, c.train.iterations):
+      print(f"{r.estimator} seed {r.seed}: finished, skipped")
+    else:
+      pending.append((r, c))
+  jobs = jobs or default_jobs(len(pending))
+  env = dict(os.environ)
+  if jobs > 1:  # several runs share the accelerator's memory
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  failed = []
+  with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+    futures = [pool.submit(train, r, c, env) for r, c in pending]
+    for future in concurrent.futures.as_completed(futures):
+      run, status, seconds = future.result()
+      if status == 0:
+        print(f"{run.estimator} seed {run.seed}: trained in {seconds:.0f} s")
+      else:
+        failed.append(run)
+        print(f"error: {run.estimator} seed {run.seed} failed (exit {status}): "
+              f"{_last_line(run.log_path)}", file=sys.stderr)
+  return failed
+
+
+def write_results(runs, out: str, spec: str) -> dict:
+  """Aggregates the finished runs into OUT/results.json, results.md and the plots."""
+  per_method: dict[str, list[dict]] = {}
+  for run, c in runs:
+    per_method.setdefault(run.estimator, [])
+    if finished(run, c.train.iterations):
+      per_method[run.estimator].append(aggregate.run_metrics(aggregate.read_run(run.workdir)))
+  results = aggregate.aggregate(per_method)
+  results["config"] = spec
+  with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=2, sort_keys=True)
+  table = aggregate.markdown(results)
+  with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
+    f.write(f"# {spec}\n\n{table}")
+  results["plots"] = aggregate.plots(results, out)
+  print(table, end="")
+  return results
+
+
+def main(argv):
+  if len(argv) > 1:
+    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  jobs = _FLAGS["jobs"].value
+  if jobs < 0:
+    _fail(f"--jobs={jobs}: must be >= 0 (0 = the machine's cores)")
+  spec = _config_arg(sys.argv)
+  out = _FLAGS["out"].value or os.path.join("results", config_name(spec))
+  runs = plan(_FLAGS["config"].value, _FLAGS["estimators"].value, _FLAGS["seeds"].value, out)
+  os.makedirs(out, exist_ok=True)
+  failed = train_all(runs, jobs)
+  write_results(runs, out, spec)
+  if failed:
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main, flags_parser=parse_flags)

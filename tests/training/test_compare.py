@@ -1,0 +1,167 @@
+"""experiments/compare.py and experiments/aggregate.py: estimators x seeds, the table, the plots.
+
+The aggregation is checked on hand-made metrics with hand-computed means, intervals and claim 3;
+the command runs BPO and GRPO over two seeds of the rooms tiny config, writes the table, the
+JSON and the plots, skips the finished runs when called again and refuses bad flags in one line.
+"""
+
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+from experiments import aggregate  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments import compare  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+COMPARE = os.path.join(ROOT, "experiments", "compare.py")
+ROOMS_TINY = os.path.join(ROOT, "experiments", "configs", "rooms_bpo.py") + ":tiny"
+# Student's t at 97.5% with 2 degrees of freedom (tables: 4.3027).
+T_975_2 = 4.302653
+
+
+def _write_run(workdir, successes, env_steps, tokens, grad_norms, epochs=2, tasks=2):
+  """A run's files: evaluations at iterations 0, 1, 2 with `successes`, two train iterations."""
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+    json.dump({"train": {"epochs": epochs}, "rollout": {"tasks_per_iteration": tasks}}, f)
+  records = [{"phase": "eval", "stage": "init", "iteration": 0, "success_rate": 0.99}]
+  records.append({"phase": "eval", "stage": "warm_start", "iteration": 0,
+                  "success_rate": successes[0]})
+  for i in (1, 2):
+    train = {"phase": "train", "iteration": i, "env_steps": env_steps[i - 1],
+             "tokens_processed": tokens[i - 1], "grad_norm": grad_norms[i - 1], "skipped": 0.0}
+    if i == 2:  # a resumed run logs iteration 2 again: the last record counts
+      records.append(dict(train, env_steps=999))
+    records.append(train)
+    records.append({"phase": "eval", "stage": "end" if i == 2 else "every", "iteration": i,
+                    "success_rate": successes[i]})
+  with open(os.path.join(workdir, "metrics.jsonl"), "w", encoding="utf-8") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in records))
+  with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
+    json.dump({"iterations": 2, "eval_end": {"success_rate": successes[2]}}, f)
+
+
+def test_aggregation_of_hand_made_metrics(tmp_path):
+  # BPO: finals 0.25, 0.5, 0.75 (mean 0.5, s = 0.25); its mean curve 0.125, 0.5, 0.5. GRPO:
+  # finals 0.375 each; mean curve 0.125, 0.25, 0.375. All dyadic: the means are exact.
+  bpo = [[0.0, 0.5, 0.25], [0.125, 0.25, 0.5], [0.25, 0.75, 0.75]]
+  grpo = [[0.0, 0.25, 0.375], [0.125, 0.25, 0.375], [0.25, 0.25, 0.375]]
+  per_method = {"bpo": [], "grpo": []}
+  for s in range(3):
+    _write_run(tmp_path / f"bpo{s}", bpo[s], [10, 14], [100, 140 + 4 * s], [1.0, 3.0 + s])
+    _write_run(tmp_path / f"grpo{s}", grpo[s], [16, 16], [200, 200], [1.0, 2.0])
+    per_method["bpo"].append(aggregate.run_metrics(aggregate.read_run(tmp_path / f"bpo{s}")))
+    per_method["grpo"].append(aggregate.run_metrics(aggregate.read_run(tmp_path / f"grpo{s}")))
+  one = per_method["bpo"][0]
+  # 24 env steps over 2 iterations x 2 tasks; 2 iterations x 2 epochs; Var(1, 3) = 2.
+  assert one["env_steps_per_task"] == 6.0 and one["tokens_per_task"] == 60.0
+  assert one["updates"] == 4 and one["grad_norm_variance"] == 2.0
+  assert [(p["iteration"], p["success"], p["env_steps"], p["tokens"], p["updates"])
+          for p in one["curve"]] == [(0, 0.0, 0, 0, 0), (1, 0.5, 10, 100, 2),
+                                     (2, 0.25, 24, 240, 4)]
+  results = aggregate.aggregate(per_method)
+  b, g = results["methods"]["bpo"], results["methods"]["grpo"]
+  half = T_975_2 * 0.25 / math.sqrt(3)
+  assert b["final_success"]["mean"] == 0.5
+  assert b["final_success"]["low"] == pytest.approx(0.5 - half, rel=1e-6)
+  assert b["final_success"]["high"] == pytest.approx(0.5 + half, rel=1e-6)
+  assert g["final_success"] == {"mean": 0.375, "low": 0.375, "high": 0.375, "n": 3}
+  # Tokens per task: BPO (240 + 4s) / 4 → mean 61; GRPO 100. Env steps 6 against 8.
+  assert b["tokens_per_task"] == 61.0 and g["tokens_per_task"] == 100.0
+  assert g["env_steps_ratio"] == 8 / 6 and g["tokens_ratio"] == 100 / 61
+  assert b["env_steps_ratio"] == 1.0
+  # Grad-norm variances: BPO Var(1, 3 + s) = 2, 4.5, 8 → mean 14.5 / 3; GRPO 0.5 each.
+  assert b["grad_norm_variance"]["mean"] == pytest.approx(14.5 / 3, rel=1e-12)
+  assert g["grad_norm_variance"]["mean"] == 0.5
+  assert [p["success"] for p in b["curve"]] == [0.125, 0.5, 0.5]
+  assert [p["success"] for p in g["curve"]] == [0.125, 0.25, 0.375]
+  # Claim 3: GRPO's final 0.375 is first reached after 4 updates; BPO passes it after 2.
+  assert results["claim_3"] == {"baseline": "grpo", "target_success": 0.375,
+                                "reference_updates": 2.0, "baseline_updates": 4.0,
+                                "fewer_updates": 0.5}
+  table = aggregate.markdown(results)
+  assert (f"| bpo | 3 | 0.500 [{0.5 - half:.3f}, {0.5 + half:.3f}] | 6.0 | 1.00 | 61 | 1.00 | "
+          "4 |") in table
+  assert "| grpo | 3 | 0.375 [0.375, 0.375] | 8.0 | 1.33 | 100 | 1.64 | 4 |" in table
+  assert "BPO first reaches it after 2 policy updates (50% fewer)" in table
+
+
+def test_t_interval_and_first_reach():
+  assert aggregate.t_interval([0.5]) == {"mean": 0.5, "low": None, "high": None, "n": 1}
+  two = aggregate.t_interval([0.25, 0.75])  # s = 0.3536, t_{0.975, 1} = 12.7062
+  assert two["high"] - two["mean"] == pytest.approx(12.706205 * 0.25, rel=1e-6)
+  curve = [{"updates": 0, "success": 0.1}, {"updates": 5, "success": 0.3}]
+  assert aggregate.first_reach(curve, 0.3) == 5 and aggregate.first_reach(curve, 0.4) is None
+
+
+@pytest.mark.parametrize("world", ["rooms", "textworld"])
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "gigpo"])
+def test_a_baseline_is_built_as_its_config_file_builds_it(world, estimator):
+  def load(name):
+    return importlib.import_module(f"experiments.configs.{name}").get_config("tiny")
+  built = compare.run_config(load(f"{world}_bpo"), estimator, seed=3)
+  expected = load(f"{world}_{estimator}")
+  expected.seed = 3
+  assert compare.plain(built) == compare.plain(expected)
+
+
+def _compare(*args, **kwargs):
+  return subprocess.run([sys.executable, COMPARE, *args], capture_output=True, text=True,
+                        cwd=ROOT, check=False, **kwargs)
+
+
+def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_path):
+  out = str(tmp_path / "out")
+  # No warm start and one held-out task: four runs of two iterations, two at a time.
+  args = [f"--config={ROOMS_TINY}", "--seeds=2", "--estimators=bpo,grpo", f"--out={out}",
+          "--jobs=2", "--config.warm_start.num_trajectories=0", "--config.eval.num_tasks=1"]
+  first = _compare(*args)
+  assert first.returncode == 0, first.stderr[-2000:]
+  assert first.stdout.count("trained in") == 4
+  results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
+  assert set(results["methods"]) == {"bpo", "grpo"}
+  for m in results["methods"].values():
+    assert m["seeds"] == 2 and m["updates"] == 2 and len(m["curve"]) == 2
+    assert m["final_success"]["low"] is not None and m["grad_norm_variance"] is not None
+  assert results["methods"]["bpo"]["env_steps_ratio"] == 1.0
+  table = open(os.path.join(out, "results.md"), encoding="utf-8").read()
+  assert "| bpo | 2 |" in table and "| grpo | 2 |" in table and "Claim 3" in table
+  for name in ("success_vs_env_steps.png", "success_vs_tokens.png", "success_vs_updates.png",
+               "grad_norm_variance.png"):
+    with open(os.path.join(out, name), "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  # Each run is a normal workdir with its config beside it, and the grpo one is grpo's.
+  saved = json.load(open(os.path.join(out, "runs", "grpo", "seed1.json"), encoding="utf-8"))
+  assert saved["rollout"]["estimator"] == "grpo" and saved["seed"] == 1
+  assert os.path.exists(os.path.join(out, "runs", "grpo", "seed1", "summary.json"))
+  second = _compare(*args)
+  assert second.returncode == 0, second.stderr[-2000:]
+  assert second.stdout.count("finished, skipped") == 4 and "trained in" not in second.stdout
+  assert json.load(open(os.path.join(out, "results.json"), encoding="utf-8")) == results
+  # Finished runs of other settings are not reused.
+  other = _compare(*args, "--config.train.learning_rate=0.001")
+  assert other.returncode == 2
+  assert other.stderr.strip().endswith("holds a finished run with other settings "
+                                       "(train.learning_rate); use another --out")
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--seeds=0", "error: --seeds=0: must be >= 1"),
+    ("--estimators=bpo,ppo", "error: --estimators=bpo,ppo: each must be one of bpo, rloo, grpo, "
+                             "gigpo"),
+    ("--jobs=-1", "error: --jobs=-1: must be >= 0"),
+    ("--config.rollout.k=two", "error: rollout.k = 'two': must be of type int"),
+    ("--config.rollout.group_std_ddof=3", "error: bpo, seed 0: invalid configuration: "
+                                          "rollout.group_std_ddof = 3: must be in [0, 1]"),
+])
+def test_bad_flags_one_line_exit_2(tmp_path, flag, message):
+  result = _compare(f"--config={ROOMS_TINY}", f"--out={tmp_path / 'out'}", flag)
+  assert result.returncode == 2
+  assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
+  assert not (tmp_path / "out").exists()
