@@ -185,8 +185,10 @@ def plan(config, estimators, seeds: int, out: str) -> list[tuple[Run, ml_collect
   if seeds < 1:
     _fail(f"--seeds={seeds}: must be >= 1")
   runs = []
-  for estimator in estimators:
-    for seed in range(seeds):
+  # Seed by seed: the first seeds of every method finish first, and a method's later seeds
+  # find its programs in the persistent compilation cache when one is set.
+  for seed in range(seeds):
+    for estimator in estimators:
       run = Run(estimator, seed, os.path.join(out, "runs", estimator, f"seed{seed}"))
       c = run_config(config, estimator, seed)
       try:
