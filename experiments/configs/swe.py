@@ -8,7 +8,8 @@ no network, resource limits) in worker processes; a host without namespaces (not
 Observations (problem statement, file views, test output) are long, so they are cut at 512
 tokens and an episode has at most 12 turns (a path of up to ~10200 tokens in the chat format;
 a tree of several is packed into one row of up to `rollout.max_tree_tokens`); the expert (the reference patch as `replace`
-actions) solves each task in 2-3.
+actions) solves each task in 2-3. The hidden tests are applied only when `submit` grades (as
+SWE-bench asks); `show_tests=True` would show them from the start.
 
     python experiments/run.py --config=experiments/configs/swe.py --workdir=workdirs/swe
 """
@@ -23,7 +24,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c = config_lib.default_config()
   c.env.name = "swe"
   c.env.options = ml_collections.ConfigDict(
-      {"max_steps": 12, "show_tests": True, "confinement": "namespaces"})
+      {"max_steps": 12, "show_tests": False, "confinement": "namespaces"})
   c.env.num_train_tasks = 8
   c.env.num_eval_tasks = 4
   c.env.max_turns = 12
