@@ -12,8 +12,8 @@ expert buys in about 6.
     python experiments/run.py --config=experiments/configs/webshop.py --workdir=workdirs/webshop
 
 `webshop.py:cpu` is a shop a laptop CPU learns in minutes with the quickstart's model: 200
-products (320 train, 40 test goals), five results per page, observations cut at 192 tokens and
-8 turns, 64 expert episodes of warm start.
+products (320 train, 40 test goals), three results per page, observations cut at 128 tokens and
+6 turns, 64 expert episodes of warm start.
 """
 
 import ml_collections
@@ -48,18 +48,19 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
 def cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The small shop of the module docstring (`webshop.py:cpu`)."""
   c.env.options.num_products = 200
-  c.env.options.results_per_page = 5
-  c.env.options.max_steps = 8
+  c.env.options.results_per_page = 3
+  c.env.options.max_steps = 6
   c.env.num_train_tasks = 320
   c.env.num_eval_tasks = 40
   c.eval.num_tasks = 40
   c.eval.every = 10
-  c.env.max_turns = 8
-  c.env.max_observation_tokens = 192
-  c.model.max_length = 2048
-  c.rollout.max_tree_tokens = 8192
+  c.env.max_turns = 6
+  c.env.max_observation_tokens = 128
+  c.model.max_length = 1088
+  c.rollout.max_tree_tokens = 4352
   c.rollout.tasks_per_iteration = 8
   c.warm_start.num_trajectories = 64
-  c.warm_start.steps = 300
-  c.train.iterations = 30
+  c.warm_start.steps = 150
+  c.warm_start.batch_size = 8
+  c.train.iterations = 20
   return c
