@@ -131,20 +131,13 @@ def parse_flags(argv):
 
 def _refuse_unwired_scale_settings(config):
   """Settings of the `scale` section that the dry run uses but the training loop does not yet
-  (it does read scale.param_dtype, master_weights, remat, scan_layers and distributed; the
-  default mesh is what several processes train on)."""
+  (it does read scale.mesh, num_devices, param_dtype, master_weights, remat, scan_layers and
+  distributed); a mesh the run's devices cannot form is refused by the loop, naming the key."""
   scale = config.scale
   if scale.model_preset and not config.model.checkpoint:  # with one: a check of its shape
-    raise NotImplementedError(
-        f"scale.model_preset = {scale.model_preset!r}: training a preset needs its pretrained "
-        "checkpoint and tokenizer, which the loop does not load yet (it trains the `model` "
-        "section from scratch); use --dry_run to check the pod layout")
-  defaults = config_lib.default_config().scale
-  if scale.mesh.to_dict() != defaults.mesh.to_dict():
-    raise NotImplementedError(
-        f"scale.mesh = {scale.mesh.to_dict()}: the training loop runs unsharded on one device "
-        "(bpo_jax.sharding and update.make_train_step(state_sharding=...) are not wired into "
-        "it yet); the dry run compiles the configured mesh")
+    _fail(f"scale.model_preset = {scale.model_preset!r}: training a preset needs its pretrained "
+          "checkpoint and tokenizer (--config.model.checkpoint=DIR); without one, use --dry_run "
+          "to check the pod layout")
 
 
 def _dry_run(config):

@@ -163,6 +163,7 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   if "ref_kl" in update_metrics:
     record["kl_ref"] = record.pop("ref_kl")
   record["grad_norm_variance"] = update_metrics["micro_grad_norm_var"]
+  record["state_bytes"], record["state_bytes_per_device"] = placement_lib.state_bytes(state)
   record.update(times)
   if record["skipped"]:
     logging.warning("iteration %d: non-finite loss or gradient (loss %s); update skipped",

@@ -44,28 +44,29 @@ the same metrics (wall-clock times aside) as a run that was never interrupted. T
 reference parameters are saved in every checkpoint beside the train state (`_checkpoint_tree`),
 so a resumed run keeps the reference of the run it continues.
 
-Where the update runs. One process: unsharded, on its default device. Several processes
-(`scale.distributed`, e.g. two on one machine, or the hosts of a pod) run the same loop and end
-with the parameters of a one-process run (up to the order of float sums). Every tree's
-randomness comes from its task's global index (`rollout`'s "Randomness"), so each process grows
-the trees of its contiguous share of the iteration's tasks (and of the held-out tasks) with its
-own sandboxes, and `distributed.allgather_objects` then gives every process the whole batch: the
-estimator, the packing, the fork threshold and the metrics are computed identically everywhere.
-The update then runs on a mesh over every process's devices built from `scale.mesh`, which
-`experiments/run.py` keeps at its default, one FSDP axis over all devices (other meshes are
-checked by the dry run but not yet wired into the loop): parameters and optimiser state laid out
-by `bpo_jax.sharding`'s rules, rows of the packed batch over the batch axes, each process feeding
-its own rows (`distributed.global_batch`). Rollouts use a whole copy of the parameters on each
-process's first device. The warm start runs in every process alike. Process 0 alone writes the
-tokenizer, config.json, metrics.jsonl, TensorBoard and summary.json; checkpoints are written and
-restored by all processes together.
+Where the update runs. On the `scale.mesh` mesh (data x fsdp x tensor) over the run's devices,
+in one process or many (`placement.py`): parameters and optimiser state laid out by
+`bpo_jax.sharding`'s rules, rows of the packed batch over the batch axes ("data", "fsdp"). One
+device is the unsharded case. Several processes (`scale.distributed`, e.g. two on one machine,
+or the hosts of a pod) run the same loop and end with the parameters of a one-process run (up to
+the order of float sums). Every tree's randomness comes from its task's global index
+(`rollout`'s "Randomness"), so each process grows the trees of its contiguous share of the
+iteration's tasks (and of the held-out tasks) with its own sandboxes, and
+`distributed.allgather_objects` then gives every process the whole batch: the estimator, the
+packing, the fork threshold and the metrics are computed identically everywhere, and each
+process feeds its own rows of the packed batch (`distributed.global_batch`). Rollouts and
+evaluations still use a whole copy of the parameters on each process's first device, gathered
+through host memory. The warm start runs unsharded in every process alike. Process 0 alone
+writes the tokenizer, config.json, metrics.jsonl, TensorBoard and summary.json; checkpoints are
+written and restored by all processes together.
 
 Metrics per iteration (JSONL, TensorBoard, progress bar): success and return of the leaves,
 advantage statistics, the update's loss, gradient norm, variance of the micro-batch gradient
 norms, approximate KL to the sampling policy, the k3 KL to the reference (`kl_ref`, with
 `train.kl_coef > 0`), token entropy, whether the step was skipped, and
 the rollout's compute counters (tokens, env steps, snapshots, restores, failed branches) with
-the wall time of each phase (`time/...`).
+the wall time of each phase (`time/...`), and the bytes of the train state, whole
+(`state_bytes`) and on the device holding the most of it (`state_bytes_per_device`).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from absl import logging
 from flax import nnx
@@ -175,7 +176,8 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
 
 def _connect_processes(config) -> None:
   """Starts JAX's distributed runtime for `scale.distributed` if the caller has not (it must
-  happen before JAX computes anything; experiments/run.py does it first thing)."""
+  happen before JAX computes anything; experiments/run.py does it first thing), and checks
+  that the run's devices form the configured mesh."""
   wanted = config.scale.distributed.num_processes
   if wanted > 1 and not jax.distributed.is_initialized():
     distributed.initialize_from_config(config)
@@ -183,6 +185,7 @@ def _connect_processes(config) -> None:
     raise config_lib.ConfigError([
         f"scale.distributed.num_processes = {wanted}: JAX runs {jax.process_count()} "
         "process(es); start one process per process_id with the same coordinator_address"])
+  placement_lib.run_devices(config)  # the configured mesh fits the devices, before any work
 
 
 class _RecordsOnly:
@@ -195,18 +198,37 @@ class _RecordsOnly:
     pass
 
 
-def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
-           stop_after: int | None) -> dict:
-  config, workdir = exp.config, exp.workdir
+class UpdateSetup(NamedTuple):
+  """The policy-gradient optimiser, the train state's structure (its initial values, on one
+  device), where the state lives and the jitted update: what `train` runs every iteration."""
+
+  tx: Any
+  local_state: update_lib.TrainState
+  placement: placement_lib.Placement
+  train_step: Callable
+
+
+def build_update(exp: experiment_lib.Experiment, params) -> UpdateSetup:
+  """The run's optimiser, placement (`scale.mesh` over its devices) and jitted update step,
+  for the trainable `params` (their structure; the values are not kept)."""
+  config = exp.config
   tx = translate.rl_optimizer(config)
-  local_state = update_lib.TrainState(step=state.step, params=state.params,
-                                      opt_state=tx.init(state.params))
+  local_state = update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                      opt_state=tx.init(params))
   placement = placement_lib.Placement.create(config, local_state)
   use_ref = config.train.kl_coef > 0
   train_step = update_lib.make_train_step(exp.graphdef, tx, translate.update_config(config),
-                                          ref_params=state.params if use_ref else None,
+                                          ref_params=params if use_ref else None,
                                           state_sharding=placement.state_sharding,
                                           batch_sharding=placement.row_sharding)
+  return UpdateSetup(tx, local_state, placement, train_step)
+
+
+def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
+           stop_after: int | None) -> dict:
+  config, workdir = exp.config, exp.workdir
+  tx, local_state, placement, train_step = build_update(exp, state.params)
+  use_ref = config.train.kl_coef > 0
   engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
                                      translate.rollout_config(config))
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),

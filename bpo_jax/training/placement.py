@@ -1,4 +1,11 @@
-"""Where the train state lives and how the update's batch is fed (one process or several)."""
+"""Where the train state lives and how the update's batch is fed (one process or several).
+
+One rule for any number of processes: the run's devices (every device of every process, or the
+first `scale.num_devices` of one process) form the `scale.mesh` mesh (data x fsdp x tensor),
+the train state is laid out on it by the partition rules of `bpo_jax.sharding`, and the rows of
+the packed batch are split over its batch axes, each process feeding the rows its devices hold.
+A mesh of one device is the unsharded case: the state stays on the default device.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ import numpy as np
 
 from bpo_jax import packing
 from bpo_jax import sharding
+from bpo_jax.training import config as config_lib
 from bpo_jax.training import distributed
 from bpo_jax.training import translate
 from bpo_jax.training import update as update_lib
@@ -29,14 +37,50 @@ def abstract_on_first_device(state):
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
 
 
+def run_devices(config) -> list:
+  """The devices a run trains on: all of them, or the first `scale.num_devices` of a single
+  process. Raises `config_lib.ConfigError` naming the key when the configured mesh does not fit
+  them."""
+  available = jax.device_count()
+  wanted = config.scale.num_devices or available
+  if wanted > available:
+    raise config_lib.ConfigError([f"scale.num_devices = {wanted}: this run has {available} "
+                                  "device(s)"])
+  if jax.process_count() > 1 and wanted != available:
+    raise config_lib.ConfigError([
+        f"scale.num_devices = {wanted}: several processes train on all {available} devices "
+        "(set 0)"])
+  devices = jax.devices()[:wanted]
+  try:
+    translate.mesh_config(config).resolve(len(devices))
+  except ValueError as error:
+    raise config_lib.ConfigError([f"scale.mesh: {error}"]) from None
+  return devices
+
+
+def state_bytes(state) -> tuple[int, int]:
+  """(bytes of the whole state, the most bytes any one device of this process holds of it)."""
+  whole, per_device = 0, {}
+  for leaf in jax.tree.leaves(state):
+    whole += leaf.size * leaf.dtype.itemsize
+    shards = getattr(leaf, "addressable_shards", None)
+    if shards is None:  # a host array: it would sit whole on one device
+      per_device[None] = per_device.get(None, 0) + leaf.nbytes
+      continue
+    for shard in shards:
+      per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+  return int(whole), int(max(per_device.values(), default=0))
+
+
 @dataclasses.dataclass(frozen=True)
 class Placement:
   """Where the train state lives and how the update's batch is fed.
 
-  One process: nothing is sharded (`mesh` None); the state stays on the default device and the
-  packed batch goes in whole. Several processes: the `scale.mesh` mesh over every
-  process's devices, the state laid out by the sharding rules (`state_sharding`), and each
-  process feeding its rows of the packed batch (`row_sharding`).
+  A mesh of several devices (one process or many): the `scale.mesh` mesh over the run's
+  devices (`run_devices`), the state laid out by the sharding rules (`state_sharding`), and each
+  process feeding its rows of the packed batch (`row_sharding`). One device of one process:
+  nothing is sharded (`mesh` None); the state stays on the default device and the packed batch
+  goes in whole.
   """
 
   mesh: Any = None
@@ -46,9 +90,10 @@ class Placement:
   @classmethod
   def create(cls, config, state) -> "Placement":
     """The placement for this run's processes; `state` gives the train state's structure."""
-    if jax.process_count() == 1:
+    devices = run_devices(config)
+    if len(devices) == 1 and jax.process_count() == 1:
       return cls()
-    mesh = sharding.make_mesh(translate.mesh_config(config), jax.devices())
+    mesh = sharding.make_mesh(translate.mesh_config(config), devices)
     param_sh = sharding.param_shardings(state.params, mesh)
     state_sh = update_lib.TrainState(
         step=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), params=param_sh,
@@ -67,7 +112,7 @@ class Placement:
   def place(self, state):
     """A train state every process holds alike (host or local arrays), laid out globally."""
     if self.mesh is None:
-      return state
+      return jax.tree.map(jnp.asarray, state)
     return distributed.put_global(jax.tree.map(np.asarray, state), self.state_sharding)
 
   def abstract(self, state):

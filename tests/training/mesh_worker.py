@@ -1,0 +1,121 @@
+"""One process of eight CPU devices trains on several meshes (run by test_mesh_loop.py).
+
+    JAX_NUM_CPU_DEVICES=8 python tests/training/mesh_worker.py WORKDIR OUT.npz
+
+A small quickstart runs its warm start once; then, from that same state, two iterations run on
+each mesh of `MESHES` with the loop's own placement and update (`loop.build_update`,
+`iteration.run_iteration`). OUT.npz holds, per mesh, the final train state (gathered to the
+host), the iterations' metrics records and trees (JSON), and the bytes of the train state,
+whole and on the device that holds the most of it.
+"""
+
+import dataclasses
+import json
+import os
+import sys
+import time
+
+if __name__ == "__main__":
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp
+import numpy as np
+
+from bpo_jax import rollout as rollout_lib
+from bpo_jax.training import config as config_lib
+from bpo_jax.training import experiment as experiment_lib
+from bpo_jax.training import iteration as iteration_lib
+from bpo_jax.training import loop
+from bpo_jax.training import translate
+from bpo_jax.training import update as update_lib
+from bpo_jax.training import warm_start as warm_start_lib
+
+# name -> (scale.mesh data, fsdp, tensor; scale.num_devices). "one": the unsharded reference.
+MESHES = {"one": (1, -1, 1, 1), "fsdp4_tensor2": (1, 4, 2, 0),
+          "data2_fsdp2_tensor2": (2, 2, 2, 0)}
+ITERATIONS = 2
+
+
+def small_config():
+  """The tiny quickstart with a model whose matrices the mesh axes divide (embed 32 over fsdp;
+  4 heads, 2 KV heads and an MLP of 1024 over tensor), large enough beside the embedding (whose
+  vocabulary, the tokenizer's, is odd, so it is not split over tensor) for the state to shard
+  close to 1/(fsdp x tensor), and a warm start long enough for some of the 16 trees of each
+  iteration to succeed (so the update moves the parameters)."""
+  from experiments.configs import base  # pylint: disable=g-import-not-at-top
+  config = base.tiny(base.rooms("bpo"), iterations=ITERATIONS)
+  m = config.model
+  m.hidden_size, m.intermediate_size, m.num_layers = 32, 1024, 2
+  m.num_heads, m.num_kv_heads, m.head_dim = 4, 2, 8
+  config.warm_start.steps = 80
+  config.warm_start.learning_rate = 1e-2
+  config.warm_start.num_trajectories = 16
+  config.warm_start.batch_size = 8
+  config.rollout.tasks_per_iteration = 16
+  config.log.tensorboard = False
+  return config
+
+
+def tree_record(batch) -> list:
+  """What decides the trees: their parents, rewards, validity and distinct tokens."""
+  trees = batch.stacked_trees()
+  return [np.asarray(x).tolist() for x in (trees.parent, trees.reward, trees.valid)] + [
+      [r.tokens.num_unique_tokens() for r in batch.rollouts]]
+
+
+def warm_started(exp, params, tx) -> update_lib.TrainState:
+  """The train state after the warm start, as `loop` builds it (Adam moments continued)."""
+  params, sft_opt_state, _ = warm_start_lib.warm_start(exp, params)
+  opt_state = tx.init(params)
+  if jax.tree.structure(sft_opt_state) == jax.tree.structure(opt_state):
+    opt_state = sft_opt_state
+  return update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+
+
+def with_mesh(config, data: int, fsdp: int, tensor: int, num_devices: int):
+  config = config.copy_and_resolve_references()
+  config.scale.mesh.data, config.scale.mesh.fsdp, config.scale.mesh.tensor = data, fsdp, tensor
+  config.scale.num_devices = num_devices
+  return config
+
+
+def main(workdir: str, out_path: str):
+  clock = time.perf_counter()
+  config = small_config()
+  config_lib.validate(config, "train", workdir)
+  exp, state = experiment_lib.build_experiment(config, workdir)
+  engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
+                                     translate.rollout_config(config))
+  out = {}
+  try:
+    start = warm_started(exp, state.params, translate.rl_optimizer(config))
+    start = jax.tree.map(np.asarray, start)
+    print(f"warm start done at {time.perf_counter() - clock:.1f} s", file=sys.stderr)
+    out.update({f"start/leaf{j}": leaf for j, leaf in enumerate(jax.tree.leaves(start))})
+    for name, sizes in MESHES.items():
+      mesh_exp = dataclasses.replace(exp, config=with_mesh(config, *sizes))
+      setup = loop.build_update(mesh_exp, start.params)
+      state = setup.placement.place(start)
+      threshold = iteration_lib.initial_fork_threshold(config)
+      records, trees = [], []
+      for i in range(1, ITERATIONS + 1):
+        state, record, batch, threshold = iteration_lib.run_iteration(
+            mesh_exp, engine, setup.train_step, state, i, jax.random.key(config.seed),
+            threshold, setup.placement)
+        records.append({k: v for k, v in record.items() if not k.startswith("time/")})
+        trees.append(tree_record(batch))
+      for j, leaf in enumerate(jax.tree.leaves(setup.placement.host(state))):
+        out[f"{name}/leaf{j}"] = np.asarray(leaf)
+      print(f"{name} done at {time.perf_counter() - clock:.1f} s", file=sys.stderr)
+      out[f"{name}/records"] = np.asarray(json.dumps(records))
+      out[f"{name}/trees"] = np.asarray(json.dumps(trees))
+      out[f"{name}/mesh"] = np.asarray(json.dumps(
+          None if setup.placement.mesh is None else dict(setup.placement.mesh.shape)))
+  finally:
+    exp.close()
+  np.savez(out_path, **out)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1], sys.argv[2])
