@@ -82,3 +82,27 @@ def test_a_mesh_trains_like_one_device(runs, name):
   # The train state is laid out by the partition rules: each device holds about 1/shards.
   fraction = mesh[-1]["state_bytes_per_device"] / mesh[-1]["state_bytes"]
   assert 1 / shards <= fraction <= 1.1 / shards, fraction
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["--config.scale.mesh.data=-1", "--config.scale.mesh.fsdp=3"],
+     "error: invalid configuration:\n  scale.mesh: 8 devices do not divide by the fixed axes"),
+    (["--config.scale.mesh.fsdp=2", "--config.scale.mesh.tensor=2"],
+     "scale.mesh: mesh {'data': 1, 'fsdp': 2, 'tensor': 2} needs 4 devices, have 8"),
+    (["--config.scale.num_devices=16", "--config.scale.mesh.fsdp=16"],
+     "scale.num_devices = 16: this run has 8 device(s)"),
+    (["--config.scale.model_preset=qwen2_5_7b"],
+     "error: scale.model_preset = 'qwen2_5_7b': training a preset needs its pretrained"),
+])
+def test_a_mesh_the_devices_cannot_form_is_refused_before_any_work(tmp_path, overrides,
+                                                                    expected):
+  env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_PLATFORMS": "cpu"}
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", "run.py"),
+       f"--config={os.path.join(ROOT, 'experiments', 'configs', 'quickstart.py')}:tiny",
+       f"--workdir={tmp_path / 'w'}", *overrides], cwd=ROOT, env=env, capture_output=True,
+      text=True, timeout=120)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr
+  assert expected in result.stderr, result.stderr[-2000:]
+  assert not (tmp_path / "w").exists()  # nothing was started
