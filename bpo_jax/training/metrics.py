@@ -34,7 +34,7 @@ def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tu
       half   = z / (1 + z²/n) · sqrt(p(1 − p)/n + z²/(4n²))
 
   It stays inside [0, 1] and is not degenerate at 0 or n successes, unlike the normal
-  approximation. Example: 8 of 10 at 95% gives (0.4902, 0.9433).
+  approximation. Example: 8 of 10 at 95% gives (0.4902, 0.9433); 0 of 40 gives (0, 0.0876).
   """
   if trials <= 0:
     raise ValueError(f"trials must be positive, got {trials}")
@@ -47,7 +47,10 @@ def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tu
   denominator = 1 + z * z / n
   centre = (p + z * z / (2 * n)) / denominator
   half = z / denominator * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-  return max(0.0, centre - half), min(1.0, centre + half)
+  # At 0 (n) successes the bound is 0 (1) exactly; the formula leaves a rounding residue.
+  low = 0.0 if successes == 0 else max(0.0, centre - half)
+  high = 1.0 if successes == trials else min(1.0, centre + half)
+  return low, high
 
 
 def deterministic_part(record: dict) -> dict:

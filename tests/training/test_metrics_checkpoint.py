@@ -27,6 +27,14 @@ def test_wilson_interval(successes, trials, confidence, low, high):
   np.testing.assert_allclose(got, (low, high), atol=5e-6)
 
 
+@pytest.mark.parametrize("trials", [1, 10, 40, 64, 1000])
+def test_wilson_interval_is_exactly_closed_at_no_and_all_successes(trials):
+  # 0 of n: the lower bound is exactly 0 (the formula's difference leaves ~1e-17 at n = 40);
+  # n of n: the upper bound is exactly 1.
+  assert metrics_lib.wilson_interval(0, trials)[0] == 0.0
+  assert metrics_lib.wilson_interval(trials, trials)[1] == 1.0
+
+
 def test_wilson_interval_errors():
   with pytest.raises(ValueError, match="trials must be positive"):
     metrics_lib.wilson_interval(0, 0)
