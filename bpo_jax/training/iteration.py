@@ -103,6 +103,45 @@ def ppo_epochs(train_step, state, fed, num_trees: int, epochs: int,
   return state, update_metrics
 
 
+def iteration_tasks(exp: experiment_lib.Experiment, iteration: int) -> list:
+  """The tasks of `iteration`: positions `[(i-1)·T, i·T)` of the seeded order, each repeated
+  `rollout.trees_per_task` times (one entry per tree or group)."""
+  r = exp.config.rollout
+  positions = experiment_lib.task_order(len(exp.train_tasks), exp.config.seed,
+                                        (iteration - 1) * r.tasks_per_iteration,
+                                        r.tasks_per_iteration)
+  return [exp.train_tasks[p] for p in positions for _ in range(r.trees_per_task)]
+
+
+def grow(engine: rollout_lib.RolloutEngine, params, tasks: list, key: jax.Array,
+         threshold: float) -> rollout_lib.RolloutBatch:
+  """The trees (or groups) of `tasks` sampled with `key`; with several processes each grows its
+  share and every process gets the whole batch."""
+  share = distributed.process_share(len(tasks))
+  batch = engine.rollout(params, tasks[share.start:share.stop], key, threshold=threshold,
+                         task_ids=share)
+  return rollout_lib.RolloutBatch.concatenate(distributed.allgather_objects(batch))
+
+
+def estimate_and_pack(config, batch: rollout_lib.RolloutBatch, num_tasks: int,
+                      placement: placement_lib.Placement):
+  """(packed batch, advantages, weights, stacked trees): the estimator's per-node advantages and
+  path weights, and one row per tree, the rows a multiple of the micro-batches, each split
+  evenly over the devices of the batch axes."""
+  r = config.rollout
+  trees = batch.stacked_trees()
+  advantages, weights = estimator_registry.advantages_and_weights(
+      jax.tree.map(jnp.asarray, trees), estimator=r.estimator, gamma=float(r.gamma),
+      trees_per_task=r.trees_per_task, trunk=r.trunk_baseline,
+      options=estimator_registry.config_options(config))
+  advantages, weights = np.asarray(advantages), np.asarray(weights)
+  num_rows = placement_lib.row_count(num_tasks,
+                                     config.train.micro_batches * placement.row_shards)
+  packed = packing.pack_trees(batch.tree_tokens(), list(advantages), list(weights),
+                              buckets=translate.row_buckets(config), num_rows=num_rows)
+  return packed, advantages, weights, trees
+
+
 def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine,
                   train_step, state, iteration: int, root_key: jax.Array,
                   threshold: dict | None = None, placement: placement_lib.Placement | None = None,
@@ -119,35 +158,18 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
     (state, metrics record, the whole rollout batch, the fork threshold for the next iteration).
   """
   config = exp.config
-  r = config.rollout
   placement = placement or placement_lib.Placement()
   threshold = threshold or initial_fork_threshold(config)
   times = {}
   start = time.perf_counter()
-  # Tasks of this iteration: positions [(i-1)·T, i·T) of the order, each repeated per tree.
-  positions = experiment_lib.task_order(len(exp.train_tasks), config.seed,
-                                        (iteration - 1) * r.tasks_per_iteration,
-                                        r.tasks_per_iteration)
-  tasks = [exp.train_tasks[p] for p in positions for _ in range(r.trees_per_task)]
+  tasks = iteration_tasks(exp, iteration)
   key = jax.random.fold_in(root_key, iteration)
-  share = distributed.process_share(len(tasks))
-  batch = engine.rollout(exp.full_params(placement.local(state.params)), tasks[share.start:share.stop], key,
-                         threshold=threshold["threshold"], task_ids=share)
-  batch = rollout_lib.RolloutBatch.concatenate(distributed.allgather_objects(batch))
+  batch = grow(engine, exp.full_params(placement.local(state.params)), tasks, key,
+               threshold["threshold"])
   times["time/rollout"] = time.perf_counter() - start
 
   start = time.perf_counter()
-  trees = batch.stacked_trees()
-  advantages, weights = estimator_registry.advantages_and_weights(
-      jax.tree.map(jnp.asarray, trees), estimator=r.estimator, gamma=float(r.gamma),
-      trees_per_task=r.trees_per_task, trunk=r.trunk_baseline,
-      options=estimator_registry.config_options(config))
-  advantages, weights = np.asarray(advantages), np.asarray(weights)
-  # Rows: a multiple of the micro-batches, each split evenly over the devices of the batch axes.
-  num_rows = placement_lib.row_count(len(tasks),
-                                     config.train.micro_batches * placement.row_shards)
-  packed = packing.pack_trees(batch.tree_tokens(), list(advantages), list(weights),
-                              buckets=translate.row_buckets(config), num_rows=num_rows)
+  packed, advantages, weights, trees = estimate_and_pack(config, batch, len(tasks), placement)
   times["time/estimate_and_pack"] = time.perf_counter() - start
 
   start = time.perf_counter()

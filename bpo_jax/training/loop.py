@@ -348,29 +348,43 @@ def summarize(history: Sequence[dict], workdir: str) -> dict:
   return summary
 
 
-def load_checkpoint(config, workdir: str):
-  """(Experiment, TrainState, loop state) of the latest checkpoint in `workdir`.
+def load_checkpoint(config, workdir: str, step: int | None = None):
+  """(Experiment, TrainState, loop state) of checkpoint `step` (default: the latest) in
+  `workdir`.
 
   With several processes they restore it together; each gets the whole state on its first
   device.
   """
   _connect_processes(config)
   exp, state = experiment_lib.build_experiment(config, workdir)
-  tx = translate.rl_optimizer(config)
-  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), create=False)
   try:
-    latest = checkpointer.latest_step()
-    if latest is None:
+    state, _, loop = restore_checkpoint(exp, state, step)
+  except BaseException:
+    exp.close()
+    raise
+  return exp, state, loop
+
+
+def restore_checkpoint(exp: experiment_lib.Experiment, state: update_lib.TrainState,
+                       step: int | None = None):
+  """(TrainState, KL reference or None, loop state) of checkpoint `step` (default: the latest)
+  of `exp.workdir`, restored into `state`'s structure, whole on this process's first device."""
+  config = exp.config
+  tx = translate.rl_optimizer(config)
+  checkpointer = checkpoint_lib.Checkpointer(os.path.join(exp.workdir, "checkpoints"),
+                                             create=False)
+  try:
+    step = checkpointer.latest_step() if step is None else step
+    if step is None:
       raise FileNotFoundError(f"no checkpoint in {checkpointer.directory!r}; train first")
     state = update_lib.TrainState(step=state.step, params=state.params,
                                   opt_state=tx.init(state.params))
     placement = placement_lib.Placement.create(config, state)
     abstract = _checkpoint_tree(placement.abstract(state), config.train.kl_coef > 0)
-    (state, _), loop = _from_checkpoint_tree(checkpointer.restore(latest, abstract))
-    state = placement.local(state)
+    (state, ref), loop = _from_checkpoint_tree(checkpointer.restore(step, abstract))
   finally:
     checkpointer.close()
-  return exp, state, loop
+  return placement.local(state), None if ref is None else placement.local(ref), loop
 
 
 def evaluate(config, workdir: str) -> dict:

@@ -206,20 +206,14 @@ def _step_metrics(grads, micro_losses, micro_norms, sums) -> dict:
   return metrics
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateConfig,
-                    ref_params: Any = None, state_sharding: Any = None,
-                    batch_sharding: Any = None) -> Callable:
-  """Returns a jitted `train_step(state, batch, ref=None, num_trees=None, frozen=None) ->
-  (state, metrics)`.
+def make_gradient_fn(graphdef, config: UpdateConfig, use_ref: bool = False,
+                     batch_sharding: Any = None) -> Callable:
+  """Returns `gradient(params, batch, ref=None, num_trees=None, frozen=None) -> (grads,
+  micro_losses, micro_norms, sums)`: the update's gradient of the whole-batch loss, accumulated
+  in at least float32 over the micro-batches, before any clipping or optimizer step (not jitted).
 
-  `ref_params` given here only switches the KL term on; the values are passed at call time as
-  `ref` (so the reference can be updated without recompiling). `num_trees` overrides the
-  "per_tree" denominator, which otherwise counts non-padding rows: the per-path layout has one
-  row per path, and passing the number of trees there makes its loss equal the packed one.
+  `make_train_step` applies the optimizer to it; `gradient_variance` measures its spread.
   """
-  use_ref = config.kl_coef > 0
-  if use_ref and ref_params is None:
-    raise ValueError("kl_coef > 0 needs reference parameters")
 
   def micro_loss(params, mb, denominator, ref, frozen):
     logprob, entropy = packed_logprobs(graphdef, _joined(params, frozen), mb, config.temperature)
@@ -245,20 +239,44 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateCo
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-  def train_step(state: TrainState, batch: packing.PackedBatch, ref=None, num_trees=None,
-                 frozen=None):
+  def gradient(params, batch: packing.PackedBatch, ref=None, num_trees=None, frozen=None):
     denominator = _denominator(batch, config.normalization, num_trees)
     micro = _split_micro(batch, config.num_micro_batches, batch_sharding)
-    zeros = _gradient_accumulator(state.params)
 
     def body(acc, mb):
       if batch_sharding is not None:  # each micro-batch spread over the batch axes
         mb = jax.lax.with_sharding_constraint(mb, batch_sharding)
-      (loss, sums), grads = grad_fn(state.params, mb, denominator, ref, frozen)
+      (loss, sums), grads = grad_fn(params, mb, denominator, ref, frozen)
       norm = optax.tree.norm(grads) * config.num_micro_batches
       return _accumulate(acc, grads), (loss, norm, sums)
 
-    grads, (micro_losses, micro_norms, sums) = jax.lax.scan(body, zeros, micro)
+    grads, (micro_losses, micro_norms, sums) = jax.lax.scan(
+        body, _gradient_accumulator(params), micro)
+    return grads, micro_losses, micro_norms, sums
+
+  return gradient
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateConfig,
+                    ref_params: Any = None, state_sharding: Any = None,
+                    batch_sharding: Any = None) -> Callable:
+  """Returns a jitted `train_step(state, batch, ref=None, num_trees=None, frozen=None) ->
+  (state, metrics)`.
+
+  `ref_params` given here only switches the KL term on; the values are passed at call time as
+  `ref` (so the reference can be updated without recompiling). `num_trees` overrides the
+  "per_tree" denominator, which otherwise counts non-padding rows: the per-path layout has one
+  row per path, and passing the number of trees there makes its loss equal the packed one.
+  """
+  use_ref = config.kl_coef > 0
+  if use_ref and ref_params is None:
+    raise ValueError("kl_coef > 0 needs reference parameters")
+  gradient = make_gradient_fn(graphdef, config, use_ref, batch_sharding)
+
+  def train_step(state: TrainState, batch: packing.PackedBatch, ref=None, num_trees=None,
+                 frozen=None):
+    grads, micro_losses, micro_norms, sums = gradient(state.params, batch, ref, num_trees,
+                                                      frozen)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = _step_metrics(grads, micro_losses, micro_norms, sums)

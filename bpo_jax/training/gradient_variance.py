@@ -1,0 +1,163 @@
+"""The variance of the policy-gradient estimator at fixed parameters (docs/DESIGN.md §3).
+
+With the parameters θ held fixed and the tasks of one iteration fixed, draw m = 1..M grows the
+iteration's trees (BPO) or groups (the baselines) with its own rollout key, estimates and packs
+them as the iteration does (`iteration.grow`, `iteration.estimate_and_pack`), and takes the
+update's gradient g_m of them (`update.make_gradient_fn`: the first PPO epoch, ratio 1; the
+same loss and normalisation; no clipping of its norm, no optimizer step). Measured:
+
+  variance       Σ_m ||g_m - ḡ||² / (M - 1): the trace of the estimator's covariance, unbiased
+  mean_sq_norm   ||ḡ||², ḡ = Σ_m g_m / M: the squared norm of the mean gradient
+  env_steps_per_task, tokens_per_task: what a draw spent per task of the iteration (all of a
+                 task's trees together), averaged over the draws: the budget the variance is at
+
+The sum runs as Welford's recurrence over the parameter pytree, so that two gradients are held
+whatever M (the running mean and the current draw, both in float32 or the parameters' wider
+dtype): ḡ_m = ḡ_{m-1} + (g_m - ḡ_{m-1}) / m, and the scalar S_m = S_{m-1} + Σ_i (g_m,i -
+ḡ_{m-1},i)(g_m,i - ḡ_m,i), each draw's term summed on the device and S in float64 on the host;
+S_M = Σ_m ||g_m - ḡ_M||². M draws with one key give S = 0 exactly (ḡ_1 = g_1, every later
+difference is 0).
+
+It differs from the `grad_norm_variance` an iteration logs: that is the variance of the norms
+of the micro-batch gradients of one batch (a scalar spread, at whatever θ the iteration had),
+not the spread of the gradient vector over independent batches at one θ.
+
+`checkpoint_gradient_variance(config, workdir, steps, draws)` does this at checkpoints of a
+finished run: the tasks are those of the iteration after the checkpoint, the fork threshold the
+one saved with it, and draw m's key `fold_in(fold_in(fold_in(key(seed), DRAW_STREAM), step),
+m)`, a stream the run's own iterations (`fold_in(key(seed), i)`, i < DRAW_STREAM) never use.
+One process; the update's micro-batches as configured.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bpo_jax import rollout as rollout_lib
+from bpo_jax.training import checkpoint as checkpoint_lib
+from bpo_jax.training import experiment as experiment_lib
+from bpo_jax.training import iteration as iteration_lib
+from bpo_jax.training import loop as loop_lib
+from bpo_jax.training import placement as placement_lib
+from bpo_jax.training import translate
+from bpo_jax.training import update as update_lib
+
+# The key stream of the draws: ASCII "grad" (above any iteration number a run reaches).
+DRAW_STREAM = 0x67726164
+MIN_DRAWS = 2
+
+
+@jax.jit
+def welford_step(mean, grads, count):
+  """(ḡ_m, its term of S) from ḡ_{m-1} and g_m, `count` = m (module docstring)."""
+  delta = jax.tree.map(lambda g, a: g.astype(a.dtype) - a, grads, mean)
+  mean = jax.tree.map(lambda a, d: a + d / count.astype(a.dtype), mean, delta)
+  term = sum(jnp.sum(d * (g.astype(a.dtype) - a))
+             for d, g, a in zip(jax.tree.leaves(delta), jax.tree.leaves(grads),
+                                jax.tree.leaves(mean)))
+  return mean, term
+
+
+def draw_gradient(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine,
+                  gradient: Callable, params, tasks: list, key: jax.Array, threshold: float,
+                  ref=None):
+  """(g, compute counters) of one draw: the trees of `tasks` grown with `key`, estimated and
+  packed as the iteration does, and the update's gradient of them at `params`."""
+  batch = iteration_lib.grow(engine, exp.full_params(params), tasks, key, threshold)
+  packed, _, _, _ = iteration_lib.estimate_and_pack(exp.config, batch, len(tasks),
+                                                    placement_lib.Placement())
+  grads, _, _, _ = gradient(params, jax.tree.map(jnp.asarray, packed), ref, len(tasks),
+                            exp.frozen)
+  return grads, batch.compute.as_dict()
+
+
+def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine,
+                      gradient: Callable, params, tasks: list, keys: Sequence[jax.Array],
+                      threshold: float, ref=None) -> dict:
+  """The estimator's variance at `params` over one draw per key of `keys` (module docstring).
+
+  `gradient` is `update.make_gradient_fn`'s (jitted); `tasks` one entry per tree, as
+  `iteration.iteration_tasks` gives them. A draw whose gradient is not finite (the update would
+  skip it) is left out and counted in `skipped_draws`.
+  """
+  mean, total, used, skipped = None, 0.0, 0, 0
+  env_steps, tokens = [], []
+  for key in keys:
+    grads, compute = draw_gradient(exp, engine, gradient, params, tasks, key, threshold, ref)
+    env_steps.append(compute["env_steps"])
+    tokens.append(compute["tokens_processed"])
+    if not all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads)):
+      skipped += 1
+      continue
+    used += 1
+    mean = jax.tree.map(jnp.zeros_like, grads) if mean is None else mean
+    mean, term = welford_step(mean, grads, jnp.asarray(used, jnp.float32))
+    total += float(term)
+  if used < MIN_DRAWS:
+    raise ValueError(f"{used} draws with a finite gradient out of {len(keys)}: the variance "
+                     f"needs at least {MIN_DRAWS}")
+  per_task = len(tasks) // max(exp.config.rollout.trees_per_task, 1)
+  return {"variance": total / (used - 1),
+          "mean_sq_norm": float(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(mean))),
+          "draws": used, "skipped_draws": skipped,
+          "env_steps_per_task": float(np.mean(env_steps)) / per_task,
+          "tokens_per_task": float(np.mean(tokens)) / per_task}
+
+
+def draw_keys(seed: int, step: int, draws: int) -> list[jax.Array]:
+  """The rollout keys of the draws at checkpoint `step` (module docstring)."""
+  base = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), DRAW_STREAM), step)
+  return [jax.random.fold_in(base, m) for m in range(draws)]
+
+
+def kept_steps(workdir: str) -> list[int]:
+  """The iterations of the checkpoints `workdir` holds, in order."""
+  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), create=False)
+  try:
+    return sorted(checkpointer.all_steps())
+  finally:
+    checkpointer.close()
+
+
+def spread(steps: Sequence[int], count: int) -> list[int]:
+  """`count` of `steps` spread from the first to the last (all of them if fewer).
+
+  Example: spread([0, 2, 4, 6, 8], 3) == [0, 4, 8]; spread([0, 8], 3) == [0, 8].
+  """
+  steps = sorted(steps)
+  if count >= len(steps):
+    return steps
+  if count == 1:
+    return [steps[-1]]
+  picks = sorted({round(i * (len(steps) - 1) / (count - 1)) for i in range(count)})
+  return [steps[i] for i in picks]
+
+
+def checkpoint_gradient_variance(config, workdir: str, steps: Sequence[int],
+                                 draws: int) -> list[dict]:
+  """`gradient_variance` at each checkpoint `steps` of the run in `workdir` (module docstring),
+  each result with its `step`; the experiment (tasks, tokenizer, sandboxes) is built once."""
+  if draws < MIN_DRAWS:
+    raise ValueError(f"draws = {draws}: the variance needs at least {MIN_DRAWS}")
+  exp, state = experiment_lib.build_experiment(config, workdir)
+  try:
+    engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
+                                       translate.rollout_config(config))
+    gradient = jax.jit(update_lib.make_gradient_fn(exp.graphdef, translate.update_config(config),
+                                                   use_ref=config.train.kl_coef > 0))
+    out = []
+    for step in steps:
+      restored, ref, loop = loop_lib.restore_checkpoint(exp, state, step)
+      tasks = iteration_lib.iteration_tasks(exp, step + 1)
+      result = gradient_variance(exp, engine, gradient, restored.params, tasks,
+                                 draw_keys(config.seed, step, draws),
+                                 loop["fork_threshold"]["threshold"], ref)
+      out.append({"step": step, **result})
+    return out
+  finally:
+    exp.close()

@@ -1,0 +1,135 @@
+"""The gradient estimator's variance at fixed parameters (training/gradient_variance.py).
+
+Welford's recurrence by hand on three small gradients; then, on the rooms tiny config at its
+initial parameters, the function's variance against NumPy over M = 4 gradients taken through
+the loop's own path (`iteration.run_iteration` with an optimizer that hands the gradient back
+as its state), and M draws of one key give exactly 0. The real measurement uses M >= 16.
+
+An untrained tiny model never succeeds, so every advantage is 0; the KL term to a reference
+other than the parameters (half of them) gives each draw a gradient that depends on its tokens.
+"""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+from bpo_jax import rollout as rollout_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bpo_jax.training import experiment  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bpo_jax.training import gradient_variance as gv  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bpo_jax.training import iteration  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bpo_jax.training import update  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments.configs import base  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+DRAWS = 4
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def test_welford_by_hand():
+  # g = ([1, 2], [3]), ([3, 2], [5]), ([2, 5], [1]): mean ([2, 3], [3]); squared distances
+  # 1 + 1 + 0 = 2, 1 + 1 + 4 = 6, 0 + 4 + 4 = 8, so S = 16 and the variance 16 / 2 = 8.
+  grads = [{"a": np.float32([1, 2]), "b": np.float32([3])},
+           {"a": np.float32([3, 2]), "b": np.float32([5])},
+           {"a": np.float32([2, 5]), "b": np.float32([1])}]
+  mean, total = jax.tree.map(np.zeros_like, grads[0]), 0.0
+  for m, g in enumerate(grads, 1):
+    mean, term = gv.welford_step(mean, g, jnp.float32(m))
+    total += float(term)
+  assert total == 16.0
+  np.testing.assert_array_equal(mean["a"], [2, 3])
+  np.testing.assert_array_equal(mean["b"], [3])
+
+
+def test_spread_picks_first_middle_last():
+  assert gv.spread([0, 2, 4, 6, 8], 3) == [0, 4, 8]
+  assert gv.spread([0, 1, 2, 3], 3) == [0, 2, 3]
+  assert gv.spread([0, 8], 3) == [0, 8]
+  assert gv.spread([0, 4, 8], 1) == [8]
+
+
+def _capture():
+  """An optimizer whose state is the last gradient it saw, and whose update is the gradient."""
+  return optax.GradientTransformation(lambda params: jax.tree.map(jnp.zeros_like, params),
+                                      lambda grads, state, params=None: (grads, grads))
+
+
+@pytest.fixture(scope="module", params=["bpo", "grpo"])
+def tiny(request, tmp_path_factory):
+  config = base.tiny(base.rooms(request.param), iterations=1)
+  config.train.epochs = 1
+  config.train.kl_coef = 0.5
+  exp, state = experiment.build_experiment(config, str(tmp_path_factory.mktemp("run")))
+  engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
+                                     translate.rollout_config(config))
+  ref = jax.tree.map(lambda p: 0.5 * p, state.params)
+  yield config, exp, engine, state.params, ref
+  exp.close()
+
+
+def _gradient_fn(config, exp):
+  return jax.jit(update.make_gradient_fn(exp.graphdef, translate.update_config(config),
+                                         use_ref=True))
+
+
+def _loop_gradients(config, exp, engine, params, ref, roots):
+  """Each root key's gradient and record through `run_iteration` (iteration 1)."""
+  step = update.make_train_step(exp.graphdef, _capture(), translate.update_config(config),
+                                ref_params=ref)
+  out = []
+  for root in roots:
+    state = update.TrainState(step=jnp.zeros((), jnp.int32),
+                              params=jax.tree.map(jnp.copy, params),
+                              opt_state=jax.tree.map(jnp.zeros_like, params))
+    state, record, _, _ = iteration.run_iteration(exp, engine, step, state, 1, root, ref=ref)
+    flat = np.concatenate([np.asarray(g, np.float64).ravel()
+                           for g in jax.tree.leaves(state.opt_state)])
+    out.append((flat, record))
+  return out
+
+
+def test_variance_equals_numpy_over_the_loops_gradients(tiny):
+  config, exp, engine, params, ref = tiny
+  roots = [jax.random.key(100 + m) for m in range(DRAWS)]
+  reference = _loop_gradients(config, exp, engine, params, ref, roots)
+  g = np.stack([flat for flat, _ in reference])
+  assert len({flat.tobytes() for flat in g}) == DRAWS  # the draws differ
+  for flat, record in reference:  # the captured gradient is the one the update logged
+    assert np.linalg.norm(flat) == pytest.approx(record["grad_norm"], rel=8 * EPS32)
+  mean = g.mean(axis=0)
+  expected = float(np.sum((g - mean) ** 2) / (DRAWS - 1))
+  gradient = _gradient_fn(config, exp)
+  tasks = iteration.iteration_tasks(exp, 1)
+  keys = [jax.random.fold_in(root, 1) for root in roots]  # the keys run_iteration samples with
+  result = gv.gradient_variance(exp, engine, gradient, params, tasks, keys,
+                                config.rollout.entropy_threshold, ref)
+  assert expected > 0 and result["draws"] == DRAWS and result["skipped_draws"] == 0
+  # float32 rounding of the running mean and of each term: a few ulps of Σ ||g_m||² per draw.
+  scale = float(np.sum(g ** 2))
+  assert abs(result["variance"] - expected) <= 4 * DRAWS * EPS32 * scale
+  assert result["mean_sq_norm"] == pytest.approx(float(mean @ mean), rel=8 * DRAWS * EPS32)
+  tasks_per_iteration = config.rollout.tasks_per_iteration
+  assert result["env_steps_per_task"] == (np.mean([r["env_steps"] for _, r in reference])
+                                          / tasks_per_iteration)
+  assert result["tokens_per_task"] == (np.mean([r["tokens_processed"] for _, r in reference])
+                                       / tasks_per_iteration)
+
+
+def test_one_key_drawn_m_times_has_zero_variance(tiny):
+  config, exp, engine, params, ref = tiny
+  gradient = _gradient_fn(config, exp)
+  key = jax.random.key(5)
+  result = gv.gradient_variance(exp, engine, gradient, params, iteration.iteration_tasks(exp, 1),
+                                [key] * DRAWS, config.rollout.entropy_threshold, ref)
+  assert result["variance"] == 0.0 and result["draws"] == DRAWS
+  one, _ = gv.draw_gradient(exp, engine, gradient, params, iteration.iteration_tasks(exp, 1),
+                            key, config.rollout.entropy_threshold, ref)
+  assert result["mean_sq_norm"] == pytest.approx(
+      float(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(one))), rel=EPS32)
+  assert result["mean_sq_norm"] > 0
