@@ -3,12 +3,14 @@
 Pure functions of what a run leaves in its workdir (config.json, metrics.jsonl, summary.json),
 so they are tested on hand-made metrics:
 
-  read_run(workdir)        the three files
+  read_run(workdir)        the three files (and gradient_variance.json when measured)
   run_metrics(run)         one run: final held-out success, env steps and policy tokens per task,
-                           policy updates, gradient-norm variance, the evaluation curve
+                           policy updates, gradient-norm variance, the evaluation curve, and
+                           the gradient estimator's variance at its checkpoints
   aggregate(per_method)    per method over seeds: means, 95% t-intervals, ratios to BPO's
-                           compute, the mean curve with its band; and claim 3
-  markdown(results)        the table
+                           compute, the mean curve with its band; claim 2's variance ratios to
+                           GRPO's and RLOO's; and claim 3
+  markdown(results)        the tables
 
 Per task means per training task of an iteration: a run's total over its iterations divided by
 iterations x `rollout.tasks_per_iteration` (all of a task's trees together). Policy updates are
@@ -17,6 +19,12 @@ optimizer steps: iterations x `train.epochs`. The gradient-norm variance is the 
 the next, not the variance of the gradient estimator at fixed parameters. Intervals over seeds
 are Student-t intervals, mean ± t_{(1+c)/2, n-1} · s / √n with s the sample std: none for one
 seed.
+
+Claim 2, the gradient estimator's variance at fixed parameters (`training.gradient_variance`,
+measured by `compare.py --grad_draws=M`): a run's value is the mean over its measured
+checkpoints of E||g - mean g||^2; a method's is the mean over seeds with its interval, and its
+ratio to GRPO's (RLOO's) is the ratio of the two means. The draws' env steps and policy tokens
+per task sit beside it, so the variances are read at their budgets.
 """
 
 from __future__ import annotations
@@ -30,6 +38,9 @@ import numpy as np
 from scipy import stats
 
 REFERENCE = "bpo"
+GRADIENT_VARIANCE_JSON = "gradient_variance.json"
+# Claim 2 compares each method's gradient variance with these baselines' (when present).
+VARIANCE_BASELINES = ("grpo", "rloo")
 
 
 def read_run(workdir: str) -> dict:
@@ -40,7 +51,12 @@ def read_run(workdir: str) -> dict:
     records = [json.loads(line) for line in f if line.strip()]
   with open(os.path.join(workdir, "summary.json"), encoding="utf-8") as f:
     summary = json.load(f)
-  return {"config": config, "records": records, "summary": summary}
+  grad = None
+  path = os.path.join(workdir, GRADIENT_VARIANCE_JSON)
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      grad = json.load(f)
+  return {"config": config, "records": records, "summary": summary, "gradient_variance": grad}
 
 
 def _last_per_iteration(records: Sequence[dict], phase: str) -> list[dict]:
@@ -80,7 +96,20 @@ def run_metrics(run: dict) -> dict:
       "grad_norm_variance": (float(np.var(grad_norms, ddof=1)) if len(grad_norms) >= 2
                              else None),
       "curve": evaluation_curve(records, epochs),
+      "gradient_variance": gradient_variance_metrics(run.get("gradient_variance")),
   }
+
+
+def gradient_variance_metrics(measured: dict | None) -> dict | None:
+  """One run's claim-2 numbers from its gradient_variance.json: the means over its checkpoints
+  of E||g - mean g||^2, ||mean g||^2 and the draws' env steps and tokens per task."""
+  if not measured or not measured["checkpoints"]:
+    return None
+  points = measured["checkpoints"]
+  return {"draws": measured["draws"], "steps": [p["step"] for p in points],
+          "per_checkpoint": [p["variance"] for p in points],
+          **{k: float(np.mean([p[k] for p in points]))
+             for k in ("variance", "mean_sq_norm", "env_steps_per_task", "tokens_per_task")}}
 
 
 def t_interval(values: Sequence[float], confidence: float = 0.95) -> dict:
@@ -129,7 +158,18 @@ def method_summary(runs: Sequence[dict], confidence: float = 0.95) -> dict:
       "skipped_updates": int(sum(r["skipped_updates"] for r in runs)),
       "grad_norm_variance": t_interval(variances, confidence) if variances else None,
       "curve": mean_curve([r["curve"] for r in runs], confidence),
+      "gradient_variance": _variance_summary(runs, confidence),
   }
+
+
+def _variance_summary(runs: Sequence[dict], confidence: float) -> dict | None:
+  measured = [r["gradient_variance"] for r in runs if r.get("gradient_variance")]
+  if not measured:
+    return None
+  return {"seeds": len(measured), "draws": min(m["draws"] for m in measured),
+          "variance": t_interval([m["variance"] for m in measured], confidence),
+          **{k: float(np.mean([m[k] for m in measured]))
+             for k in ("mean_sq_norm", "env_steps_per_task", "tokens_per_task")}}
 
 
 def first_reach(curve: Sequence[dict], target: float) -> float | None:
@@ -161,6 +201,12 @@ def aggregate(per_method: dict[str, Sequence[dict]], confidence: float = 0.95,
   for m in methods.values():
     m["env_steps_ratio"] = _ratio(m["env_steps_per_task"], ref and ref["env_steps_per_task"])
     m["tokens_ratio"] = _ratio(m["tokens_per_task"], ref and ref["tokens_per_task"])
+    v = m["gradient_variance"]
+    for baseline in VARIANCE_BASELINES:
+      b = methods.get(baseline, {}).get("gradient_variance")
+      if v is not None:
+        v[f"ratio_to_{baseline}"] = _ratio(v["variance"]["mean"],
+                                           b and b["variance"]["mean"])
   return {"confidence": confidence, "reference": reference, "methods": methods,
           "claim_3": claim_three(methods, reference)}
 
@@ -189,6 +235,7 @@ def markdown(results: dict) -> str:
                  f"{_fmt(m['env_steps_per_task'], 1)} | {_fmt(m['env_steps_ratio'], 2)} | "
                  f"{_fmt(m['tokens_per_task'], 0)} | {_fmt(m['tokens_ratio'], 2)} | "
                  f"{_fmt(m['updates'], 0)} | {_interval(m['grad_norm_variance'], 4)} |")
+  lines += claim_two_lines(results)
   c = results["claim_3"]
   if c is not None:
     reached = (f"{ref} first reaches it after {_fmt(c['reference_updates'], 0)} policy updates"
@@ -200,6 +247,29 @@ def markdown(results: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def claim_two_lines(results: dict) -> list[str]:
+  """The claim-2 table (markdown lines), empty when no method's variance was measured."""
+  methods = {n: m["gradient_variance"] for n, m in results["methods"].items()
+             if m.get("gradient_variance")}
+  if not methods:
+    return []
+  pct = f"{results['confidence']:.0%}"
+  draws = min(v["draws"] for v in methods.values())
+  lines = ["", f"Claim 2: the gradient estimator's variance at fixed parameters, "
+           f"E‖g − ḡ‖² over {draws} independent draws of an iteration's trees or groups for the "
+           "same tasks, at the first, middle and last kept checkpoints (mean over them, then "
+           f"over seeds with its {pct} t-interval), with the env steps and policy tokens per "
+           "task each draw spent.", "",
+           "| method | seeds | E‖g − ḡ‖² | × GRPO | × RLOO | ‖ḡ‖² | env steps / task of the draws "
+           "| policy tokens / task of the draws |", "|---|---|---|---|---|---|---|---|"]
+  for name, v in methods.items():
+    lines.append(f"| {name} | {v['seeds']} | {_interval(v['variance'], 4)} | "
+                 f"{_fmt(v.get('ratio_to_grpo'), 2)} | {_fmt(v.get('ratio_to_rloo'), 2)} | "
+                 f"{_fmt(v['mean_sq_norm'], 4)} | {_fmt(v['env_steps_per_task'], 1)} | "
+                 f"{_fmt(v['tokens_per_task'], 0)} |")
+  return lines
+
+
 PLOTS = (("env_steps", "env steps (all tasks)", "success_vs_env_steps.png"),
          ("tokens", "policy tokens (all tasks)", "success_vs_tokens.png"),
          ("updates", "policy updates", "success_vs_updates.png"))
@@ -207,8 +277,9 @@ PLOTS = (("env_steps", "env steps (all tasks)", "success_vs_env_steps.png"),
 
 def plots(results: dict, out: str) -> list[str]:
   """PNG plots into `out`: held-out success against env steps, policy tokens and policy
-  updates (the mean over seeds with its t-interval band), and each method's gradient-norm
-  variance (mean and interval over seeds). Returns the files' names."""
+  updates (the mean over seeds with its t-interval band), each method's gradient-norm
+  variance (mean and interval over seeds) and, when measured, its gradient estimator's variance
+  at fixed parameters (the same). Returns the files' names."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -240,4 +311,18 @@ def plots(results: dict, out: str) -> list[str]:
   fig.tight_layout()
   fig.savefig(os.path.join(out, "grad_norm_variance.png"), dpi=100)
   plt.close(fig)
-  return names + ["grad_norm_variance.png"]
+  names.append("grad_norm_variance.png")
+  measured = {n: m["gradient_variance"] for n, m in methods.items() if m.get("gradient_variance")}
+  if measured:
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for i, v in enumerate(measured.values()):
+      s = v["variance"]
+      err = [[s["mean"] - s["low"]], [s["high"] - s["mean"]]] if s["low"] is not None else None
+      ax.bar(i, s["mean"], yerr=err, capsize=4)
+    ax.set_xticks(range(len(measured)), list(measured))
+    ax.set(ylabel="E||g - mean g||² at fixed parameters")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "gradient_variance.png"), dpi=100)
+    plt.close(fig)
+    names.append("gradient_variance.png")
+  return names

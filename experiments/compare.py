@@ -19,7 +19,14 @@ one resumes from its latest checkpoint; a finished one whose saved config differ
 
 Then OUT (default results/<config name>, e.g. results/rooms_bpo_tiny) receives results.json
 (per method over seeds, `aggregate.aggregate`), results.md (the table and claim 3) and the
-plots of `aggregate.plots`. Bad flags or configurations: one line, exit status 2; a run that
+plots of `aggregate.plots`.
+
+With `--grad_draws=M` (M >= 2; a measurement uses M >= 16), each finished run's variance of the
+gradient estimator at fixed parameters (`training.gradient_variance`) is then measured at
+`--grad_checkpoints` of its kept checkpoints (first, middle, last; the runs keep every
+checkpoint they write) and saved as OUT/runs/EST/seedS/gradient_variance.json, which a later
+call with the same M and checkpoints reuses; the table adds E||g - mean g||^2 per method, its
+ratio to GRPO's and RLOO's, and the env steps per task the draws spent. Bad flags or configurations: one line, exit status 2; a run that
 fails is reported with its log's last line, the others are still aggregated, exit status 1.
 """
 
@@ -58,6 +65,11 @@ def _define_flags():
   _FLAGS["out"] = flags.DEFINE_string("out", None,
                                       "Output directory (default results/<config name>).")
   _FLAGS["jobs"] = flags.DEFINE_integer("jobs", 0, "Runs at once; 0 = the machine's cores.")
+  _FLAGS["grad_draws"] = flags.DEFINE_integer(
+      "grad_draws", 0, "Independent draws per checkpoint for the gradient estimator's variance "
+      "at fixed parameters (claim 2; >= 16 for a measurement); 0 = off.")
+  _FLAGS["grad_checkpoints"] = flags.DEFINE_integer(
+      "grad_checkpoints", 3, "Checkpoints per run it is measured at: first, middle, last kept.")
 
 
 EXIT_INVALID = 2
@@ -152,6 +164,11 @@ def plain(config) -> dict:
   return json.loads(json.dumps(config_lib.to_plain(config)))
 
 
+def checkpoints_written(config) -> int:
+  """Checkpoints a run writes: iteration 0, every `checkpoint.every`-th and the last."""
+  return 1 + -(-config.train.iterations // config.checkpoint.every)
+
+
 def finished(run: Run, iterations: int) -> bool:
   path = os.path.join(run.workdir, "summary.json")
   if not os.path.exists(path):
@@ -191,6 +208,7 @@ def plan(config, estimators, seeds: int, out: str) -> list[tuple[Run, ml_collect
     for estimator in estimators:
       run = Run(estimator, seed, os.path.join(out, "runs", estimator, f"seed{seed}"))
       c = run_config(config, estimator, seed)
+      c.checkpoint.keep = max(c.checkpoint.keep, checkpoints_written(c))
       try:
         config_lib.validate(c)
       except config_lib.ConfigError as error:
@@ -272,17 +290,59 @@ def write_results(runs, out: str, spec: str) -> dict:
   return results
 
 
+GRADIENT_VARIANCE_JSON = "gradient_variance.json"
+
+
+def measure_gradient_variance(runs, draws: int, count: int) -> list[Run]:
+  """Each finished run's gradient variance at `count` of its checkpoints (module docstring),
+  saved beside its metrics; returns the runs it failed for."""
+  from bpo_jax.training import gradient_variance  # pylint: disable=g-import-not-at-top
+  failed = []
+  for run, c in runs:
+    if not finished(run, c.train.iterations):
+      continue
+    path = os.path.join(run.workdir, GRADIENT_VARIANCE_JSON)
+    steps = gradient_variance.spread(gradient_variance.kept_steps(run.workdir), count)
+    if os.path.exists(path):
+      with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+      if saved["draws"] == draws and [r["step"] for r in saved["checkpoints"]] == steps:
+        print(f"{run.estimator} seed {run.seed}: gradient variance measured, skipped")
+        continue
+    start = time.perf_counter()
+    try:
+      results = gradient_variance.checkpoint_gradient_variance(c, run.workdir, steps, draws)
+    except Exception as error:  # pylint: disable=broad-except
+      failed.append(run)
+      print(f"error: {run.estimator} seed {run.seed}: gradient variance failed: "
+            f"{type(error).__name__}: {' '.join(str(error).split())}", file=sys.stderr)
+      continue
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      json.dump({"draws": draws, "checkpoints": results}, f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+    print(f"{run.estimator} seed {run.seed}: gradient variance at checkpoints {steps} "
+          f"({draws} draws) in {time.perf_counter() - start:.0f} s")
+  return failed
+
+
 def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments: {' '.join(argv[1:])}")
   jobs = _FLAGS["jobs"].value
   if jobs < 0:
     _fail(f"--jobs={jobs}: must be >= 0 (0 = the machine's cores)")
+  draws, count = _FLAGS["grad_draws"].value, _FLAGS["grad_checkpoints"].value
+  if draws < 0 or draws == 1:
+    _fail(f"--grad_draws={draws}: must be 0 (off) or >= 2")
+  if count < 1:
+    _fail(f"--grad_checkpoints={count}: must be >= 1")
   spec = _config_arg(sys.argv)
   out = _FLAGS["out"].value or os.path.join("results", config_name(spec))
   runs = plan(_FLAGS["config"].value, _FLAGS["estimators"].value, _FLAGS["seeds"].value, out)
   os.makedirs(out, exist_ok=True)
   failed = train_all(runs, jobs)
+  if draws:
+    failed += measure_gradient_variance(runs, draws, count)
   write_results(runs, out, spec)
   if failed:
     sys.exit(1)

@@ -165,3 +165,83 @@ def test_bad_flags_one_line_exit_2(tmp_path, flag, message):
   assert result.returncode == 2
   assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
   assert not (tmp_path / "out").exists()
+
+
+def _write_gradient_variance(workdir, variances, env_steps=(6.0, 8.0)):
+  points = [{"step": 2 * i, "variance": v, "mean_sq_norm": 0.5, "draws": 16,
+             "skipped_draws": 0, "env_steps_per_task": env_steps[i % 2],
+             "tokens_per_task": 60.0} for i, v in enumerate(variances)]
+  with open(os.path.join(workdir, aggregate.GRADIENT_VARIANCE_JSON), "w",
+            encoding="utf-8") as f:
+    json.dump({"draws": 16, "checkpoints": points}, f)
+
+
+def test_claim_two_by_hand(tmp_path):
+  # Per run, the mean over its checkpoints: BPO seeds (1, 3) → 2 and (2, 4) → 3, mean 2.5;
+  # GRPO (4, 6) → 5 and (6, 8) → 7, mean 6; RLOO (10, 10) twice → 10. Ratios 2.5/6, 2.5/10.
+  per_method = {}
+  for name, seeds in (("bpo", [(1, 3), (2, 4)]), ("grpo", [(4, 6), (6, 8)]),
+                      ("rloo", [(10, 10), (10, 10)])):
+    per_method[name] = []
+    for s, variances in enumerate(seeds):
+      workdir = tmp_path / f"{name}{s}"
+      _write_run(workdir, [0.0, 0.25, 0.5], [10, 14], [100, 140], [1.0, 3.0])
+      _write_gradient_variance(workdir, variances)
+      per_method[name].append(aggregate.run_metrics(aggregate.read_run(workdir)))
+  one = per_method["bpo"][0]["gradient_variance"]
+  assert one["variance"] == 2.0 and one["steps"] == [0, 2] and one["per_checkpoint"] == [1, 3]
+  assert one["env_steps_per_task"] == 7.0 and one["draws"] == 16
+  results = aggregate.aggregate(per_method)
+  b = results["methods"]["bpo"]["gradient_variance"]
+  assert b["variance"]["mean"] == 2.5 and b["seeds"] == 2
+  assert b["ratio_to_grpo"] == 2.5 / 6 and b["ratio_to_rloo"] == 2.5 / 10
+  assert results["methods"]["grpo"]["gradient_variance"]["ratio_to_grpo"] == 1.0
+  table = aggregate.markdown(results)
+  assert "Claim 2" in table and "over 16 independent draws" in table
+  assert "| bpo | 2 | 2.5000 [" in table and "| 0.42 | 0.25 | 0.5000 | 7.0 | 60 |" in table
+  assert "gradient_variance.png" in aggregate.plots(results, str(tmp_path))
+  # A run without the measurement has none, and the table has no claim 2.
+  bare = tmp_path / "bare"
+  _write_run(bare, [0.0, 0.25, 0.5], [10, 14], [100, 140], [1.0, 3.0])
+  metrics = aggregate.run_metrics(aggregate.read_run(bare))
+  assert metrics["gradient_variance"] is None
+  assert "Claim 2" not in aggregate.markdown(aggregate.aggregate({"bpo": [metrics]}))
+
+
+def test_compare_measures_the_gradient_variance_at_the_kept_checkpoints(tmp_path):
+  # One run, M = 4 draws keep the test fast; a measurement uses --grad_draws >= 16. Two
+  # iterations with a checkpoint at each: checkpoints 0, 1, 2 (the run keeps them all).
+  out = str(tmp_path / "out")
+  args = [f"--config={ROOMS_TINY}", "--seeds=1", "--estimators=grpo", f"--out={out}",
+          "--config.warm_start.num_trajectories=0", "--config.eval.num_tasks=1",
+          "--config.checkpoint.every=1", "--grad_draws=4"]
+  first = _compare(*args)
+  assert first.returncode == 0, first.stderr[-2000:]
+  assert "grpo seed 0: gradient variance at checkpoints [0, 1, 2] (4 draws)" in first.stdout
+  saved = json.load(open(os.path.join(out, "runs", "grpo", "seed0.json"), encoding="utf-8"))
+  assert saved["checkpoint"]["keep"] == 3
+  measured = json.load(open(os.path.join(out, "runs", "grpo", "seed0", "gradient_variance.json"),
+                            encoding="utf-8"))
+  assert measured["draws"] == 4 and [p["step"] for p in measured["checkpoints"]] == [0, 1, 2]
+  for p in measured["checkpoints"]:
+    assert p["draws"] == 4 and p["variance"] >= 0 and p["env_steps_per_task"] > 0
+  results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
+  v = results["methods"]["grpo"]["gradient_variance"]
+  assert v["draws"] == 4 and v["seeds"] == 1
+  assert v["variance"]["mean"] == pytest.approx(
+      sum(p["variance"] for p in measured["checkpoints"]) / 3, rel=1e-12)
+  assert "Claim 2" in open(os.path.join(out, "results.md"), encoding="utf-8").read()
+  second = _compare(*args)
+  assert second.returncode == 0, second.stderr[-2000:]
+  assert "grpo seed 0: gradient variance measured, skipped" in second.stdout
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--grad_draws=1", "error: --grad_draws=1: must be 0 (off) or >= 2"),
+    ("--grad_checkpoints=0", "error: --grad_checkpoints=0: must be >= 1"),
+])
+def test_bad_gradient_variance_flags_one_line_exit_2(tmp_path, flag, message):
+  result = _compare(f"--config={ROOMS_TINY}", f"--out={tmp_path / 'out'}", flag)
+  assert result.returncode == 2
+  assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
+  assert not (tmp_path / "out").exists()
