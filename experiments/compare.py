@@ -26,8 +26,12 @@ gradient estimator at fixed parameters (`training.gradient_variance`) is then me
 `--grad_checkpoints` of its kept checkpoints (first, middle, last; the runs keep every
 checkpoint they write) and saved as OUT/runs/EST/seedS/gradient_variance.json, which a later
 call with the same M and checkpoints reuses; the table adds E||g - mean g||^2 per method, its
-ratio to GRPO's and RLOO's, and the env steps per task the draws spent. Bad flags or configurations: one line, exit status 2; a run that
-fails is reported with its log's last line, the others are still aggregated, exit status 1.
+ratio to GRPO's and RLOO's, and the env steps per task the draws spent. The runs are measured
+one after another in this process.
+
+Bad flags or configurations: one line, exit status 2; a run that fails (or whose measurement
+fails) is reported with its log's last line (the error), the others are still aggregated, exit
+status 1.
 """
 
 import concurrent.futures
@@ -302,15 +306,15 @@ def measure_gradient_variance(runs, draws: int, count: int) -> list[Run]:
     if not finished(run, c.train.iterations):
       continue
     path = os.path.join(run.workdir, GRADIENT_VARIANCE_JSON)
-    steps = gradient_variance.spread(gradient_variance.kept_steps(run.workdir), count)
-    if os.path.exists(path):
-      with open(path, encoding="utf-8") as f:
-        saved = json.load(f)
-      if saved["draws"] == draws and [r["step"] for r in saved["checkpoints"]] == steps:
-        print(f"{run.estimator} seed {run.seed}: gradient variance measured, skipped")
-        continue
     start = time.perf_counter()
     try:
+      steps = gradient_variance.spread(gradient_variance.kept_steps(run.workdir), count)
+      if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+          saved = json.load(f)
+        if saved["draws"] == draws and [r["step"] for r in saved["checkpoints"]] == steps:
+          print(f"{run.estimator} seed {run.seed}: gradient variance measured, skipped")
+          continue
       results = gradient_variance.checkpoint_gradient_variance(c, run.workdir, steps, draws)
     except Exception as error:  # pylint: disable=broad-except
       failed.append(run)

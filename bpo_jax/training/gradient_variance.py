@@ -144,6 +144,9 @@ def checkpoint_gradient_variance(config, workdir: str, steps: Sequence[int],
   each result with its `step`; the experiment (tasks, tokenizer, sandboxes) is built once."""
   if draws < MIN_DRAWS:
     raise ValueError(f"draws = {draws}: the variance needs at least {MIN_DRAWS}")
+  if jax.process_count() > 1:
+    raise ValueError(f"the gradient variance is measured in one process, not "
+                     f"{jax.process_count()}")
   exp, state = experiment_lib.build_experiment(config, workdir)
   try:
     engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,

@@ -1,9 +1,10 @@
 """The gradient estimator's variance at fixed parameters (training/gradient_variance.py).
 
 Welford's recurrence by hand on three small gradients; then, on the rooms tiny config at its
-initial parameters, the function's variance against NumPy over M = 4 gradients taken through
-the loop's own path (`iteration.run_iteration` with an optimizer that hands the gradient back
-as its state), and M draws of one key give exactly 0. The real measurement uses M >= 16.
+initial parameters (BPO with random forks and two trees per task, and GRPO), the function's
+variance against NumPy over M = 4 gradients taken through the loop's own path
+(`iteration.run_iteration` with an optimizer that hands the gradient back as its state), and M
+draws of one key give exactly 0. The real measurement uses M >= 16.
 
 An untrained tiny model never succeeds, so every advantage is 0; the KL term to a reference
 other than the parameters (half of them) gives each draw a gradient that depends on its tokens.
@@ -20,13 +21,15 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-from bpo_jax import rollout as rollout_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bpo_jax.training import experiment  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bpo_jax.training import gradient_variance as gv  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bpo_jax.training import iteration  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bpo_jax.training import update  # pylint: disable=g-import-not-at-top,wrong-import-position
-from experiments.configs import base  # pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from bpo_jax import rollout as rollout_lib
+from bpo_jax.training import experiment
+from bpo_jax.training import gradient_variance as gv
+from bpo_jax.training import iteration
+from bpo_jax.training import translate
+from bpo_jax.training import update
+from experiments.configs import base
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 DRAWS = 4
 EPS32 = float(np.finfo(np.float32).eps)
@@ -65,6 +68,12 @@ def tiny(request, tmp_path_factory):
   config = base.tiny(base.rooms(request.param), iterations=1)
   config.train.epochs = 1
   config.train.kl_coef = 0.5
+  if request.param == "bpo":  # trees whose shape varies from draw to draw, two per task
+    config.rollout.fork_rule = "random"
+    config.rollout.fork_probability = 0.5
+    config.rollout.max_leaves = 3
+    config.rollout.trees_per_task = 2
+    config.rollout.trunk_baseline = "loo"
   exp, state = experiment.build_experiment(config, str(tmp_path_factory.mktemp("run")))
   engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
                                      translate.rollout_config(config))
@@ -110,9 +119,10 @@ def test_variance_equals_numpy_over_the_loops_gradients(tiny):
   result = gv.gradient_variance(exp, engine, gradient, params, tasks, keys,
                                 config.rollout.entropy_threshold, ref)
   assert expected > 0 and result["draws"] == DRAWS and result["skipped_draws"] == 0
-  # float32 rounding of the running mean and of each term: a few ulps of Σ ||g_m||² per draw.
+  # float32 rounding of the running mean and of each draw's term (one ulp each) at the scale of
+  # Σ ||g_m||² (the measured error here is 0.2 ulp of it).
   scale = float(np.sum(g ** 2))
-  assert abs(result["variance"] - expected) <= 4 * DRAWS * EPS32 * scale
+  assert abs(result["variance"] - expected) <= 2 * DRAWS * EPS32 * scale
   assert result["mean_sq_norm"] == pytest.approx(float(mean @ mean), rel=8 * DRAWS * EPS32)
   tasks_per_iteration = config.rollout.tasks_per_iteration
   assert result["env_steps_per_task"] == (np.mean([r["env_steps"] for _, r in reference])
