@@ -194,7 +194,8 @@ def _saved_differences(run: Run, config) -> list[str]:
     return out
 
   a, b = flat(saved), flat(plain(config))
-  return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+  # How many checkpoints a run keeps does not change its numbers (a resumed run may change it).
+  return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k != "checkpoint.keep")
 
 
 def plan(config, estimators, seeds: int, out: str) -> list[tuple[Run, ml_collections.ConfigDict]]:
