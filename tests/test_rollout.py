@@ -311,6 +311,87 @@ def test_group_topology_forks_n_at_the_root_only(policy, fmt, tasks):
   assert np.isfinite(np.asarray(advantages)).all()
 
 
+class _Countdown:
+  """A deterministic toy sandbox: the task is an episode length L; every action is a step, and
+  the L-th ends the episode (reward 1), whatever the actions were."""
+
+  def reset(self, task):
+    self.length, self.steps = int(task), 0
+    return f"{self.length} steps to go"
+
+  def step(self, action):
+    del action
+    self.steps += 1
+    done = self.steps >= self.length
+    return base.Step(observation=f"{self.length - self.steps} steps to go",
+                     reward=1.0 if done else 0.0, done=done, info={"success": done})
+
+  def snapshot(self):
+    return base.Snapshot(f"{self.length},{self.steps}".encode())
+
+  def restore(self, snapshot):
+    self.length, self.steps = map(int, snapshot.data.decode().split(","))
+
+  def close(self):
+    pass
+
+
+def countdown_pool():
+  return pool_lib.SandboxPool(_Countdown, num_workers=0)
+
+
+@pytest.mark.parametrize("budget, max_turns, episodes", [(10, 5, 2), (12, 5, 2), (15, 5, 3),
+                                                         (64, 5, 12), (20, 6, 3)])
+def test_a_group_holds_as_many_whole_episodes_as_the_budget_at_the_worst_case(
+    budget, max_turns, episodes):
+  config = rollout.RolloutConfig(topology="group", group_size=0, max_env_steps=budget,
+                                 max_turns=max_turns)
+  assert config.episodes_per_group == episodes == budget // max_turns
+  assert config.node_capacity == episodes * max_turns
+  # A fixed size is the old behaviour: the budget is not read.
+  assert rollout.RolloutConfig(topology="group", group_size=4, max_env_steps=budget,
+                               max_turns=max_turns).episodes_per_group == 4
+
+
+def test_a_budget_for_fewer_than_two_episodes_is_named():
+  for budget in (None, 9):
+    with pytest.raises(ValueError, match=f"two whole episodes of max_turns=5 steps, got "
+                                         f"max_env_steps={budget}"):
+      rollout.RolloutConfig(topology="group", group_size=0, max_env_steps=budget, max_turns=5)
+  with pytest.raises(ValueError, match="group_size must be >= 0"):
+    rollout.RolloutConfig(topology="group", group_size=-1)
+
+
+def test_bpo_and_a_group_spend_the_same_env_step_budget_without_cutting_an_episode(
+    policy, fmt):
+  # Budget 20, max_turns 6, episodes of exactly 6 steps (task 6) and of 4 (task 4).
+  common = dict(max_env_steps=20, max_turns=6, capacity=32)
+  group = grow(policy, fmt, countdown_pool(), [6, 4], topology="group", group_size=0, **common)
+  for result, length in zip(group.rollouts, (6, 4)):
+    tree_lib.validate(result.tree)
+    kids = valid_children(result)
+    assert len(kids[rollout.ROOT]) == 3  # 20 // 6 whole episodes
+    assert result.leaves().size == 3
+    assert result.compute.env_steps == 3 * length <= 20
+    assert result.tree.terminal[result.leaves()].all()   # every episode ran to its end
+    assert not result.tree.truncated[:result.num_nodes].any()
+  # BPO, every state above the threshold, K = 2, worst-case accounting. Task 6: the fork at
+  # depth d adds 6 - d worst-case steps; at depth 0: 0 + 6 + 6 = 12 <= 20; depth 1: 2 + 10 + 5
+  # = 17; depth 2: 5 + 12 + 4 = 21 refused; depth 3: 8 + 9 + 3 = 20; depth 4: 12 + 8 + 2 = 22
+  # and depth 5: 16 + 4 + 1 = 21 refused. Leaves of 6, 6, 5 and 3 steps: 20 env steps.
+  tree = grow(policy, fmt, countdown_pool(), [6], threshold=-1.0, num_siblings=2,
+              max_leaves=None, **common).rollouts[0]
+  tree_lib.validate(tree.tree)
+  forked = sorted(d.depth for d in tree.decisions if d.num_siblings > 1)
+  refused = sorted(d.depth for d in tree.decisions if d.rule and not d.affordable)
+  assert forked == [0, 1, 3]
+  assert 2 in refused and 4 in refused and 5 in refused
+  assert tree.leaves().size == 4 and tree.compute.env_steps == 20
+  assert tree.tree.terminal[tree.leaves()].all()
+  assert not tree.tree.truncated[:tree.num_nodes].any()
+  check_token_accounting(tree)
+
+
 class _FaultyRooms:
   """Rooms that raises on chosen step and restore calls, counted over all sandboxes."""
 

@@ -19,10 +19,12 @@ class RolloutConfig:
   """How trees are grown.
 
   Attributes:
-    topology: "tree" (BPO: forks decided online along the way) or "group" (`group_size`
-      independent rollouts per task: a fork of N at the root state and none after).
+    topology: "tree" (BPO: forks decided online along the way) or "group" (N independent
+      rollouts per task: a fork of N at the root state and none after, `episodes_per_group`).
     num_siblings: K, the actions tried at a fork (the branch itself plus K-1 new ones).
-    group_size: N for the group topology.
+    group_size: N for the group topology: > 0 a fixed N (the env-step budget is not read);
+      0 as many whole episodes as fit in `max_env_steps` at the worst case, N =
+      max_env_steps // max_turns (`episodes_per_group`), at least 2.
     fork_rule: "entropy" (fork when the state's entropy, see `entropy_measure`, exceeds the
       threshold), "random" (fork with probability `fork_prob`), "never" (a single backbone),
       or "top_k_after": once the backbone has finished, fork at its `max_forks`
@@ -43,7 +45,8 @@ class RolloutConfig:
       seeded with the task key's words).
     siblings_fork: whether branches started at a fork may fork too (else only the backbone).
     max_leaves: most leaves per tree (every started branch ends in one leaf); None: no limit.
-    max_env_steps: most sandbox steps per tree; None: no limit.
+    max_env_steps: most sandbox steps per tree (or group, with `group_size` 0); None: no
+      limit.
     max_tokens: most tokens the policy processes per tree (prefill + decode); None: no limit.
     budget_accounting: "worst_case" (hard limits) or "used" (see `rollout.budget`).
     max_turns: most actions per branch; a branch reaching it is cut (truncated).
@@ -53,7 +56,7 @@ class RolloutConfig:
     batch_buckets: batch sizes the device sees (rows padded up; beyond the largest, multiples
       of it), so `generate` and `append` compile a bounded number of times.
     capacity: nodes per `RolloutTree`; default `max_leaves * max_turns` (tree) or
-      `group_size * max_turns` (group). Forks that could overflow it are refused.
+      `episodes_per_group * max_turns` (group). Forks that could overflow it are refused.
     state_ids: how `RolloutTree.state_id` is filled: "none" (-1), "observation" (a hash of the
       observation text at the state) or "snapshot" (a hash of the sandbox snapshot, an exact
       state key; costs one snapshot per step).
@@ -92,9 +95,12 @@ class RolloutConfig:
     choice("entropy_measure", ENTROPY_MEASURES)
     choice("budget_accounting", BUDGET_ACCOUNTING)
     choice("state_ids", STATE_IDS)
-    for name in ("num_siblings", "group_size", "max_turns", "max_new_tokens", "max_length"):
+    for name in ("num_siblings", "max_turns", "max_new_tokens", "max_length"):
       if getattr(self, name) < 1:
         raise ValueError(f"RolloutConfig.{name} must be positive, got {getattr(self, name)}")
+    if self.group_size < 0:
+      raise ValueError(f"RolloutConfig.group_size must be >= 0 (0: as many episodes as fit "
+                       f"max_env_steps), got {self.group_size}")
     if self.topology == "tree" and self.fork_rule != "never" and self.num_siblings < 2:
       raise ValueError(f"RolloutConfig.num_siblings must be >= 2 to fork, got "
                        f"{self.num_siblings}")
@@ -118,20 +124,48 @@ class RolloutConfig:
       if self.siblings_fork:
         raise ValueError("RolloutConfig: fork_rule 'top_k_after' forks the backbone only "
                          "(siblings_fork must be False)")
+    if self.topology == "group" and self.group_size == 0:
+      if self.max_env_steps is None or self.max_env_steps // self.max_turns < 2:
+        raise ValueError(f"RolloutConfig: group_size=0 needs max_env_steps to hold two whole "
+                         f"episodes of max_turns={self.max_turns} steps, got "
+                         f"max_env_steps={self.max_env_steps}")
     if self.node_capacity < self.max_turns:
       raise ValueError(f"RolloutConfig.capacity {self.node_capacity} cannot hold one branch of "
                        f"max_turns={self.max_turns} steps")
-    if self.topology == "group" and self.node_capacity < self.group_size * self.max_turns:
+    if self.topology == "group" and (self.node_capacity
+                                     < self.episodes_per_group * self.max_turns):
       raise ValueError(f"RolloutConfig.capacity {self.node_capacity} cannot hold "
-                       f"group_size={self.group_size} rollouts of max_turns={self.max_turns}")
+                       f"group_size={self.episodes_per_group} rollouts of "
+                       f"max_turns={self.max_turns}")
     self.sampling_params()  # validates temperature, top_p, top_k
+
+  @property
+  def episodes_per_group(self) -> int:
+    """N, the independent episodes of a group: `group_size`, or with `group_size` 0 as many
+    whole episodes as fit in `max_env_steps` at the worst case (`max_turns` steps each).
+
+    The rule fixes N before any episode starts, from the budget and the turn limit alone: N
+    does not depend on the group's own episodes, so a group is N i.i.d. episodes and the
+    group baselines stay what they are for a fixed N (RLOO's leave-one-out mean unbiased).
+    Starting more episodes as early ones finish would fill the budget better, but N would then
+    depend on the episodes' lengths, which go with their returns (an episode that succeeds ends
+    early): with N in {1, 2} decided by the first episode's length, its weight 1/N in the
+    group average would be 1 when it is long and 1/2 when it is short, a reweighting of
+    episodes by their own outcome, which biases the estimate. No episode is cut by the budget:
+    each has at most `max_turns` steps and N of them fit.
+
+    Example: max_env_steps=12, max_turns=5 → N = 2 (10 steps at most; 2 are never used).
+    """
+    if self.group_size > 0:
+      return self.group_size
+    return self.max_env_steps // self.max_turns
 
   @property
   def node_capacity(self) -> int:
     if self.capacity is not None:
       return self.capacity
     if self.topology == "group":
-      return self.group_size * self.max_turns
+      return self.episodes_per_group * self.max_turns
     return self.max_leaves * self.max_turns
 
   @property

@@ -127,10 +127,11 @@ class Never(OnlineRule):
 
 class GroupAtRoot(ForkPolicy):
   """The baselines' topology: a fork of N at the root state and none after (N independent
-  rollouts sharing only the prompt prefill)."""
+  rollouts sharing only the prompt prefill; N = `RolloutConfig.episodes_per_group`, fixed
+  before any episode starts)."""
 
   def __init__(self, config: RolloutConfig):
-    self._num_new = config.group_size - 1
+    self._num_new = config.episodes_per_group - 1
 
   def decide(self, branch, tree, entropy, budget):
     eligible = branch.node == ROOT and branch.can_fork
