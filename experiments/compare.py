@@ -5,8 +5,9 @@ r"""Runs estimators x seeds of one configuration and writes the comparison: tabl
         --estimators=bpo,grpo --out=results/rooms_tiny --config.train.iterations=4
 
 `--config=FILE[:ARG]` is one method's configuration (and `--config.a.b=v` overrides it, as in
-run.py); each estimator of `--estimators` gets it through `configs/base.with_estimator` with the
-world's matched group size, the way rooms_grpo.py and the other baseline configs are built, and
+run.py); each estimator of `--estimators` gets it through `configs/base.with_estimator` (a
+baseline rolls as many whole episodes as fit in the env-step budget BPO's tree grows in), the
+way rooms_grpo.py and the other baseline configs are built, and
 each seed 0..N-1 of `--seeds=N` sets `seed`. Every (estimator, seed) is a normal training run,
 
     python experiments/run.py --config=experiments/json_config.py:OUT/runs/EST/seedS.json \
@@ -79,10 +80,6 @@ def _define_flags():
 EXIT_INVALID = 2
 RUN_PY = os.path.join(_ROOT, "experiments", "run.py")
 JSON_CONFIG_PY = os.path.join(_ROOT, "experiments", "json_config.py")
-# Independent episodes per task matching one BPO tree, per world (configs/base.py).
-MATCHED_GROUP_SIZES = {"rooms": base.ROOMS_MATCHED_GROUP_SIZE,
-                       "textworld": base.TEXTWORLD_MATCHED_GROUP_SIZE}
-
 
 @dataclasses.dataclass(frozen=True)
 class Run:
@@ -154,11 +151,10 @@ def config_name(spec: str) -> str:
 
 
 def run_config(config, estimator: str, seed: int) -> ml_collections.ConfigDict:
-  """`config` for `estimator` (`base.with_estimator`, the world's matched group size) and
-  `seed`; a world without a measured size keeps `rollout.k`."""
+  """`config` for `estimator` (`base.with_estimator`: a baseline rolls as many whole episodes
+  as fit in the config's env-step budget, the budget BPO's tree grows in) and `seed`."""
   config = ml_collections.ConfigDict(config_lib.to_plain(config))
-  group_size = MATCHED_GROUP_SIZES.get(config.env.name, config.rollout.k)
-  config = base.with_estimator(config, estimator, group_size)
+  config = base.with_estimator(config, estimator)
   config.seed = seed
   return config
 

@@ -120,7 +120,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.estimator = "bpo"
   c.rollout.tasks_per_iteration = 16
   c.rollout.trees_per_task = 1     # >= 2 for the leave-one-out trunk baseline
-  c.rollout.k = 2                  # siblings per fork (BPO); group size (baselines)
+  c.rollout.k = 2                  # siblings per fork (BPO)
+  # Episodes per task of a baseline (topology "group"): > 0 that many (>= 2); 0 as many whole
+  # episodes as fit in rollout.max_env_steps at the worst case, max_env_steps // env.max_turns
+  # (compute matched to BPO's env-step budget by construction, docs/DESIGN.md §3).
+  c.rollout.group_size = 2
   c.rollout.fork_rule = "entropy"
   # the entropy at a state: "first_token" (of the action's first token) or "greedy_action" (the
   # token entropies summed along the greedy action; one extra greedy decode per turn)
@@ -234,6 +238,7 @@ _RANGES = (
     ("rollout.tasks_per_iteration", 1, None, ""),
     ("rollout.trees_per_task", 1, None, ""),
     ("rollout.k", 2, None, "a fork needs at least two siblings"),
+    ("rollout.group_size", 0, None, "0 = as many episodes as fit rollout.max_env_steps"),
     ("rollout.entropy_threshold", 0.0, None, ""),
     ("rollout.fork_probability", 0.0, 1.0, ""),
     ("rollout.entropy_quantile", 0.0, 1.0, "0 = a fixed threshold"),
@@ -368,16 +373,41 @@ def check_text_budgets(config, fmt) -> None:
     raise ConfigError(problems)
 
 
+def group_episodes(config) -> int:
+  """A baseline's episodes per task: `rollout.group_size`, or with 0 as many whole episodes as
+  fit in `rollout.max_env_steps` at the worst case (`env.max_turns` steps each), fixed before
+  any episode starts (`rollout.RolloutConfig.episodes_per_group` says why that keeps the group
+  baselines unbiased).
+
+  Example: max_env_steps = 10, max_turns = 5, group_size = 0 → 2.
+  """
+  r = config.rollout
+  return r.group_size if r.group_size > 0 else r.max_env_steps // config.env.max_turns
+
+
+def _check_group_size(config, problems: list[str]):
+  """A baseline's group must hold two episodes."""
+  r = config.rollout
+  if r.group_size == 1:
+    problems.append("rollout.group_size = 1: a group needs at least 2 episodes (0 = as many as "
+                    "fit rollout.max_env_steps)")
+  elif r.group_size == 0 and group_episodes(config) < 2:
+    problems.append(f"rollout.max_env_steps = {r.max_env_steps}: holds "
+                    f"{group_episodes(config)} whole episode(s) of env.max_turns = "
+                    f"{config.env.max_turns} steps; rollout.group_size = 0 needs at least 2 "
+                    "(set max_env_steps >= 2 x max_turns, or a fixed group_size)")
+
+
 def _check_budgets(config, problems: list[str]):
   """Budgets that cannot hold one tree."""
   r = config.rollout
   estimator = estimator_registry.get(r.estimator)
-  if r.max_leaves < r.k:
-    unit = ("one fork of rollout.k = {k} siblings" if estimator.topology == "tree"
-            else "one group of rollout.k = {k} independent rollouts")
-    problems.append(f"rollout.max_leaves = {r.max_leaves}: cannot hold {unit.format(k=r.k)}; "
-                    "set max_leaves >= k")
-  if r.max_env_steps < r.k:
+  if estimator.topology == "group":
+    _check_group_size(config, problems)
+  elif r.max_leaves < r.k:
+    problems.append(f"rollout.max_leaves = {r.max_leaves}: cannot hold one fork of rollout.k = "
+                    f"{r.k} siblings; set max_leaves >= k")
+  if estimator.topology == "tree" and r.max_env_steps < r.k:
     problems.append(f"rollout.max_env_steps = {r.max_env_steps}: cannot hold one step of each of "
                     f"rollout.k = {r.k} branches; set max_env_steps >= k")
   min_tree_tokens = r.k * (config.rollout.max_action_tokens + 1) + 8

@@ -42,7 +42,8 @@ class Estimator:
       `jax.jit` (see `advantages_and_weights`). The trees come grouped by task in consecutive
       runs of `trees_per_task`; `trunk` is `rollout.trunk_baseline`.
     topology: "tree" (forks decided online within the per-tree budgets, `rollout.k` siblings
-      per fork) or "group" (`rollout.k` independent episodes per task: a fork at the root).
+      per fork) or "group" (independent episodes per task, a fork at the root:
+      `rollout.group_size` of them, or with 0 as many as fit `rollout.max_env_steps`).
     state_ids: how the rollout labels states (`RolloutConfig.state_ids`, checked there);
       "observation" for estimators that group identical states.
     trunk_baseline: whether it reads `rollout.trunk_baseline` (the baseline of a tree's steps

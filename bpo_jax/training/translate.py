@@ -78,9 +78,11 @@ def rollout_config(config, evaluation: bool = False) -> rollout_lib.RolloutConfi
         fork_prob=r.fork_probability,
         max_leaves=r.max_leaves, max_env_steps=r.max_env_steps, max_tokens=r.max_tree_tokens,
         temperature=r.temperature, top_p=r.top_p, state_ids=estimator.state_ids, **common)
+  # `rollout.group_size` 0: as many whole episodes as fit in the env-step budget, N fixed
+  # before the episodes start (`RolloutConfig.episodes_per_group`).
   return rollout_lib.RolloutConfig(
-      topology="group", group_size=r.k, temperature=r.temperature, top_p=r.top_p,
-      state_ids=estimator.state_ids, **common)
+      topology="group", group_size=r.group_size, max_env_steps=r.max_env_steps,
+      temperature=r.temperature, top_p=r.top_p, state_ids=estimator.state_ids, **common)
 
 
 def update_config(config) -> update_lib.UpdateConfig:

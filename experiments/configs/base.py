@@ -5,12 +5,14 @@ Every config file is `base.<world>()` with one estimator on top:
     rooms(estimator)      the built-in world (difficulty 1), a ~0.6M-parameter decoder, CPU
     textworld(estimator)  TextWorld games made by scripts/make_textworld_games.py
 
-Matched compute. BPO grows one tree per task with forks of K = `rollout.k` siblings within the
-per-tree budgets (leaves, tokens, env steps); the baselines roll `rollout.k` = N independent
-episodes per task. N is set so that a baseline group costs what a BPO tree costs in environment
-steps (`branching.matched_group_size`: BPO's mean env steps per tree over the mean episode
-length, both measured on the quickstart run), and every run logs `env_steps` and
-`tokens_processed` per iteration, so the match can be checked in `metrics.jsonl`.
+Matched compute, by construction. Every method gets the same budget of environment steps per
+tree (`rollout.max_env_steps`; per task with one tree per task): BPO grows its tree inside it
+(a fork is made only if the worst case of every live branch still fits), and a baseline
+(`rollout.group_size = 0`) rolls as many whole episodes as fit in it at the worst case,
+N = max_env_steps // env.max_turns, fixed before any episode starts so that the group's size
+does not depend on its episodes' outcomes (`rollout.RolloutConfig.episodes_per_group`). Neither
+can spend more than the budget and no episode is cut by it; what each spends is logged
+(`env_steps`, `tokens_processed` per iteration in `metrics.jsonl`).
 """
 
 import ml_collections
@@ -18,29 +20,29 @@ import ml_collections
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import estimator_registry
 
-# Independent episodes per task matching one BPO tree's environment steps (see the docstring).
-# Rooms, measured on the quickstart (120 iterations x 16 trees): 6.8 env steps and 1.7 leaves
-# per tree, 3.9 steps per leaf: matched_group_size(6.8, 3.9) = 2. TextWorld takes the same value by
-# the same rule; it was not measured there (check `env_steps` in a run's metrics.jsonl).
-ROOMS_MATCHED_GROUP_SIZE = 2
-TEXTWORLD_MATCHED_GROUP_SIZE = 2
+# The per-tree env-step budget of every method: two worst-case episodes (env.max_turns = 5 in
+# rooms, 8 in TextWorld), so a baseline group holds N = 2 episodes, the size the earlier
+# constant matched to a quickstart BPO tree (6.8 env steps, 3.9 per leaf). BPO's tree grows
+# inside the same budget.
+ROOMS_ENV_STEPS = 10
+TEXTWORLD_ENV_STEPS = 16
 
 
-def with_estimator(config: ml_collections.ConfigDict, estimator: str,
-                   matched_group_size: int) -> ml_collections.ConfigDict:
-  """`config` with `estimator`; one that grows groups (a baseline) gets `matched_group_size`
-  episodes per task."""
+def with_estimator(config: ml_collections.ConfigDict,
+                   estimator: str) -> ml_collections.ConfigDict:
+  """`config` with `estimator`; one that grows groups (a baseline) rolls as many whole
+  episodes per task as fit in `rollout.max_env_steps` (`rollout.group_size = 0`)."""
   config.rollout.estimator = estimator
   if estimator_registry.get(estimator).topology == "group":
-    config.rollout.k = matched_group_size
-    config.rollout.max_leaves = max(config.rollout.max_leaves, matched_group_size)
+    config.rollout.group_size = 0
   return config
 
 
 def rooms(estimator: str = "bpo") -> ml_collections.ConfigDict:
   """The built-in world at difficulty 1 with the library defaults (CPU, no downloads)."""
   config = config_lib.default_config()
-  return with_estimator(config, estimator, ROOMS_MATCHED_GROUP_SIZE)
+  config.rollout.max_env_steps = ROOMS_ENV_STEPS
+  return with_estimator(config, estimator)
 
 
 def textworld(estimator: str = "bpo",
@@ -59,7 +61,8 @@ def textworld(estimator: str = "bpo",
   config.model.max_length = 1024
   config.rollout.max_tree_tokens = 2048
   config.warm_start.num_trajectories = 32
-  return with_estimator(config, estimator, TEXTWORLD_MATCHED_GROUP_SIZE)
+  config.rollout.max_env_steps = TEXTWORLD_ENV_STEPS
+  return with_estimator(config, estimator)
 
 
 VARIANTS = ("tiny",)
@@ -78,7 +81,8 @@ def variant(config: ml_collections.ConfigDict, arg: str | None) -> ml_collection
 def tiny(config: ml_collections.ConfigDict, iterations: int = 2) -> ml_collections.ConfigDict:
   """A seconds-long version of `config` for smoke tests and CI: a one-layer model, a handful of
   warm-start steps, two tasks per iteration, at most four held-out tasks, at most four turns
-  and one fork per tree; the world's token budgets (observation, action, context) as they are."""
+  and one fork per tree (a baseline's group as many episodes as that fork's leaves, by the
+  env-step budget); the world's token budgets (observation, action, context) as they are."""
   config.model.hidden_size = 32
   config.model.intermediate_size = 64
   config.model.num_layers = 1
@@ -97,6 +101,9 @@ def tiny(config: ml_collections.ConfigDict, iterations: int = 2) -> ml_collectio
   # packed rows of a CPU update tens of thousands of tokens long).
   config.env.max_turns = min(config.env.max_turns, 4)
   config.rollout.max_leaves = config.rollout.k
+  # The env-step budget of one fork's leaves: a baseline group of the same size.
+  config.rollout.max_env_steps = min(config.rollout.max_env_steps,
+                                     config.rollout.k * config.env.max_turns)
   config.train.iterations = iterations
   config.checkpoint.every = 1
   config.log.progress_bar = False

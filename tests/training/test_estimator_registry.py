@@ -58,8 +58,8 @@ def _one_iteration(estimator: str, workdir: str) -> tuple[dict, rollout_lib.Roll
 def test_a_registered_estimator_validates_and_trains_like_its_original(rloo_copy, tmp_path):
   assert estimator_registry.names()[-1] == "rloo_copy"
   config = base.tiny(base.rooms("rloo_copy"))
-  # The configs' helper read its topology: a baseline group of the matched size.
-  assert config.rollout.k == base.ROOMS_MATCHED_GROUP_SIZE
+  # The configs' helper read its topology: a baseline group of what fits the env-step budget.
+  assert config.rollout.group_size == 0 and config_lib.group_episodes(config) == 2
   assert translate.rollout_config(config).topology == "group"
   copy, batch = _one_iteration("rloo_copy", str(tmp_path / "copy"))
   original, _ = _one_iteration("rloo", str(tmp_path / "original"))

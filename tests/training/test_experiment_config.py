@@ -9,6 +9,7 @@ import pytest
 
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import estimator_registry
+from bpo_jax.training import translate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -107,6 +108,34 @@ def test_leaf_budget_cannot_hold_one_fork():
   assert _problems(config) == [
       "rollout.max_leaves = 3: cannot hold one fork of rollout.k = 4 siblings; set "
       "max_leaves >= k"]
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "gigpo"])
+def test_a_baseline_group_holds_what_fits_the_env_step_budget(estimator):
+  config = config_lib.default_config()
+  config.rollout.estimator = estimator
+  assert config_lib.group_episodes(config) == 2          # the fixed default
+  config.rollout.group_size = 0
+  config.rollout.max_env_steps = 14                      # max_turns = 5: two whole episodes
+  config_lib.validate(config)
+  assert config_lib.group_episodes(config) == 2
+  rollout_config = translate.rollout_config(config)
+  assert (rollout_config.topology, rollout_config.episodes_per_group) == ("group", 2)
+  config.rollout.max_env_steps = 15
+  assert translate.rollout_config(config).episodes_per_group == 3
+  config.rollout.max_env_steps = 9
+  assert _problems(config) == [
+      "rollout.max_env_steps = 9: holds 1 whole episode(s) of env.max_turns = 5 steps; "
+      "rollout.group_size = 0 needs at least 2 (set max_env_steps >= 2 x max_turns, or a fixed "
+      "group_size)"]
+  config.rollout.group_size = 1
+  assert _problems(config) == [
+      "rollout.group_size = 1: a group needs at least 2 episodes (0 = as many as fit "
+      "rollout.max_env_steps)"]
+  config.rollout.group_size = -1
+  assert _problems(config) == [
+      "rollout.group_size = -1: must be >= 0 (0 = as many episodes as fit "
+      "rollout.max_env_steps)"]
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +336,10 @@ def test_experiment_config_files_are_valid(name):
   config_lib.validate(config)
   estimator = "bpo" if name == "quickstart" else name.split("_")[1]
   assert config.rollout.estimator == estimator
-  if estimator != "bpo":  # a baseline group matches a BPO tree's compute (base.py)
-    from experiments.configs import base  # pylint: disable=g-import-not-at-top
-    world = name.split("_")[0]
-    assert config.rollout.k == getattr(base, f"{world.upper()}_MATCHED_GROUP_SIZE")
+  from experiments.configs import base  # pylint: disable=g-import-not-at-top
+  world = "rooms" if name == "quickstart" else name.split("_")[0]
+  # Every method has the world's env-step budget; a baseline rolls what fits (base.py).
+  assert config.rollout.max_env_steps == getattr(base, f"{world.upper()}_ENV_STEPS")
+  if estimator != "bpo":
+    assert config.rollout.group_size == 0
+    assert config_lib.group_episodes(config) == 2
