@@ -2,7 +2,7 @@ r"""Runs an experiment: train (default), evaluate or export a configuration's wo
 
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs
     python experiments/run.py --config=experiments/configs/rooms_grpo.py --workdir=workdirs/g \
-        --config.train.iterations=20 --config.rollout.k=8
+        --config.train.iterations=20 --config.rollout.group_size=8
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs \
         --mode=eval
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs \

@@ -135,6 +135,9 @@ def default_config() -> ml_collections.ConfigDict:
   # threshold an iteration uses depends only on earlier iterations, so forks stay unbiased.
   c.rollout.entropy_quantile = 0.8
   c.rollout.fork_probability = 0.3   # the random rule's chance of forking at a step
+  # whether branches started at a fork may fork too (else only the backbone forks); either is
+  # an online rule (docs/DESIGN.md §3)
+  c.rollout.siblings_fork = False
   c.rollout.max_leaves = 4         # per tree
   # per tree, prompt + actions + observations; the worst-case accounting charges each live branch
   # the rest of the context (model.max_length), so 512 held only one fork of two branches

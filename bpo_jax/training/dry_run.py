@@ -354,12 +354,17 @@ def shapes_from_config(config) -> dict:
   One packed tree per row: `batch_rows` = tasks per iteration x trees per task, padded up to a
   multiple of micro-batches x batch-sharded devices, and `row_length` = the per-tree token
   budget. The sampler decodes every live branch at once: `decode_batch` = rows x max leaves
-  unless `scale.decode_batch` is set, with `model.max_length` cache slots per row.
+  (a baseline: x its episodes per group) unless `scale.decode_batch` is set, with `model.max_length` cache slots per row.
   """
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import estimator_registry  # pylint: disable=g-import-not-at-top
   r = config.rollout
   rows = r.tasks_per_iteration * r.trees_per_task
+  # A baseline's group decodes its N episodes at once, a BPO tree at most its leaves.
+  branches = (config_lib.group_episodes(config)
+              if estimator_registry.get(r.estimator).topology == "group" else r.max_leaves)
   return dict(batch_rows=rows, row_length=r.max_tree_tokens,
-              decode_batch=config.scale.decode_batch or rows * r.max_leaves,
+              decode_batch=config.scale.decode_batch or rows * branches,
               cache_length=config.model.max_length)
 
 

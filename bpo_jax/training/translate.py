@@ -75,7 +75,7 @@ def rollout_config(config, evaluation: bool = False) -> rollout_lib.RolloutConfi
     return rollout_lib.RolloutConfig(
         topology="tree", num_siblings=r.k, fork_rule=r.fork_rule,
         entropy_measure=r.entropy_measure, entropy_threshold=r.entropy_threshold,
-        fork_prob=r.fork_probability,
+        fork_prob=r.fork_probability, siblings_fork=r.siblings_fork,
         max_leaves=r.max_leaves, max_env_steps=r.max_env_steps, max_tokens=r.max_tree_tokens,
         temperature=r.temperature, top_p=r.top_p, state_ids=estimator.state_ids, **common)
   # `rollout.group_size` 0: as many whole episodes as fit in the env-step budget, N fixed
