@@ -123,6 +123,9 @@ def test_a_baseline_group_holds_what_fits_the_env_step_budget(estimator):
   assert (rollout_config.topology, rollout_config.episodes_per_group) == ("group", 2)
   config.rollout.max_env_steps = 15
   assert translate.rollout_config(config).episodes_per_group == 3
+  # The dry run's sampler decodes the 16 tasks' 3 episodes at once (not max_leaves = 4 each).
+  from bpo_jax.training import dry_run  # pylint: disable=g-import-not-at-top
+  assert dry_run.shapes_from_config(config)["decode_batch"] == 16 * 3
   config.rollout.max_env_steps = 9
   assert _problems(config) == [
       "rollout.max_env_steps = 9: holds 1 whole episode(s) of env.max_turns = 5 steps; "
