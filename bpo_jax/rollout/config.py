@@ -149,9 +149,10 @@ class RolloutConfig:
     group baselines stay what they are for a fixed N (RLOO's leave-one-out mean unbiased).
     Starting more episodes as early ones finish would fill the budget better, but N would then
     depend on the episodes' lengths, which go with their returns (an episode that succeeds ends
-    early): with N in {1, 2} decided by the first episode's length, its weight 1/N in the
-    group average would be 1 when it is long and 1/2 when it is short, a reweighting of
-    episodes by their own outcome, which biases the estimate. No episode is cut by the budget:
+    early): with a third episode started only if the first two end early, their weight 1/N in
+    the group average would be 1/3 when they are short and 1/2 when they are long, a
+    reweighting of episodes by their own outcome, which biases the estimate (and their
+    leave-one-out baseline would hold an episode whose existence depends on them). No episode is cut by the budget:
     each has at most `max_turns` steps and N of them fit.
 
     Example: max_env_steps=12, max_turns=5 → N = 2 (10 steps at most; 2 are never used).
