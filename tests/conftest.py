@@ -1,13 +1,12 @@
 """Test-wide JAX settings, applied once before JAX starts.
 
-Eight fake CPU devices let the sharding tests build real meshes; float32 matmuls run at full
+Eight fake CPU devices in the test process let the sharding tests build real meshes; float32 matmuls run at full
 precision so parity tests compare like with like; a persistent compilation cache cuts repeated
 compiles across test runs.
 """
 
 import os
 
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 os.environ.setdefault(
@@ -16,3 +15,11 @@ os.environ.setdefault(
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# The test processes get eight devices; the runs they start in subprocesses (run.py, the
+# experiment scripts) see the one CPU device a laptop has, unless a test asks for more
+# (JAX_NUM_CPU_DEVICES in the child's environment, as the mesh and multi-process tests do).
+if "JAX_NUM_CPU_DEVICES" not in os.environ:
+  jax.config.update("jax_num_cpu_devices", 8)

@@ -411,7 +411,7 @@ def test_the_run_records_the_protections_in_its_config(tmp_path):
   config = config_lib.default_config()
   config.env.name = "swe"
   config.env.options = {"max_steps": 12, "confinement": MODE}
-  loop._check_workdir_config(config, str(tmp_path))
+  loop._write_workdir_config(loop._check_workdir_config(config, str(tmp_path)), str(tmp_path))
   with open(tmp_path / "config.json", encoding="utf-8") as f:
     saved = json.load(f)
   assert saved["env_protections"] == {"confinement": MODE,

@@ -370,21 +370,3 @@ def test_lora_with_several_processes_is_refused():
     config_lib.validate(config)
   assert any(p.startswith("model.lora_rank = 2: LoRA runs in one process")
              for p in error.value.problems), error.value.problems
-
-
-@pytest.mark.parametrize("variant,family,template", [
-    ("qwen2", "qwen2", "qwen2_5.jinja"), ("llama3.2", "llama3", "llama3_1.jinja")])
-@pytest.mark.parametrize("world", ["webshop", "alfworld", "swe"])
-def test_tiny_worlds_train_from_a_qwen2_or_llama3_checkpoint(tmp_path, world, variant, family,
-                                                             template):
-  checkpoint = _hf_checkpoint(tmp_path / "hf", variant, family, template)
-  workdir = tmp_path / "run"
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  result = subprocess.run(
-      [sys.executable, RUN, f"--config={ROOT}/experiments/configs/{world}.py:tiny",
-       f"--workdir={workdir}", f"--config.model.checkpoint={checkpoint}",
-       "--config.warm_start.num_trajectories=0", "--config.log.progress_bar=false"],
-      cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
-  assert result.returncode == 0, result.stderr[-3000:]
-  records = [json.loads(l) for l in open(workdir / "metrics.jsonl")]
-  assert [r["iteration"] for r in records if r.get("phase") == "train"] == [1, 2]

@@ -1,0 +1,42 @@
+"""WebShop, ALFWorld and SWE each train two iterations from a tiny random Qwen2 and Llama 3.2
+checkpoint (its own BPE tokenizer with the family's chat template) through `run.py`.
+
+SWE's token budgets are cut for the test (observations, actions, context): its packed rows
+otherwise reach ~8k tokens, whose dense attention takes ~12 GiB on a CPU.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from test_reference_lora_export import ROOT, RUN, _hf_checkpoint  # pylint: disable=g-bad-import-order
+
+# Per world, overrides that keep a CPU run small (the rest is the config's `:tiny`).
+SMALL = {
+    "webshop": [],
+    "alfworld": [],
+    "swe": ["--config.env.max_observation_tokens=128", "--config.rollout.max_action_tokens=64",
+            "--config.model.max_length=2048", "--config.rollout.max_tree_tokens=4096"],
+}
+
+
+@pytest.mark.parametrize("variant,family,template", [
+    ("qwen2", "qwen2", "qwen2_5.jinja"), ("llama3.2", "llama3", "llama3_1.jinja")])
+@pytest.mark.parametrize("world", ["webshop", "alfworld", "swe"])
+def test_tiny_worlds_train_from_a_qwen2_or_llama3_checkpoint(tmp_path, world, variant, family,
+                                                             template):
+  checkpoint = _hf_checkpoint(tmp_path / "hf", variant, family, template)
+  workdir = tmp_path / "run"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  result = subprocess.run(
+      [sys.executable, RUN, f"--config={ROOT}/experiments/configs/{world}.py:tiny",
+       f"--workdir={workdir}", f"--config.model.checkpoint={checkpoint}",
+       "--config.warm_start.num_trajectories=0", "--config.log.progress_bar=false",
+       *SMALL[world]],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  records = [json.loads(l) for l in open(workdir / "metrics.jsonl")]
+  assert [r["iteration"] for r in records if r.get("phase") == "train"] == [1, 2]
