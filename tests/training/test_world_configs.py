@@ -29,6 +29,8 @@ def _tiny(name, tmp_path):
     config.warm_start.num_trajectories = 4
   if name == "swe":
     config.env.options.update(SWE_OPTIONS)
+  # One device, as on a laptop: the mesh has its own tests (test_mesh_loop.py).
+  config.scale.num_devices = 1
   return config
 
 
