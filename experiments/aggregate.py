@@ -299,30 +299,29 @@ def plots(results: dict, out: str) -> list[str]:
     fig.savefig(os.path.join(out, name), dpi=100)
     plt.close(fig)
     names.append(name)
+  spread = {n: m["grad_norm_variance"] for n, m in methods.items()}
+  names.append(_bar_plot(plt, out, "grad_norm_variance.png", spread,
+                         "grad-norm variance across iterations"))
+  measured = {n: m["gradient_variance"]["variance"] for n, m in methods.items()
+              if m.get("gradient_variance")}
+  if measured:
+    names.append(_bar_plot(plt, out, "gradient_variance.png", measured,
+                           "E||g - mean g||² at fixed parameters"))
+  return names
+
+
+def _bar_plot(plt, out: str, name: str, values: dict, ylabel: str) -> str:
+  """One bar per method of `values` ({method: {"mean", "low", "high"} or None}), its interval
+  as the error bar where there is one; saved as `out/name`. Returns `name`."""
   fig, ax = plt.subplots(figsize=(5, 3.5))
-  for i, (method, m) in enumerate(methods.items()):
-    v = m["grad_norm_variance"]
+  for i, v in enumerate(values.values()):
     if v is None:
       continue
     err = [[v["mean"] - v["low"]], [v["high"] - v["mean"]]] if v["low"] is not None else None
     ax.bar(i, v["mean"], yerr=err, capsize=4)
-  ax.set_xticks(range(len(methods)), list(methods))
-  ax.set(ylabel="grad-norm variance across iterations")
+  ax.set_xticks(range(len(values)), list(values))
+  ax.set(ylabel=ylabel)
   fig.tight_layout()
-  fig.savefig(os.path.join(out, "grad_norm_variance.png"), dpi=100)
+  fig.savefig(os.path.join(out, name), dpi=100)
   plt.close(fig)
-  names.append("grad_norm_variance.png")
-  measured = {n: m["gradient_variance"] for n, m in methods.items() if m.get("gradient_variance")}
-  if measured:
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for i, v in enumerate(measured.values()):
-      s = v["variance"]
-      err = [[s["mean"] - s["low"]], [s["high"] - s["mean"]]] if s["low"] is not None else None
-      ax.bar(i, s["mean"], yerr=err, capsize=4)
-    ax.set_xticks(range(len(measured)), list(measured))
-    ax.set(ylabel="E||g - mean g||² at fixed parameters")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "gradient_variance.png"), dpi=100)
-    plt.close(fig)
-    names.append("gradient_variance.png")
-  return names
+  return name
