@@ -493,7 +493,8 @@ def _write_webshop_files(tmp_path):
 def test_webshop_files_load_and_play(tmp_path):
   paths = _write_webshop_files(tmp_path)
   config = dict(products_path=str(paths["products"]), attributes_path=str(paths["attributes"]),
-                human_instructions_path=str(paths["human"]))
+                human_instructions_path=str(paths["human"]),
+                index_cache_dir=str(tmp_path / "index"))
   cat = load_webshop_files(paths["products"], paths["attributes"], paths["human"])
   assert [p.asin for p in cat.products] == ["B0TEST0001", "B0TEST0002"]
   shampoo, kettle = cat.products
@@ -509,7 +510,7 @@ def test_webshop_files_load_and_play(tmp_path):
                               f", and price lower than {goal.price_upper:.2f} dollars")
   assert goal.goal_options == ("navy blue | white", "large")
   sandbox = make_sandbox(**config)
-  (task,) = make_tasks("train", None, **config)
+  (task,) = make_tasks("test", None, **config)  # the release's splits: the first 500 test
   assert task == goal
   step = _buy(sandbox, task, "B0TEST0001", ["navy blue | white", "large"])
   assert step.reward == 1.0 and step.info["success"]

@@ -2,23 +2,18 @@
 
 Two sources build the same types:
 
-* `load_webshop_files` reads the JSON files released with WebShop (Yao et al., 2022): the
-  product crawl (`items_shuffle*.json`: a list of products with `asin`, `name`,
-  `full_description`, `small_description`, `pricing`, `customization_options`, `category`,
-  `query`, `product_category`), the attribute file (`items_ins_v2*.json`: asin -> `attributes`,
-  `instruction`, `instruction_attributes`), the human instructions (`items_human_ins.json`:
-  asin -> list of `instruction`, `instruction_attributes`, `instruction_options`) and,
-  optionally, the reviews. Products are cleaned as in the WebShop release (option values
-  lower-cased with "/" shown as " | ", prices parsed from "$a" or "$a - $b", a price range
-  replaced by one draw from it).
+* `released.load_webshop_files` streams the JSON files released with WebShop (Yao et al.,
+  2022); its goals split as the release's (`release_splits`) and its fingerprint is a digest
+  of the files' bytes.
 * `generate_catalogue` builds a synthetic catalogue with instructions for offline use: a few
   product types, each with a category path, a pool of attributes and option values, so that
   products of one type differ in attributes, options and price, and each instruction names
   attributes and options of its own target product.
 
 The catalogue and its search index are read-only and shared by every snapshot of a shop; a
-snapshot carries only the catalogue's fingerprint (a SHA-256 of its canonical JSON), so restoring
-needs a process that built the shop from the same files or the same generator seed.
+snapshot carries only the catalogue's fingerprint (for a synthetic catalogue a SHA-256 of its
+canonical JSON, hashed record by record), so restoring needs a process that built the shop
+from the same files or the same generator seed.
 """
 
 from __future__ import annotations
@@ -27,11 +22,8 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import os
 import random
-import re
-from decimal import Decimal, InvalidOperation
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 # Price limits an instruction may state (reference: 10, 20, ..., 990 dollars).
 PRICE_LIMITS = tuple(10.0 * i for i in range(1, 100))
@@ -88,29 +80,37 @@ class WebShopTask:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Catalogue:
-  """Products and goals of one shop, with their fingerprint and an asin lookup."""
+  """Products and goals of one shop, with their fingerprint and an asin lookup.
+
+  `release_splits`: the goals split as the WebShop release's (see `split_goal_indices`).
+  `index_key`: names the products' search documents for the saved-index cache (None: the
+  index is built in memory).
+  """
 
   products: tuple[Product, ...]
   goals: tuple[WebShopTask, ...]
   fingerprint: str
   by_asin: Mapping[str, Product]
+  release_splits: bool = False
+  index_key: str | None = None
 
   def split_indices(self, split: str) -> list[int]:
     """Goal indices of a split: `test`, `eval` or `train` (see `split_goal_indices`)."""
-    return split_goal_indices(len(self.goals), split)
+    return split_goal_indices(len(self.goals), split, release=self.release_splits)
 
 
-def split_goal_indices(num_goals: int, split: str) -> list[int]:
+def split_goal_indices(num_goals: int, split: str, release: bool = False) -> list[int]:
   """Splits goals as the WebShop release does: shuffle with seed 233, then test, eval, train.
 
-  The release takes goals [0, 500) for test and [500, 1500) for eval; small catalogues take
-  10% each instead: n_test = min(500, n // 10), n_eval = min(1000, n // 10).
-  Example: 100 goals give 10 test, 10 eval and 80 train indices.
+  `release=True`: the release's bounds, goals [0, 500) test, [500, 1500) eval, the rest train
+  (cut at `num_goals`). Otherwise small catalogues take 10% each instead:
+  n_test = min(500, n // 10), n_eval = min(1000, n // 10).
+  Example: 100 goals give 10 test, 10 eval and 80 train indices (release: 100, 0, 0).
   """
   order = list(range(num_goals))
   random.Random(GOAL_SHUFFLE_SEED).shuffle(order)
-  n_test = min(500, num_goals // 10)
-  n_eval = min(1000, num_goals // 10)
+  n_test = min(500, num_goals if release else num_goals // 10)
+  n_eval = min(1000, num_goals - n_test if release else num_goals // 10)
   bounds = {"test": (0, n_test), "eval": (n_test, n_test + n_eval),
             "train": (n_test + n_eval, num_goals)}
   if split not in bounds:
@@ -135,19 +135,30 @@ def price_text(price_upper: float) -> str:
 
 
 def _fingerprint(products: Sequence[Product], goals: Sequence[WebShopTask]) -> str:
-  payload = {
-      "products": [dataclasses.asdict(p) for p in products],
-      "goals": [dataclasses.asdict(dataclasses.replace(g, task_id="", catalogue=""))
-                for g in goals],
-  }
-  blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-  return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+  """SHA-256 of `{"goals": [...], "products": [...]}` (sorted keys, no spaces), fed to the hash
+  one record at a time so that no string of the whole catalogue is ever built."""
+  sha = hashlib.sha256()
+
+  def records(key: str, items, first: bool) -> None:
+    sha.update(("{" if first else "],").encode() + json.dumps(key).encode() + b":[")
+    for i, item in enumerate(items):
+      blob = json.dumps(dataclasses.asdict(item), sort_keys=True, separators=(",", ":"),
+                        ensure_ascii=False)
+      sha.update((b"," if i else b"") + blob.encode("utf-8"))
+
+  records("goals", (dataclasses.replace(g, task_id="", catalogue="") for g in goals), True)
+  records("products", products, False)
+  sha.update(b"]}")
+  return sha.hexdigest()
 
 
-def make_catalogue(products: Sequence[Product], goals: Sequence[WebShopTask]) -> Catalogue:
+def make_catalogue(products: Sequence[Product], goals: Sequence[WebShopTask], *,
+                   fingerprint: str | None = None, release_splits: bool = False,
+                   index_key: str | None = None) -> Catalogue:
   """Seals products and goals: checks them, fingerprints them, and names each goal.
 
-  Goals get `task_id = "webshop-<fingerprint[:12]>-<index>"` and the full fingerprint.
+  Goals get `task_id = "webshop-<fingerprint[:12]>-<index>"` and the full fingerprint; the
+  fingerprint is computed from the records unless given (the file loader names its files).
   """
   by_asin: dict[str, Product] = {}
   for p in products:
@@ -159,205 +170,12 @@ def make_catalogue(products: Sequence[Product], goals: Sequence[WebShopTask]) ->
       raise ValueError(f"goal {i} targets asin {g.asin!r}, which is not in the catalogue")
     if not g.price_upper > 0:
       raise ValueError(f"goal {i} has a non-positive price limit {g.price_upper!r}")
-  fingerprint = _fingerprint(products, goals)
+  if fingerprint is None:
+    fingerprint = _fingerprint(products, goals)
   named = tuple(
       dataclasses.replace(g, task_id=f"webshop-{fingerprint[:12]}-{i:06d}", catalogue=fingerprint)
       for i, g in enumerate(goals))
-  return Catalogue(tuple(products), named, fingerprint, by_asin)
-
-
-# ---------------------------------------------------------------------------------------------
-# WebShop's JSON files.
-
-
-def _load_json(path: str | os.PathLike[str], what: str) -> Any:
-  try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
-  except FileNotFoundError:
-    raise FileNotFoundError(f"WebShop {what} file not found: {os.fspath(path)!r}") from None
-  except json.JSONDecodeError as e:
-    raise ValueError(f"WebShop {what} file {os.fspath(path)!r} is not valid JSON: {e}") from None
-
-
-def _require(record: Mapping[str, Any], key: str, where: str) -> Any:
-  if key not in record:
-    raise ValueError(f"{where} has no {key!r} field")
-  return record[key]
-
-
-def parse_pricing(pricing: Any, where: str) -> list[float]:
-  """Prices in a WebShop `pricing` string: "$12.99" -> [12.99]; "$10.00 - $20.50" -> [10.0, 20.5].
-
-  A missing or empty pricing means the release's default of $100.
-  """
-  if pricing is None or pricing == "" or pricing == []:
-    return [100.0]
-  if isinstance(pricing, (list, tuple)):
-    return [float(x) for x in pricing][:2]
-  if not isinstance(pricing, str):
-    raise ValueError(f"{where}: pricing must be a string like '$12.99', got {pricing!r}")
-  values = []
-  for part in pricing.split("$")[1:]:
-    digits = re.sub(r"[^\d.]", "", part)
-    try:
-      values.append(float(Decimal(digits)))
-    except InvalidOperation:
-      raise ValueError(f"{where}: cannot read a price from {pricing!r}") from None
-  if not values:
-    raise ValueError(f"{where}: cannot read a price from {pricing!r}")
-  return values[:2]
-
-
-def _option_value(value: str) -> str:
-  return value.strip().replace("/", " | ").lower()
-
-
-def _load_reviews(path: str | os.PathLike[str]) -> dict[str, tuple[tuple[str, ...], str]]:
-  """asin -> (review texts, average rating) from WebShop's reviews file."""
-  reviews: dict[str, tuple[tuple[str, ...], str]] = {}
-  for r in _load_json(path, "reviews"):
-    texts = tuple(str(x.get("review", x.get("body", ""))) for x in r.get("reviews", []))
-    reviews[r["asin"]] = (texts, str(r.get("average_rating", "N.A.")))
-  return reviews
-
-
-def _parse_product(p: Mapping[str, Any], asin: str, where: str, rng: random.Random,
-                   attributes: Mapping[str, Any],
-                   reviews: Mapping[str, tuple[tuple[str, ...], str]]) -> Product:
-  """One record of the products file; a price range draws its price from `rng`."""
-  pricing = parse_pricing(p.get("pricing"), where)
-  if len(pricing) == 1:
-    price, tag = pricing[0], f"${pricing[0]}"
-  else:
-    price, tag = rng.uniform(*pricing), f"${pricing[0]} to ${pricing[1]}"
-  options = []
-  for name, contents in (p.get("customization_options") or {}).items():
-    if contents is None:
-      continue
-    values = tuple(_option_value(c["value"] if isinstance(c, Mapping) else str(c)) for c in contents)
-    options.append((name.lower(), values))
-  bullets = p.get("small_description", [])
-  bullets = tuple(bullets) if isinstance(bullets, list) else (str(bullets),)
-  product_reviews, rating = reviews.get(asin, ((), "N.A."))
-  return Product(
-      asin=asin,
-      title=str(_require(p, "name", where)),
-      category=str(_require(p, "category", where)),
-      query=str(_require(p, "query", where)).lower().strip(),
-      product_category=str(_require(p, "product_category", where)),
-      description=str(p.get("full_description") or ""),
-      bullet_points=bullets,
-      attributes=tuple(attributes.get(asin, {}).get("attributes", ())),
-      options=tuple(options),
-      price=float(price),
-      price_tag=tag,
-      rating=rating,
-      reviews=product_reviews,
-  )
-
-
-def _parse_products(raw_products: Sequence[Mapping[str, Any]], rng: random.Random,
-                    attributes: Mapping[str, Any],
-                    reviews: Mapping[str, tuple[tuple[str, ...], str]]) -> list[Product]:
-  """The usable records of the products file, in order (the release drops the same ones)."""
-  products: list[Product] = []
-  seen: set[str] = set()
-  for i, p in enumerate(raw_products):
-    asin = str(_require(p, "asin", f"product {i}"))
-    if asin == "nan" or len(asin) > 10 or asin in seen:
-      continue  # The release drops these too.
-    products.append(_parse_product(p, asin, f"product {i} (asin {asin!r})", rng, attributes,
-                                   reviews))
-    seen.add(asin)
-  return products
-
-
-def _goal(product: Product, instruction: str, attrs: Sequence[str], opts: Sequence[str],
-          upper: float) -> WebShopTask:
-  return WebShopTask(
-      task_id="", catalogue="", asin=product.asin, instruction=instruction,
-      attributes=tuple(attrs), goal_options=tuple(opts), price_upper=upper,
-      query=product.query, name=product.title, product_category=product.product_category,
-      category=product.category)
-
-
-def _human_goals(product: Product, instructions: Sequence[Mapping[str, Any]],
-                 rng: random.Random) -> list[WebShopTask]:
-  """One goal per human instruction of `product` that names at least one attribute."""
-  goals = []
-  for j, ins in enumerate(instructions):
-    where = f"human instruction {j} of asin {product.asin!r}"
-    attrs = _require(ins, "instruction_attributes", where)
-    if not attrs:
-      continue  # The release skips instructions without attributes.
-    opts = ins.get("instruction_options", [])
-    opts = list(opts.values()) if isinstance(opts, Mapping) else list(opts)
-    upper = price_limit(product.price, rng)
-    text = str(_require(ins, "instruction", where)).strip(".") + price_text(upper)
-    goals.append(_goal(product, text, attrs, opts, upper))
-  return goals
-
-
-def _synthetic_goals(product: Product, record: Mapping[str, Any],
-                     rng: random.Random) -> list[WebShopTask]:
-  """One goal per combination of `product`'s option values, from the attribute file's
-  synthetic instruction (none without one)."""
-  text = record.get("instruction")
-  attrs = record.get("instruction_attributes")
-  if not text or not attrs:
-    return []
-  upper = price_limit(product.price, rng)
-  names = sorted(name for name, _ in product.options)
-  values = dict(product.options)
-  goals = []
-  for combo in itertools.product(*(values[n] for n in names)):
-    option_text = ", and ".join(f"{n}: {v}" for n, v in zip(names, combo))
-    option_text = f" with {option_text}" if option_text else ""
-    goals.append(_goal(product, f"{text}{option_text}{price_text(upper)}", attrs, combo, upper))
-  return goals
-
-
-def load_webshop_files(
-    products_path: str | os.PathLike[str],
-    attributes_path: str | os.PathLike[str] | None = None,
-    human_instructions_path: str | os.PathLike[str] | None = None,
-    reviews_path: str | os.PathLike[str] | None = None,
-    num_products: int | None = None,
-    human_goals: bool = True,
-    price_seed: int = 0,
-) -> Catalogue:
-  """Builds a catalogue from WebShop's JSON files (see the module docstring for the fields).
-
-  Goals come from the human instructions (`human_goals=True`, one goal per instruction with at
-  least one attribute) or from the attribute file's synthetic instructions (one goal per
-  combination of option values, as in the release). Prices drawn from a range and price limits
-  come from `random.Random(price_seed)`, so the same files and seed give the same shop.
-  """
-  raw_products = _load_json(products_path, "products")
-  if not isinstance(raw_products, list):
-    raise ValueError("the WebShop products file must hold a JSON list of products")
-  attributes = _load_json(attributes_path, "attributes") if attributes_path else {}
-  human = _load_json(human_instructions_path, "human instructions") if human_instructions_path else {}
-  if human_goals and not human_instructions_path:
-    raise ValueError("human_goals=True needs human_instructions_path")
-  if not human_goals and not attributes_path:
-    raise ValueError("human_goals=False (synthetic instructions) needs attributes_path")
-  reviews = _load_reviews(reviews_path) if reviews_path else {}
-  if num_products is not None:
-    raw_products = raw_products[:num_products]
-  # One generator for product prices, then goal price limits, in file order.
-  rng = random.Random(price_seed)
-  products = _parse_products(raw_products, rng, attributes, reviews)
-  goals: list[WebShopTask] = []
-  for product in products:
-    if human_goals:
-      goals += _human_goals(product, human.get(product.asin, []), rng)
-    else:
-      goals += _synthetic_goals(product, attributes.get(product.asin, {}), rng)
-  if not products:
-    raise ValueError(f"no usable products in {os.fspath(products_path)!r}")
-  return make_catalogue(products, goals)
+  return Catalogue(tuple(products), named, fingerprint, by_asin, release_splits, index_key)
 
 
 # ---------------------------------------------------------------------------------------------

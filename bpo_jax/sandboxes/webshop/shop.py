@@ -39,6 +39,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from bpo_jax.sandboxes.base import Snapshot, Step, check_action, invalid_action_step
 from bpo_jax.sandboxes.webshop import catalogue as catalogue_lib
+from bpo_jax.sandboxes.webshop import index_cache
+from bpo_jax.sandboxes.webshop import released as released_lib
 from bpo_jax.sandboxes.webshop import reward as reward_lib
 from bpo_jax.sandboxes.webshop.catalogue import Catalogue, Product, WebShopTask
 from bpo_jax.sandboxes.webshop.search import ProductIndex
@@ -421,9 +423,10 @@ def _closest_option(product: Product, wanted: str) -> tuple[str | None, str]:
 # ---------------------------------------------------------------------------------------------
 # Building shops: one catalogue and index per configuration and per fingerprint, per process.
 
-_CATALOGUE_KEYS = ("num_products", "catalogue_seed", "goals_per_product", "products_path",
-                   "attributes_path", "human_instructions_path", "reviews_path",
-                   "human_goals", "price_seed")
+_FILE_KEYS = ("products_path", "attributes_path", "human_instructions_path", "reviews_path")
+_RELEASE_KEYS = ("data_dir", "data_size", "index_cache_dir", "human_goals", "price_seed")
+_CATALOGUE_KEYS = ("num_products", "catalogue_seed", "goals_per_product", *_FILE_KEYS,
+                   *_RELEASE_KEYS)
 _SANDBOX_KEYS = ("max_steps", "results_per_page", "search_return_n", "nouns_fn")
 
 _lock = threading.Lock()
@@ -440,49 +443,77 @@ def _file_key(path: Any) -> tuple:
   return (os.path.abspath(path), st.st_size, st.st_mtime_ns)
 
 
+def _resolve_files(config: dict[str, Any]) -> dict[str, Any]:
+  """`data_dir` (+ `data_size`) replaced by the file paths it names; checks the combination."""
+  config = dict(config)
+  if config.get("data_dir") is not None:
+    given = [k for k in _FILE_KEYS[:3] if config.get(k) is not None]
+    if given:
+      raise ValueError(f"give data_dir or {given}, not both")
+    config.update(released_lib.released_paths(config.pop("data_dir"),
+                                              config.pop("data_size", "1000")))
+  elif config.get("data_size") is not None:
+    raise ValueError("'data_size' needs data_dir (a directory of WebShop's released files)")
+  else:
+    config.pop("data_dir", None)
+    config.pop("data_size", None)
+  if config.get("products_path") is not None:
+    for k in ("catalogue_seed", "goals_per_product"):
+      if k in config:
+        raise ValueError(f"{k!r} applies to the synthetic catalogue, not to WebShop files")
+  else:
+    for k in (*_FILE_KEYS[1:], "human_goals", "price_seed", "index_cache_dir"):
+      if config.get(k) is not None:
+        raise ValueError(f"{k!r} needs products_path or data_dir (it applies to WebShop files only)")
+  return config
+
+
+def _build_catalogue(config: dict[str, Any]) -> Catalogue:
+  if config.get("products_path") is None:
+    return catalogue_lib.generate_catalogue(
+        config.get("num_products", 200), config.get("catalogue_seed", 0),
+        config.get("goals_per_product", 1))
+  return released_lib.load_webshop_files(
+      config["products_path"], config.get("attributes_path"),
+      config.get("human_instructions_path"), config.get("reviews_path"),
+      num_products=config.get("num_products"), human_goals=config.get("human_goals", True),
+      price_seed=config.get("price_seed", 0))
+
+
+def _build_index(cat: Catalogue, cache_dir: str | None) -> ProductIndex:
+  """In memory for the synthetic shop; saved once and memory-mapped for WebShop's files."""
+  if cat.index_key is None:
+    return ProductIndex(cat.products)
+  return index_cache.cached_index(cat.products, cat.index_key, cache_dir)
+
+
 def get_shop(**config: Any) -> tuple[Catalogue, ProductIndex]:
   """The catalogue and search index for a configuration, built once per process.
 
-  Synthetic: `num_products` (default 200), `catalogue_seed` (0), `goals_per_product` (1).
-  WebShop files: `products_path`, `attributes_path`, `human_instructions_path`, `reviews_path`,
-  `human_goals` (True), `num_products` (all), `price_seed` (0).
+  Synthetic: `num_products` (default 200), `catalogue_seed` (0), `goals_per_product` (1); the
+  index is built in memory.
+  WebShop's released files: `data_dir` (a directory laid out as the release's `data/`) with
+  `data_size` ("1000": items_shuffle_1000.json, or "full": items_shuffle.json), or the paths
+  `products_path`, `attributes_path`, `human_instructions_path`, `reviews_path`; with
+  `human_goals` (True), `num_products` (all), `price_seed` (0) and `index_cache_dir` (see
+  `index_cache.default_cache_dir`), where the index is saved once and memory-mapped.
   """
   unknown = sorted(set(config) - set(_CATALOGUE_KEYS))
   if unknown:
     raise ValueError(f"unknown WebShop catalogue option(s) {unknown}; known: {list(_CATALOGUE_KEYS)}")
-  from_files = config.get("products_path") is not None
-  key_items = []
-  for k in sorted(config):
-    v = config[k]
-    if k.endswith("_path") and v is not None:
-      v = _file_key(v)
-    key_items.append((k, v))
-  key = tuple(key_items)
+  config = _resolve_files(config)
+  key = tuple((k, _file_key(v) if k.endswith("_path") and v is not None else v)
+              for k, v in sorted(config.items()))
   with _lock:
     if key in _by_config:
       return _by_config[key]
-  if from_files:
-    for k in ("catalogue_seed", "goals_per_product"):
-      if k in config:
-        raise ValueError(f"{k!r} applies to the synthetic catalogue, not to WebShop files")
-    cat = catalogue_lib.load_webshop_files(
-        config["products_path"], config.get("attributes_path"),
-        config.get("human_instructions_path"), config.get("reviews_path"),
-        num_products=config.get("num_products"), human_goals=config.get("human_goals", True),
-        price_seed=config.get("price_seed", 0))
-  else:
-    for k in ("attributes_path", "human_instructions_path", "reviews_path", "human_goals",
-              "price_seed"):
-      if config.get(k) is not None:
-        raise ValueError(f"{k!r} needs products_path (it applies to WebShop files only)")
-    cat = catalogue_lib.generate_catalogue(
-        config.get("num_products", 200), config.get("catalogue_seed", 0),
-        config.get("goals_per_product", 1))
+  cat = _build_catalogue(config)
   with _lock:
     shop = _by_fingerprint.get(cat.fingerprint)
-    if shop is None:
-      shop = (cat, ProductIndex(cat.products))
-      _by_fingerprint[cat.fingerprint] = shop
+  if shop is None:
+    shop = (cat, _build_index(cat, config.get("index_cache_dir")))
+  with _lock:
+    shop = _by_fingerprint.setdefault(cat.fingerprint, shop)
     _by_config[key] = shop
     return shop
 
