@@ -90,6 +90,7 @@ def write_released_files(directory: str | os.PathLike[str], num_products: int,
   paths = [os.path.join(directory, n) for n in
            ("items_shuffle.json", "items_ins_v2.json", "items_human_ins.json")]
   kept: list[str] = []
+  kept_set: set[str] = set()
   goals: list[tuple[str, str]] = []
   counter = [0]
   with open(paths[0], "w", encoding="utf-8") as fp, open(paths[1], "w", encoding="utf-8") as fa, \
@@ -102,10 +103,11 @@ def write_released_files(directory: str | os.PathLike[str], num_products: int,
         asin = kept[-1]  # a repeated asin: the release keeps the first record
       product = _product(i, asin, words, rng)
       fp.write(("," if i else "") + json.dumps(product))
-      if asin in kept or asin == "nan" or len(asin) > 10:
+      if asin in kept_set or asin == "nan" or len(asin) > 10:
         continue
       sep = "," if kept else ""
       kept.append(asin)
+      kept_set.add(asin)
       fa.write(sep + json.dumps(asin) + ":" + json.dumps({
           "attributes": rng.sample(_ATTRIBUTES, 3),
           "instruction": f"i need a {product['query'].strip().lower()}",

@@ -71,7 +71,7 @@ def released_paths(data_dir: str | os.PathLike[str], catalogue: str = "1000") ->
 
 
 def _require(record: Mapping[str, Any], key: str, where: str) -> Any:
-  if not isinstance(record, Mapping):
+  if not isinstance(record, dict):
     raise ValueError(f"{where} must be a JSON object, got {type(record).__name__}")
   if key not in record:
     raise ValueError(f"{where} has no {key!r} field")
@@ -116,7 +116,7 @@ def _parse_product(p: Mapping[str, Any], asin: str, where: str, rng: random.Rand
   for name, contents in (p.get("customization_options") or {}).items():
     if contents is None:
       continue
-    values = tuple(_option_value(c["value"] if isinstance(c, Mapping) else str(c)) for c in contents)
+    values = tuple(_option_value(c["value"] if isinstance(c, dict) else str(c)) for c in contents)
     options.append((name.lower(), values))
   bullets = p.get("small_description", [])
   bullets = tuple(bullets) if isinstance(bullets, list) else (str(bullets),)
@@ -191,7 +191,7 @@ def _human_goals(product: Product, instructions: Any, rng: random.Random) -> lis
     if not attrs:
       continue  # The release skips instructions without attributes.
     opts = ins.get("instruction_options", [])
-    opts = list(opts.values()) if isinstance(opts, Mapping) else list(opts)
+    opts = list(opts.values()) if isinstance(opts, dict) else list(opts)
     upper = price_limit(product.price, rng)
     text = str(_require(ins, "instruction", where)).strip(".") + price_text(upper)
     goals.append(_goal(product, text, attrs, opts, upper))
@@ -255,7 +255,7 @@ def load_webshop_files(
   for i, p in enumerate(products):
     texts, rating = reviews.get(p.asin, ((), "N.A."))
     attrs = attributes.get(p.asin, {})
-    attrs = tuple(attrs.get("attributes", ())) if isinstance(attrs, Mapping) else ()
+    attrs = tuple(attrs.get("attributes", ())) if isinstance(attrs, dict) else ()
     products[i] = Product(**{**p.__dict__, "attributes": attrs, "reviews": texts,
                              "rating": rating})
   goals: list[WebShopTask] = []
