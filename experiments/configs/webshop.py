@@ -1,9 +1,11 @@
 """WebShop (Yao et al., 2022): buy the product an instruction describes, in a synthetic shop.
 
 The shop is generated offline (1000 products of 12 types, two instructions each: 1600 train,
-200 eval and 200 test goals). To train on WebShop's own data instead, point the options at its
-JSON files (`products_path`, `attributes_path`, `human_instructions_path`); `catalogue_seed`
-and `goals_per_product` then do not apply, and `num_products` keeps the first N products.
+200 eval and 200 test goals). To train on WebShop's own data instead, set `data_dir` to a
+directory of its released files (`data_size`: "1000" for items_shuffle_1000.json, "full" for
+items_shuffle.json) or point `products_path`, `attributes_path`, `human_instructions_path` at
+them; `catalogue_seed` and `goals_per_product` then do not apply, `num_products` keeps the first
+N products, and the search index is saved once under `index_cache_dir`.
 
 Pages are long (a result page lists ten titles, about 360 words), so observations are cut at
 384 tokens and the context holds 10 turns (a path of up to ~4250 tokens in the chat format); the
