@@ -1,10 +1,11 @@
 """The search index of a WebShop data set, built once and memory-mapped by every process.
 
-`cached_index(products, key, cache_dir)` looks for `<cache_dir>/bm25-<key>/`; if it is there it
-maps it (`ProductIndex.load`), otherwise it builds the index, writes it into a fresh directory
-beside it and renames that into place, so a reader never sees a half-written index. An
-exclusive lock on `<cache_dir>/bm25-<key>.lock` makes the first process build while the others
-wait and then map what it wrote. `key` names the documents (the products file's digest and
+`cached_index(products, key, cache_dir)` looks for `<cache_dir>/bm25-<key>-<tag>/` (`tag`: a
+digest of the index format, BM25 parameters, stop words and stemmer version, so another version
+of the code saves its own); if it is there it maps it (`ProductIndex.load`), otherwise it
+builds the index, writes it into a fresh directory beside it and renames that into place, so a
+reader never sees a half-written index. An exclusive lock on `<that directory>.lock` makes the
+first process build while the others wait and then map what it wrote. `key` names the documents (the products file's digest and
 how many of its products are used), so one saved index serves every configuration of the same
 products. The default `cache_dir` is `$BPO_JAX_CACHE/webshop`, else
 `$XDG_CACHE_HOME/bpo_jax/webshop`, else `~/.cache/bpo_jax/webshop`.
@@ -20,6 +21,7 @@ import tempfile
 from typing import Iterator, Sequence
 
 from bpo_jax.sandboxes.webshop.catalogue import Product
+from bpo_jax.sandboxes.webshop import search
 from bpo_jax.sandboxes.webshop.search import ProductIndex
 
 
@@ -52,7 +54,7 @@ def cached_index(products: Sequence[Product], key: str,
   A directory that exists but does not hold an index for these products (another format, a
   different product count) is an error naming it, never silently replaced.
   """
-  final = index_directory(key, cache_dir)
+  final = index_directory(f"{key}-{search.meta_tag(len(products))}", cache_dir)
   parent = os.path.dirname(final)
   try:
     os.makedirs(parent, exist_ok=True)

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import bisect
 import collections
+import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -135,6 +137,22 @@ def build_arrays(documents: Iterable[Sequence[str]], k1: float = BM25_K1,
   return num_docs, arrays
 
 
+def meta_tag(num_products: int) -> str:
+  """A short digest of `_meta`: saved indices of other code versions live under other names."""
+  blob = json.dumps(_meta(num_products), sort_keys=True).encode("utf-8")
+  return hashlib.sha256(blob).hexdigest()[:8]
+
+
+def _meta(num_products: int) -> dict:
+  """What a saved index must agree on with the code that maps it."""
+  try:
+    stemmer = importlib.metadata.version("PyStemmer")
+  except importlib.metadata.PackageNotFoundError:
+    stemmer = "unknown"
+  return {"format": INDEX_FORMAT, "num_products": num_products, "k1": BM25_K1, "b": BM25_B,
+          "stop_words": len(STOP_WORDS), "stemmer": stemmer}
+
+
 class _Vocabulary:
   """The sorted terms as a read-only sequence of bytes (what `bisect` needs)."""
 
@@ -180,8 +198,7 @@ class ProductIndex:
     """Writes the arrays and `meta.json` into `directory` (which must exist)."""
     for name in ARRAYS:
       np.save(os.path.join(directory, f"{name}.npy"), self._arrays[name])
-    meta = {"format": INDEX_FORMAT, "num_products": self._num_products,
-            "k1": BM25_K1, "b": BM25_B, "stop_words": len(STOP_WORDS)}
+    meta = _meta(self._num_products)
     with open(os.path.join(directory, "meta.json"), "w", encoding="utf-8") as f:
       json.dump(meta, f, sort_keys=True)
 
@@ -196,8 +213,7 @@ class ProductIndex:
                 for name in ARRAYS}
     except (OSError, ValueError) as e:
       raise ValueError(f"not a saved WebShop index: {directory!r} ({e})") from None
-    expected = {"format": INDEX_FORMAT, "num_products": num_products, "k1": BM25_K1,
-                "b": BM25_B, "stop_words": len(STOP_WORDS)}
+    expected = _meta(num_products)
     if meta != expected:
       raise ValueError(f"the index in {directory!r} is {meta}, expected {expected}")
     return cls(_arrays=arrays, _num_products=num_products, _loaded_from=directory)
