@@ -199,8 +199,8 @@ class _RecordsOnly:
 
 
 class UpdateSetup(NamedTuple):
-  """The policy-gradient optimiser, the train state's structure (its initial values, on one
-  device), where the state lives and the jitted update: what `train` runs every iteration."""
+  """The policy-gradient optimiser, the train state's structure (shapes and dtypes, no values),
+  where the state lives and the jitted update: what `train` runs every iteration."""
 
   tx: Any
   local_state: update_lib.TrainState
@@ -211,13 +211,23 @@ class UpdateSetup(NamedTuple):
 def build_update(exp: experiment_lib.Experiment, params) -> UpdateSetup:
   """The run's optimiser, placement (`scale.mesh` over its devices) and jitted update step,
   for the trainable `params` (their structure; the values are not kept)."""
-  config = exp.config
+  return make_update(exp.config, exp.graphdef, params)
+
+
+def make_update(config, graphdef, params) -> UpdateSetup:
+  """`build_update` from the configuration and the model's graph definition alone.
+
+  `params` may be arrays or `jax.ShapeDtypeStruct`s: only their structure is read and no
+  optimiser state is allocated (`jax.eval_shape`), so the dry run (`dry_run.py`) compiles the
+  update a 7B run executes without making its parameters.
+  """
   tx = translate.rl_optimizer(config)
-  local_state = update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                                      opt_state=tx.init(params))
+  local_state = jax.eval_shape(
+      lambda p: update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=p,
+                                      opt_state=tx.init(p)), params)
   placement = placement_lib.Placement.create(config, local_state)
   use_ref = config.train.kl_coef > 0
-  train_step = update_lib.make_train_step(exp.graphdef, tx, translate.update_config(config),
+  train_step = update_lib.make_train_step(graphdef, tx, translate.update_config(config),
                                           ref_params=params if use_ref else None,
                                           state_sharding=placement.state_sharding,
                                           batch_sharding=placement.row_sharding)
