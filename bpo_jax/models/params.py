@@ -236,8 +236,9 @@ def _tensor_files(path: str) -> dict[str, SafetensorsFile]:
   return {name: handle for name in handle.keys()}
 
 
-def _checkpoint_config(path: str, overrides: dict) -> ModelConfig:
-  """The model config a checkpoint's config.json describes (with `overrides`)."""
+def checkpoint_config(path: str, **overrides) -> ModelConfig:
+  """The model config a checkpoint's config.json describes (with `overrides`, e.g. the
+  `lora_rank`, `remat` and `scan_layers` a run loads it with); reads no weights."""
   try:
     return ModelConfig.from_hf_config(read_hf_config(path), **overrides)
   except CheckpointError:
@@ -273,7 +274,8 @@ def load_hf_checkpoint(
     path: str, *, dtype: Optional[str] = None, param_dtype: Optional[str] = None,
     sharding_for: Optional[Callable[[tuple, tuple[int, ...]], Any]] = None,
     strict: bool = True, lora_rank: int = 0, lora_alpha: float = 16.0,
-    seed: int = 0) -> tuple[Decoder, ModelConfig]:
+    seed: int = 0, remat: str = "none", scan_layers: bool = False
+    ) -> tuple[Decoder, ModelConfig]:
   """Loads an HF Llama 3.x / Qwen2(.5) / Qwen3 checkpoint directory into a `Decoder`.
 
   Args:
@@ -285,6 +287,7 @@ def load_hf_checkpoint(
     strict: refuse tensors the model has no place for (False: ignore them).
     lora_rank, lora_alpha: adapters to add (`ModelConfig.lora_rank`; 0 = none), freshly
       initialised from `seed` (B = 0: the loaded model computes the checkpoint's function).
+    remat, scan_layers: how the layer loop runs (`ModelConfig`; the parameters are the same).
 
   Returns:
     (model, config), the config read from config.json with the overrides above.
@@ -294,12 +297,13 @@ def load_hf_checkpoint(
       model_type or feature; a missing or unexpected tensor or a shape mismatch; a LoRA rank the
       model cannot take (each named in one line).
   """
-  overrides = dict(lora_rank=lora_rank, lora_alpha=lora_alpha)
+  overrides = dict(lora_rank=lora_rank, lora_alpha=lora_alpha, remat=remat,
+                   scan_layers=scan_layers)
   if dtype is not None:
     overrides.update(dtype=dtype, param_dtype=param_dtype or dtype)
   elif param_dtype is not None:
     overrides.update(param_dtype=param_dtype)
-  config = _checkpoint_config(path, overrides)
+  config = checkpoint_config(path, **overrides)
   files = _tensor_files(path)
   names = parameter_names(config)
 

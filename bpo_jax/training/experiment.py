@@ -137,7 +137,8 @@ def check_preset(config, loaded: model_config_lib.ModelConfig) -> None:
 
 
 def initial_model(config, vocab_size: int) -> decoder_lib.Decoder:
-  """The run's starting decoder: `model.checkpoint`'s weights (adapters from the seed), or a
+  """The run's starting decoder: `model.checkpoint`'s weights (adapters from the seed, the
+  layer loop's remat and scan from `scale`: `translate.checkpoint_overrides`), or a
   from-scratch decoder of the `model` section built from the seed."""
   m = config.model
   if not m.checkpoint:
@@ -145,7 +146,7 @@ def initial_model(config, vocab_size: int) -> decoder_lib.Decoder:
         lora_rank=m.lora_rank, lora_alpha=m.lora_alpha)
     return decoder_lib.Decoder(model_config, rngs=nnx.Rngs(params=config.seed))
   model, model_config = params_lib.load_hf_checkpoint(
-      m.checkpoint, lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, seed=config.seed)
+      m.checkpoint, seed=config.seed, **translate.checkpoint_overrides(config))
   if vocab_size > model_config.vocab_size:
     raise params_lib.CheckpointError(
         f"model.checkpoint = {m.checkpoint!r}: the tokenizer has {vocab_size} tokens, more than "

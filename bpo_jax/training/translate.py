@@ -37,6 +37,15 @@ def model_config(config, vocab_size: int) -> model_config_lib.ModelConfig:
       scan_layers=config.scale.scan_layers)
 
 
+def checkpoint_overrides(config) -> dict:
+  """What a run loads `model.checkpoint` with besides its config.json: the adapters of the
+  `model` section and the `scale` section's remat and scanned layers (the parameters' dtype
+  is the checkpoint's)."""
+  m, s = config.model, config.scale
+  return dict(lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, remat=s.remat,
+              scan_layers=s.scan_layers)
+
+
 def preset_model_config(config) -> model_config_lib.ModelConfig:
   """The `ModelConfig` of `scale.model_preset` with the scale section's precision and remat."""
   s = config.scale
