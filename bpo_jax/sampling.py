@@ -540,3 +540,12 @@ class Sampler:
     return _generate_jit(self.graphdef, state, decode_state, key, params, active,
                          attend_length=window, keep_state=keep_state,
                          unembedding=self.unembedding(state, decode_state.batch_size))
+
+  def lower_generate(self, state, decode_state: DecodeState, key, params: SamplingParams,
+                     active, keep_state: bool = True):
+    """`generate`'s jitted function lowered for abstract arguments (`jax.ShapeDtypeStruct`s,
+    with shardings where they are laid out on a mesh), attending to the whole cache (the
+    largest window `generate` picks) and with the model's own output projection (what an
+    accelerator runs): the program a dry run compiles. Returns a `jax.stages.Lowered`."""
+    return _generate_jit.lower(self.graphdef, state, decode_state, key, params, active,
+                               attend_length=None, keep_state=keep_state, unembedding=None)

@@ -271,6 +271,13 @@ def reshard(tree, shardings):
   return jax.device_put(tree, shardings)
 
 
+def make_reshard(shardings):
+  """`reshard` onto `shardings` as one jitted program: `make_reshard(sample_sh)(params)` has
+  `reshard(params, sample_sh)`'s values and layout, its all-gathers compiled together (the form
+  whose memory the dry run reads; `benchmarks/resharding.py` times both)."""
+  return jax.jit(lambda tree: tree, out_shardings=shardings)
+
+
 def describe(params, mesh: Mesh, rules: Mapping[str, Any] = TRAINING_RULES) -> list[str]:
   """One line per parameter kind: its logical axes, spec and replication reasons."""
   lines, seen = [], set()
