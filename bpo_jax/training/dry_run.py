@@ -1,41 +1,48 @@
-"""Dry run of a pod layout: compile the train and decode steps abstractly and check memory.
+"""Dry run of a pod layout: compile the loop's own programs abstractly and check memory.
 
-`dry_run(...)` builds the model with `nnx.eval_shape` (no weights allocated), derives every
-sharding from `bpo_jax.sharding`, lowers and compiles
+`dry_run_from_config(config)` builds the model with `nnx.eval_shape` (no weights allocated) and
+lowers and compiles, for the configured mesh, the functions a training run executes, built by
+the builders the run uses:
 
-  * the train step (`update.make_train_step`: micro-batched gradient accumulation and one
-    optimizer step, the state donated), on a `[batch_rows, row_length]` packed batch, and
-  * one decode step of the sampler (`sampling.append_tokens` with one token per row: the body
-    of `sampling.generate`'s loop) on a `[decode_batch, cache_length]` KV cache, parameters in
-    the sampling layout (`SAMPLING_RULES`),
+  * "train step": the update of `loop.make_update` (the optimiser of `translate.rl_optimizer`,
+    the placement of `placement.Placement`, `update.make_train_step` with
+    `translate.update_config(config)`), the state donated, on the packed batch of the largest
+    row bucket (`translate.row_buckets`) with the loop's padded row count;
+  * "sample": the `generate` of the sampler a `rollout.RolloutEngine` builds from
+    `translate.rollout_config(config)`, with its sampling parameters, on `decode_batch` rows
+    (padded to the engine's batch bucket) of `model.max_length` cache slots, attending to the
+    whole cache, parameters in the sampling layout (`SAMPLING_RULES`) and the KV cache laid out
+    by `cache_shardings`;
+  * "reshard": the parameters moved from the training to the sampling layout as one program
+    (`sharding.make_reshard`, the jitted form of `sharding.reshard`),
 
-for the configured mesh with `jax.ShapeDtypeStruct` inputs carrying their shardings, and reads
+with `jax.ShapeDtypeStruct` inputs carrying their shardings, and reads
 `compiled.memory_analysis()`, which describes one device's share of the SPMD program:
 
-    per-device bytes = arguments + outputs + temporaries - aliased (donated inputs reused as
-                       outputs are counted once)
+    per-device bytes = arguments + outputs + temporaries + generated code - aliased
+                       (donated inputs reused as outputs are counted once)
 
-While sampling, the training state (parameters in the training layout and optimizer state)
-stays on the device, so the decode step's figure is reported with it added. Each figure is
-compared with the chip's HBM (`CHIPS`); a program that does not fit raises `DoesNotFitError`
-naming the program, the figures and the chip.
+While sampling or resharding, the training state (parameters in the training layout and the
+optimizer state, and the KL term's reference) stays on the device, so those figures are
+reported with it added. Each figure is compared with the chip's HBM (`CHIPS`); a program that
+does not fit raises `DoesNotFitError` naming the program, the figures and the chip.
+
+The model is `scale.model_preset`'s, or, with `model.checkpoint`, the one its config.json
+describes (the preset then a check of its shape, as in training). The sampler's stop tokens
+come from the run's tokenizer; the dry run stands in one stop id (the count changes one
+constant of the program).
 
 On a machine without the pod, the mesh is built from fake CPU devices: the CPU compiler's buffer
 assignment stands in for the accelerator's. Fusion and scheduling differ, so the figures are
 estimates, not byte counts; for bfloat16 models they err on the safe side, because the CPU
 compiler computes bfloat16 matmuls and scatters in float32 on converted copies of their operands
-(e.g. a float32 copy of each layer's KV cache in the decode step), which an accelerator does not
+(e.g. a float32 copy of each layer's KV cache in the decode loop), which an accelerator does not
 need. The number of CPU devices must be set before JAX starts; the command line entry does that:
 
     python -m bpo_jax.training.dry_run --config=experiments/configs/pod_qwen2_5_7b_v5p64.py
 
 (`experiments/run.py --dry_run` does the same.) From Python, in a process whose JAX already
-has enough devices:
-
-    report = dry_run(ModelConfig.qwen2_5_7b(), MeshConfig(fsdp=8, tensor=4),
-                     UpdateConfig(num_micro_batches=8), batch_rows=64, row_length=2048,
-                     decode_batch=256, cache_length=2048, chip="v5p")
-    print(report.format())
+has the configuration's devices: `print(dry_run_from_config(config).format())`.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any
 
 from bpo_jax.training.chips import CHIPS, GIB, Chip, get_chip  # noqa: F401  (re-exported)
 
@@ -75,12 +82,14 @@ class ProgramMemory:
   output_bytes: int
   temp_bytes: int
   alias_bytes: int
-  resident_bytes: int = 0  # other live buffers while it runs (the training state, for decode)
+  code_bytes: int = 0  # the compiled program itself
+  resident_bytes: int = 0  # other live buffers while it runs (the training state, sampling)
   compile_seconds: float = 0.0
 
   @property
   def program_bytes(self) -> int:
-    return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+    return (self.argument_bytes + self.output_bytes + self.temp_bytes + self.code_bytes
+            - self.alias_bytes)
 
   @property
   def total_bytes(self) -> int:
@@ -95,16 +104,17 @@ class ProgramMemory:
     return cls(name=name, argument_bytes=int(stats.argument_size_in_bytes),
                output_bytes=int(stats.output_size_in_bytes),
                temp_bytes=int(stats.temp_size_in_bytes),
-               alias_bytes=int(stats.alias_size_in_bytes), resident_bytes=resident_bytes,
+               alias_bytes=int(stats.alias_size_in_bytes),
+               code_bytes=int(stats.generated_code_size_in_bytes), resident_bytes=resident_bytes,
                compile_seconds=compile_seconds)
 
   def format(self) -> str:
     f = format_bytes
-    resident = (f" + resident training state {f(self.resident_bytes)}" if self.resident_bytes
-                else "")
+    resident = (f" + resident {f(self.resident_bytes)}" if self.resident_bytes else "")
     return (f"{self.name:12s} {f(self.total_bytes):>11s}  (arguments {f(self.argument_bytes)} + "
-            f"outputs {f(self.output_bytes)} + temporaries {f(self.temp_bytes)} - aliased "
-            f"{f(self.alias_bytes)}{resident}; compiled in {self.compile_seconds:.1f} s)")
+            f"outputs {f(self.output_bytes)} + temporaries {f(self.temp_bytes)} + code "
+            f"{f(self.code_bytes)} - aliased {f(self.alias_bytes)}{resident}; compiled in "
+            f"{self.compile_seconds:.1f} s)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,21 +157,153 @@ class DryRunReport:
     return "\n".join(lines)
 
 
-def _with_shardings(tree, shardings):
+def with_shardings(tree, shardings):
+  """Each leaf of `tree` as a `jax.ShapeDtypeStruct` on its sharding (None: unsharded)."""
   import jax  # pylint: disable=g-import-not-at-top
+  if shardings is None:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       tree, shardings)
 
 
 def _bytes_per_device(tree) -> int:
-  """Bytes one device holds of an abstract sharded tree (the largest shard of each leaf)."""
+  """Bytes one device holds of an abstract tree (the largest shard of each leaf; a leaf
+  without a sharding whole)."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   total = 0
   for leaf in jax.tree.leaves(tree):
-    shard = leaf.sharding.shard_shape(leaf.shape)
+    sharding = getattr(leaf, "sharding", None)
+    shard = leaf.shape if sharding is None else sharding.shard_shape(leaf.shape)
     total += int(np.prod(shard, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
   return total
+
+
+def _compiled(name: str, lowered, resident_bytes: int = 0) -> ProgramMemory:
+  start = time.perf_counter()
+  compiled = lowered.compile()
+  return ProgramMemory.from_compiled(name, compiled, resident_bytes=resident_bytes,
+                                     compile_seconds=time.perf_counter() - start)
+
+
+class StopTokens:
+  """The chat format's one field a `RolloutEngine` reads when it is built: its stop ids (one
+  stands in for the tokenizer's; see the module docstring)."""
+
+  stop_token_ids = (0,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+  """The loop's programs lowered for a configuration (`lower_programs`), not yet compiled."""
+
+  lowered: dict            # name -> jax.stages.Lowered
+  resident_bytes: dict     # name -> bytes of other live buffers per device while it runs
+  model_config: Any
+  mesh_shape: dict
+  shapes: dict
+
+
+def model_config_for(config):
+  """The `ModelConfig` a run of `config` trains: `model.checkpoint`'s config.json (with the
+  overrides the run loads it with), checked against `scale.model_preset`; else the preset."""
+  from bpo_jax.models import params as params_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import experiment  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
+  if not config.model.checkpoint:
+    return translate.preset_model_config(config)
+  loaded = params_lib.checkpoint_config(config.model.checkpoint,
+                                        **translate.checkpoint_overrides(config))
+  experiment.check_preset(config, loaded)
+  return loaded
+
+
+def abstract_model(config, model_config=None):
+  """(graphdef, parameters as `jax.ShapeDtypeStruct`s) of the model a run of `config` trains
+  (`model_config_for`), built with `nnx.eval_shape`: no weights are made."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from bpo_jax.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
+  model_config = model_config or model_config_for(config)
+  return nnx.split(nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0))))
+
+
+def lower_programs(config) -> Programs:
+  """The train step, sampler and reshard of a run of `config`, lowered on abstract inputs
+  over the run's devices (`placement.run_devices`); see the module docstring."""
+  from bpo_jax import sharding  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import placement as placement_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
+
+  model_config = model_config_for(config)
+  graphdef, params = abstract_model(config, model_config)
+  setup = loop.make_update(config, graphdef, params)
+  placement = setup.placement
+  state = placement.abstract(setup.local_state)
+  ref = state.params if config.train.kl_coef > 0 else None
+  mesh = placement.mesh or sharding.make_mesh(translate.mesh_config(config),
+                                              placement_lib.run_devices(config))
+  shapes = shapes_from_config(config)
+  rows = placement_lib.row_count(shapes["batch_rows"],
+                                 config.train.micro_batches * placement.row_shards)
+  batch = abstract_batch(rows, shapes["row_length"], placement.row_sharding)
+  train_step = getattr(setup.train_step, "jitted", setup.train_step)
+  sample_sh = sharding.param_shardings(params, mesh, sharding.SAMPLING_RULES)
+  sampling_params = with_shardings(params, sample_sh)
+  state_bytes = _bytes_per_device(state) + (_bytes_per_device(ref) if ref is not None else 0)
+  sample, decode_batch = _lower_sample(config, graphdef, model_config, mesh, sampling_params)
+  lowered = {
+      "train step": train_step.lower(state, batch, ref, None, None),
+      "sample": sample,
+      "reshard": sharding.make_reshard(sample_sh).lower(state.params)}
+  # The KL term's reference is an argument of the train step and resident beside the others.
+  resident = {"train step": 0, "sample": state_bytes, "reshard": state_bytes - _bytes_per_device(state.params)}
+  return Programs(lowered=lowered, resident_bytes=resident, model_config=model_config,
+                  mesh_shape=dict(mesh.shape),
+                  shapes=dict(batch_rows=rows, row_length=shapes["row_length"],
+                              micro_batches=config.train.micro_batches,
+                              decode_batch=decode_batch, cache_length=shapes["cache_length"]))
+
+
+def abstract_batch(rows: int, row_length: int, row_sharding):
+  """A `[rows, row_length]` `packing.PackedBatch` of abstract arrays on the rows' sharding."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from bpo_jax import packing  # pylint: disable=g-import-not-at-top
+  dtypes = dict(tokens=jnp.int32, positions=jnp.int32, predecessor=jnp.int32,
+                segment_start=jnp.int32, segment_end=jnp.int32, loss_mask=jnp.bool_,
+                advantage=jnp.float32, weight=jnp.float32, old_logprob=jnp.float32)
+  return packing.PackedBatch(**{
+      name: jax.ShapeDtypeStruct((rows, row_length), dtype, sharding=row_sharding)
+      for name, dtype in dtypes.items()})
+
+
+def _lower_sample(config, graphdef, model_config, mesh, params):
+  """The engine's `generate` lowered on the largest decode batch: (Lowered, padded rows)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from bpo_jax import rollout as rollout_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax import sharding  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
+
+  engine = rollout_lib.RolloutEngine(graphdef, model_config, StopTokens(), None,
+                                     translate.rollout_config(config))
+  rows = engine.config.batch_size(shapes_from_config(config)["decode_batch"])
+  rows_axes = _batch_axes_size(mesh, sharding.SAMPLING_RULES)
+  if rows % rows_axes:
+    raise ValueError(f"the sampler's batch of {rows} rows does not split over the "
+                     f"{rows_axes} devices of the batch axes; set scale.decode_batch to a "
+                     f"multiple of {rows_axes}")
+  decode_state = jax.eval_shape(
+      lambda: engine.sampler.init_state(rows))
+  decode_sh = sharding.cache_shardings(decode_state, mesh)
+  rows_sh = decode_sh.cache.lengths
+  keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows))
+  lowered = engine.sampler.lower_generate(
+      params, with_shardings(decode_state, decode_sh),
+      jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=rows_sh), engine.sampling_params,
+      jax.ShapeDtypeStruct((rows,), jnp.bool_, sharding=rows_sh))
+  return lowered, rows
 
 
 def _batch_axes_size(mesh, rules) -> int:
@@ -173,160 +315,32 @@ def _batch_axes_size(mesh, rules) -> int:
   return size
 
 
-def _check_shapes(batch_rows, row_length, decode_batch, cache_length, num_micro_batches,
-                  batch_axes: int):
-  problems = []
-  for name, value in (("batch_rows", batch_rows), ("row_length", row_length),
-                      ("decode_batch", decode_batch), ("cache_length", cache_length)):
-    if not isinstance(value, int) or value <= 0:
-      problems.append(f"{name} must be a positive int, got {value!r}")
-  if problems:
-    raise ValueError("; ".join(problems))
-  if batch_rows % (num_micro_batches * batch_axes):
-    problems.append(f"batch_rows = {batch_rows} must be a multiple of num_micro_batches "
-                    f"({num_micro_batches}) x the batch-sharded mesh axes ({batch_axes}) = "
-                    f"{num_micro_batches * batch_axes}, so that every micro-batch spreads evenly")
-  if decode_batch % batch_axes:
-    problems.append(f"decode_batch = {decode_batch} must be a multiple of the batch-sharded "
-                    f"mesh axes ({batch_axes})")
-  if problems:
-    raise ValueError("; ".join(problems))
-
-
-def dry_run(model_config, mesh_config, update_config, batch_rows: int, row_length: int,
-            decode_batch: int, cache_length: int, chip: str | Chip, *,
-            optimizer_config=None, float32_master_weights: bool = True,
-            devices: Sequence[Any] | None = None, check_fit: bool = True) -> DryRunReport:
-  """Compiles the train and decode steps for the mesh; per-device memory against the chip.
-
-  Args:
-    model_config: `models.ModelConfig` (its `param_dtype` is the stored parameters' dtype; its
-      `remat` and `scan_layers` choose the layer loop).
-    mesh_config: `sharding.MeshConfig`; it must use exactly the given (or all) devices.
-    update_config: `update.UpdateConfig` (micro-batches, loss settings).
-    batch_rows: packed rows per update (one tree per row).
-    row_length: tokens per packed row (the largest sequence bucket: memory's worst case).
-    decode_batch: rows the sampler decodes at once.
-    cache_length: KV cache slots per row.
-    chip: a name from `CHIPS` or a `Chip`.
-    optimizer_config: `update.OptimizerConfig` (AdamW defaults when None).
-    float32_master_weights: with non-float32 parameters, keep a float32 master copy and float32
-      moments in the optimizer state (`precision.with_float32_master_weights`).
-    devices: the devices of the mesh (default: all).
-    check_fit: raise `DoesNotFitError` when a program needs more than the chip's HBM.
-
-  Returns:
-    A `DryRunReport` (`.format()` prints it).
-  """
+def dry_run_from_config(config, check_fit: bool = True) -> DryRunReport:
+  """Compiles the loop's programs for `config` (`lower_programs`) over the run's devices (the
+  first `scale.num_devices`, or all) and reports their per-device memory against
+  `scale.chip`; raises `DoesNotFitError` when one needs more than the chip's HBM."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bpo_jax import sharding  # pylint: disable=g-import-not-at-top
-
-  chip = get_chip(chip)
-  mesh = sharding.make_mesh(mesh_config, devices)
-  _check_shapes(batch_rows, row_length, decode_batch, cache_length,
-                update_config.num_micro_batches, _batch_axes_size(mesh, sharding.TRAINING_RULES))
-  graphdef, params, tx, state, state_sh = _abstract_train_state(
-      model_config, mesh, optimizer_config, float32_master_weights)
-  train_memory = _train_step_memory(graphdef, tx, update_config, state, state_sh, mesh,
-                                    batch_rows, row_length)
-  decode_memory = _decode_step_memory(graphdef, params, model_config, mesh, decode_batch,
-                                      cache_length, resident_bytes=_bytes_per_device(state))
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  config_lib.validate(config)
+  s = config.scale
+  if not s.chip:
+    raise ValueError(f"scale.chip: the dry run needs a target chip, one of "
+                     f"{', '.join(sorted(CHIPS))}")
+  if config.model.lora_rank:
+    raise NotImplementedError("the dry run compiles full fine-tuning; set model.lora_rank = 0")
+  chip = get_chip(s.chip)
+  programs = lower_programs(config)
+  memory = tuple(_compiled(name, lowered, programs.resident_bytes[name])
+                 for name, lowered in programs.lowered.items())
+  m = programs.model_config
   report = DryRunReport(
-      model=f"{model_config.architecture} {model_config.num_layers} layers, hidden "
-            f"{model_config.hidden_size}, params {model_config.param_dtype}, compute "
-            f"{model_config.dtype}",
-      num_params=model_config.num_params(), mesh_shape=dict(mesh.shape), chip=chip,
-      programs=(train_memory, decode_memory),
-      shapes=dict(batch_rows=batch_rows, row_length=row_length,
-                  micro_batches=update_config.num_micro_batches, decode_batch=decode_batch,
-                  cache_length=cache_length),
-      backend=jax.devices()[0].platform)
+      model=f"{m.architecture} {m.num_layers} layers, hidden {m.hidden_size}, params "
+            f"{m.param_dtype}, compute {m.dtype}",
+      num_params=m.num_params(), mesh_shape=programs.mesh_shape, chip=chip, programs=memory,
+      shapes=programs.shapes, backend=jax.devices()[0].platform)
   if check_fit and not report.fits:
     raise _does_not_fit(report)
   return report
-
-
-def _abstract_train_state(model_config, mesh, optimizer_config, float32_master_weights: bool):
-  """The model built shape-first, its optimiser, and the abstract train state laid out by the
-  training rules: (graphdef, params, tx, state, state shardings)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-
-  from bpo_jax import sharding  # pylint: disable=g-import-not-at-top
-  from bpo_jax.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
-  from bpo_jax.training import precision  # pylint: disable=g-import-not-at-top
-  from bpo_jax.training import update  # pylint: disable=g-import-not-at-top
-
-  model = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0)))
-  graphdef, params = nnx.split(model)
-  tx = update.make_optimizer(optimizer_config or update.OptimizerConfig())
-  if float32_master_weights and model_config.param_dtype != "float32":
-    tx = precision.with_float32_master_weights(tx)
-  opt_state = jax.eval_shape(tx.init, params)
-  param_sh = sharding.param_shardings(params, mesh)
-  replicated = NamedSharding(mesh, PartitionSpec())
-  state_sh = update.TrainState(
-      step=replicated, params=param_sh,
-      opt_state=sharding.optimizer_shardings(opt_state, params, param_sh, mesh))
-  state = _with_shardings(update.TrainState(step=jax.ShapeDtypeStruct((), jnp.int32),
-                                            params=params, opt_state=opt_state), state_sh)
-  return graphdef, params, tx, state, state_sh
-
-
-def _train_step_memory(graphdef, tx, update_config, state, state_sh, mesh, batch_rows: int,
-                       row_length: int) -> ProgramMemory:
-  """The train step compiled on a `[batch_rows, row_length]` packed batch, training layout."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  from bpo_jax import packing  # pylint: disable=g-import-not-at-top
-  from bpo_jax import sharding  # pylint: disable=g-import-not-at-top
-  from bpo_jax.training import update  # pylint: disable=g-import-not-at-top
-
-  batch_sh = sharding.batch_sharding(mesh)
-  dtypes = dict(tokens=jnp.int32, positions=jnp.int32, predecessor=jnp.int32,
-                segment_start=jnp.int32, segment_end=jnp.int32, loss_mask=jnp.bool_,
-                advantage=jnp.float32, weight=jnp.float32, old_logprob=jnp.float32)
-  batch = packing.PackedBatch(**{
-      name: jax.ShapeDtypeStruct((batch_rows, row_length), dtype, sharding=batch_sh)
-      for name, dtype in dtypes.items()})
-  train_step = update.make_train_step(graphdef, tx, update_config, state_sharding=state_sh,
-                                      batch_sharding=batch_sh)
-  start = time.perf_counter()
-  compiled = train_step.jitted.lower(state, batch, None, None, None).compile()
-  return ProgramMemory.from_compiled("train step", compiled,
-                                     compile_seconds=time.perf_counter() - start)
-
-
-def _decode_step_memory(graphdef, params, model_config, mesh, decode_batch: int,
-                        cache_length: int, resident_bytes: int) -> ProgramMemory:
-  """One decode step compiled on a `[decode_batch, cache_length]` KV cache, parameters in the
-  sampling layout, with `resident_bytes` (the training state) counted alongside."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-
-  from bpo_jax import sampling  # pylint: disable=g-import-not-at-top
-  from bpo_jax import sharding  # pylint: disable=g-import-not-at-top
-
-  sample_param_sh = sharding.param_shardings(params, mesh, sharding.SAMPLING_RULES)
-  decode_state = jax.eval_shape(
-      lambda: sampling.init_decode_state(model_config, decode_batch, cache_length))
-  decode_sh = sharding.cache_shardings(decode_state, mesh)
-  rows_sh = decode_sh.cache.lengths
-  token_sh = NamedSharding(mesh, PartitionSpec(*rows_sh.spec, None))
-  decode_step = jax.jit(sampling.append_tokens, static_argnums=(0,), donate_argnums=(2,),
-                        out_shardings=decode_sh)
-  start = time.perf_counter()
-  compiled = decode_step.lower(
-      graphdef, _with_shardings(params, sample_param_sh),
-      _with_shardings(decode_state, decode_sh),
-      jax.ShapeDtypeStruct((decode_batch, 1), jnp.int32, sharding=token_sh),
-      jax.ShapeDtypeStruct((decode_batch,), jnp.int32, sharding=rows_sh)).compile()
-  return ProgramMemory.from_compiled("decode step", compiled, resident_bytes=resident_bytes,
-                                     compile_seconds=time.perf_counter() - start)
 
 
 def _does_not_fit(report: DryRunReport) -> DoesNotFitError:
@@ -336,9 +350,9 @@ def _does_not_fit(report: DryRunReport) -> DoesNotFitError:
   f = format_bytes
   reasons = "; ".join(
       f"the {p.name} needs {f(p.total_bytes)} per device (arguments {f(p.argument_bytes)}, "
-      f"outputs {f(p.output_bytes)}, temporaries {f(p.temp_bytes)}, aliased "
-      f"{f(p.alias_bytes)}" + (f", resident training state {f(p.resident_bytes)}"
-                               if p.resident_bytes else "") + ")" for p in over)
+      f"outputs {f(p.output_bytes)}, temporaries {f(p.temp_bytes)}, code {f(p.code_bytes)}, "
+      f"aliased {f(p.alias_bytes)}" + (f", resident {f(p.resident_bytes)}"
+                                       if p.resident_bytes else "") + ")" for p in over)
   return DoesNotFitError(
       f"does not fit on {chip.name} ({f(chip.hbm_bytes)} per device) with mesh "
       f"{report.mesh_shape}: {reasons}. Shard more (a larger fsdp or tensor axis), remat the "
@@ -351,44 +365,28 @@ def _does_not_fit(report: DryRunReport) -> DoesNotFitError:
 def shapes_from_config(config) -> dict:
   """The dry run's shapes from an experiment configuration (`training/config.py`).
 
-  One packed tree per row: `batch_rows` = tasks per iteration x trees per task, padded up to a
-  multiple of micro-batches x batch-sharded devices, and `row_length` = the per-tree token
-  budget. The sampler decodes every live branch at once: `decode_batch` = rows x max leaves
-  (a baseline: x its episodes per group) unless `scale.decode_batch` is set, with `model.max_length` cache slots per row.
+  One packed tree per row: `batch_rows` = tasks per iteration x trees per task (the loop pads
+  them to a multiple of micro-batches x batch-sharded devices), and `row_length` = the longest
+  row bucket the update meets (`translate.row_buckets`: the one holding a whole tree of
+  `rollout.max_tree_tokens`, or a warm-start path of `model.max_length`). The
+  sampler decodes every live branch at once: `decode_batch` = rows x max leaves (a baseline:
+  x its episodes per group) unless `scale.decode_batch` is set (the engine pads it to a batch
+  bucket), with `model.max_length` cache slots per row.
   """
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import estimator_registry  # pylint: disable=g-import-not-at-top
+  from bpo_jax import packing  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
   r = config.rollout
   rows = r.tasks_per_iteration * r.trees_per_task
   # A baseline's group decodes its N episodes at once, a BPO tree at most its leaves.
   branches = (config_lib.group_episodes(config)
               if estimator_registry.get(r.estimator).topology == "group" else r.max_leaves)
-  return dict(batch_rows=rows, row_length=r.max_tree_tokens,
+  longest = max(r.max_tree_tokens, config.model.max_length)
+  return dict(batch_rows=rows,
+              row_length=packing.choose_bucket(longest, translate.row_buckets(config)),
               decode_batch=config.scale.decode_batch or rows * branches,
               cache_length=config.model.max_length)
-
-
-def dry_run_from_config(config, devices=None, check_fit: bool = True) -> DryRunReport:
-  """`dry_run` for an experiment configuration; the mesh spans `devices` (default: all).
-
-  The model, update, optimiser and mesh are the ones the training loop builds
-  (`training/translate.py`), the model from `scale.model_preset`.
-  """
-  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
-  config_lib.validate(config)
-  s = config.scale
-  if not s.chip:
-    raise ValueError(f"scale.chip: the dry run needs a target chip, one of "
-                     f"{', '.join(sorted(CHIPS))}")
-  update_config = translate.update_config(config)
-  if update_config.kl_coef > 0:
-    raise NotImplementedError("the dry run does not compile the KL-to-reference step yet (it "
-                              "needs a second, frozen parameter copy); set train.kl_coef = 0")
-  return dry_run(translate.preset_model_config(config), translate.mesh_config(config),
-                 update_config, chip=s.chip, optimizer_config=translate.optimizer_config(config),
-                 float32_master_weights=s.master_weights, devices=devices, check_fit=check_fit,
-                 **shapes_from_config(config))
 
 
 def use_fake_cpu_devices(num_devices: int) -> None:
