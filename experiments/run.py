@@ -23,8 +23,8 @@ per host of a pod, or two on one machine) run the same command with their own
         --config.scale.distributed.num_processes=2 --config.scale.distributed.process_id=0 \
         --config.scale.distributed.coordinator_address=localhost:12355   # and process_id=1
 
-`--dry_run` compiles the train and decode steps for the configuration's mesh on fake CPU devices
-and reports per-device memory (`bpo_jax.training.dry_run`). A config with `demo = "estimators"`
+`--dry_run` compiles the loop's own train step, sampler and reshard for the configuration's mesh
+on fake CPU devices and reports their per-device memory (`bpo_jax.training.dry_run`). A config with `demo = "estimators"`
 (experiments/configs/estimator_demo.py) runs the estimator demo on a tabular MDP instead
 (`experiments/estimator_demo.py`).
 
@@ -66,8 +66,9 @@ _EXPORT_DIR = flags.DEFINE_string("export_dir", None,
 _STOP_AFTER = flags.DEFINE_integer("stop_after", None,
                                    "Stop training after this iteration (resumable).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False,
-                             "Compile the train and decode steps for the configuration's mesh "
-                             "(`scale.*`) on fake CPU devices and report per-device memory "
+                             "Compile the loop's train step, sampler and reshard for the "
+                             "configuration's mesh (`scale.*`) on fake CPU devices and report "
+                             "their per-device memory "
                              "instead of training (bpo_jax.training.dry_run).")
 
 EXIT_INVALID = 2

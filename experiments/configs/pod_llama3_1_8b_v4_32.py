@@ -9,12 +9,19 @@ in 4 micro-batches (one row per FSDP group at a time); the sampler decodes up to
 tokens) fits the context. 32 GiB per chip is what bounds the row length: dense attention and
 the vocabulary projection grow with the tokens per row.
 
-    python -m bpo_jax.training.dry_run --config=experiments/configs/pod_llama3_1_8b_v4_32.py
+The dry run (16 fake CPU devices, abstract arrays; about a minute) prints the per-device
+memory of the loop's train step, sampler and reshard (README.md, "Pods"):
 
-On the pod (4 hosts of 4 chips), every host runs run.py with its own process id:
+    python experiments/run.py --config=experiments/configs/pod_llama3_1_8b_v4_32.py --dry_run
+
+On the pod (4 hosts of 4 chips), every host runs run.py with its own process id, the
+coordinator being host 0's address; DIR, the HF directory of Llama-3.1-8B(-Instruct), and the
+workdir are directories every host sees:
 
     python experiments/run.py --config=experiments/configs/pod_llama3_1_8b_v4_32.py \\
-      --workdir=gs://BUCKET/llama8b --config.scale.distributed.process_id=$HOST_INDEX
+      --config.model.checkpoint=DIR --workdir=WORKDIR \\
+      --config.scale.distributed.coordinator_address=HOST0:8476 \\
+      --config.scale.distributed.process_id=$HOST_INDEX
 """
 
 from experiments.configs import base

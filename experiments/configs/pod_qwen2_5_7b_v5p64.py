@@ -7,14 +7,23 @@ the layers run as one scan (compile time independent of depth). 32 tasks x 2 tre
 rows of up to 16384 tokens per update, in 8 micro-batches (one row per FSDP group at a time);
 the sampler decodes up to 64 x 4 leaves = 256 rows with 4608 cache slots each.
 
-Check that it compiles and fits before booking the pod (fake CPU devices, a few minutes):
+Check that it compiles and fits before booking the pod (32 fake CPU devices, abstract arrays:
+no 7B weights are made; about a minute):
 
-    python -m bpo_jax.training.dry_run --config=experiments/configs/pod_qwen2_5_7b_v5p64.py
+    python experiments/run.py --config=experiments/configs/pod_qwen2_5_7b_v5p64.py --dry_run
 
-On the pod, every host runs the same command with its own process id:
+It compiles the loop's own train step, sampler and reshard and prints their per-device memory
+(README.md, "Pods"). With `--config.model.checkpoint=DIR` it reads DIR's config.json as the run
+does and checks it against the preset.
+
+On the pod, every host (8 of them) runs the same command with its own process id, the
+coordinator being host 0's address; DIR, the HF directory of Qwen2.5-7B(-Instruct), and the
+workdir are directories every host sees:
 
     python experiments/run.py --config=experiments/configs/pod_qwen2_5_7b_v5p64.py \\
-      --workdir=gs://BUCKET/qwen7b --config.scale.distributed.process_id=$HOST_INDEX
+      --config.model.checkpoint=DIR --workdir=WORKDIR \\
+      --config.scale.distributed.coordinator_address=HOST0:8476 \\
+      --config.scale.distributed.process_id=$HOST_INDEX
 """
 
 from experiments.configs import base
