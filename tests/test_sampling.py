@@ -422,3 +422,23 @@ def test_per_row_keys_make_a_row_independent_of_its_batch_mates(policy):
   assert len({tuple(generated(together, b)[0]) for b in range(len(PROMPTS))}) > 1
   with pytest.raises(ValueError, match="per-row keys must number 4 .the batch size., got 3"):
     sampler.generate(state, ds, keys[:3], params)
+
+
+def test_lowered_generate_compiles_to_what_generate_samples(policy):
+  """`Sampler.lower_generate` (what the dry run compiles), called on concrete inputs, samples
+  `generate`'s tokens: attending to the whole cache instead of generate's window sums the same
+  terms in other orders. One row, so `generate` uses the model's own output projection too."""
+  _, config, _, state, sampler = policy
+  params = SamplingParams(temperature=1.0, max_new_tokens=6)
+  key, active = jax.random.split(jax.random.key(3), 1), jnp.ones((1,), bool)
+  want_state, want = sampler.generate(state, sampler.prefill(state, PROMPTS[1:2]), key, params,
+                                      active)
+  decode_state = sampler.prefill(state, PROMPTS[1:2])
+  abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+  compiled = sampler.lower_generate(abstract(state), abstract(decode_state), abstract(key),
+                                    params, abstract(active)).compile()
+  got_state, got = compiled(state, decode_state, key, active, unembedding=None)
+  assert generated(got, 0)[0] == generated(want, 0)[0] and int(got.num_tokens[0]) == 6
+  roundings = forward_roundings(config, MAX_LENGTH, logprobs=True)
+  assert_close(generated(got, 0)[1], generated(want, 0)[1], steps=roundings)
+  np.testing.assert_array_equal(np.asarray(got_state.lengths), np.asarray(want_state.lengths))

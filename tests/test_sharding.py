@@ -155,3 +155,16 @@ def test_cache_shardings_and_reshard_between_layouts():
   q = sample["layers"][0]["attn"]["q_kernel"][...]
   assert q.sharding.spec == P(None, "tensor", None)
   np.testing.assert_array_equal(q, params["layers"][0]["attn"]["q_kernel"][...])
+
+
+def test_make_reshard_moves_like_reshard_in_one_program():
+  mesh = _mesh(1, 4, 2)
+  params = nnx.state(Decoder(CONFIG, rngs=nnx.Rngs(0)))
+  train = sharding.reshard(params, sharding.param_shardings(params, mesh))
+  sample_sh = sharding.param_shardings(params, mesh, sharding.SAMPLING_RULES)
+  moved, eager = sharding.make_reshard(sample_sh)(train), sharding.reshard(train, sample_sh)
+  for a, b, want, source in zip(jax.tree.leaves(moved), jax.tree.leaves(eager),
+                                jax.tree.leaves(sample_sh), jax.tree.leaves(params)):
+    assert a.sharding.is_equivalent_to(want, a.ndim) and b.sharding.is_equivalent_to(want, b.ndim)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(source))
+    np.testing.assert_array_equal(np.asarray(b), np.asarray(source))
