@@ -148,6 +148,8 @@ def _dry_run(config):
   except dry_run.DoesNotFitError as error:
     print(f"dry run failed: {error}", file=sys.stderr)
     sys.exit(1)
+  except _input_errors() as error:  # e.g. no target chip, a checkpoint of another shape
+    _fail(_first_line(error))
 
 
 def _evaluate(loop, config, workdir: str, primary: bool):

@@ -324,10 +324,11 @@ def dry_run_from_config(config, check_fit: bool = True) -> DryRunReport:
   config_lib.validate(config)
   s = config.scale
   if not s.chip:
-    raise ValueError(f"scale.chip: the dry run needs a target chip, one of "
-                     f"{', '.join(sorted(CHIPS))}")
+    raise config_lib.ConfigError([f"scale.chip: the dry run needs a target chip, one of "
+                                  f"{', '.join(sorted(CHIPS))}"])
   if config.model.lora_rank:
-    raise NotImplementedError("the dry run compiles full fine-tuning; set model.lora_rank = 0")
+    raise config_lib.ConfigError(["model.lora_rank: the dry run compiles full fine-tuning; "
+                                  "set it to 0"])
   chip = get_chip(s.chip)
   programs = lower_programs(config)
   memory = tuple(_compiled(name, lowered, programs.resident_bytes[name])
@@ -425,8 +426,9 @@ def run_from_config(config) -> DryRunReport:
   if not devices:
     sizes = [s.mesh.data * s.mesh.dcn_data, s.mesh.fsdp, s.mesh.tensor]
     if -1 in sizes:
-      raise ValueError("scale.num_devices: the dry run fakes the pod's devices; set it (the "
-                       f"mesh {dict(s.mesh)} leaves the count open)")
+      from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+      raise config_lib.ConfigError(["scale.num_devices: the dry run fakes the pod's devices; "
+                                    f"set it (the mesh {dict(s.mesh)} leaves the count open)"])
     devices = sizes[0] * sizes[1] * sizes[2]
   use_fake_cpu_devices(devices)
   report = dry_run_from_config(config)

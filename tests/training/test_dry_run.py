@@ -237,6 +237,27 @@ def test_pod_configs_take_a_checkpoint_whose_shape_the_preset_checks(name, prese
     dry_run_lib.model_config_for(config)
 
 
+def test_the_command_line_names_what_the_dry_run_cannot_use(tmp_path):
+  """experiments/run.py --dry_run: a config without a target chip, and a pod config whose
+  checkpoint has another shape, each fail in one line with exit status 2 before compiling."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  (tmp_path / "config.json").write_text(json.dumps(CONFIG.to_hf_config()))
+  for args, expected in (
+      (["--config=experiments/configs/quickstart.py", "--config.scale.num_devices=1"],
+       "error: invalid configuration:\n  scale.chip: the dry run needs a target chip, one of "
+       "h100, h200"),
+      (["--config=experiments/configs/pod_qwen2_5_7b_v5p64.py",
+        f"--config.model.checkpoint={tmp_path}"],
+       "error: invalid configuration:\n  scale.model_preset = 'qwen2_5_7b': the checkpoint")):
+    result = subprocess.run([sys.executable, "experiments/run.py", "--dry_run", *args],
+                            cwd=root, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert expected in result.stderr, result.stderr
+
+
 def test_a_checkpoint_run_takes_the_scale_sections_remat_and_scan(tmp_path):
   """The training run loads `model.checkpoint` with `scale.remat` and `scale.scan_layers`, as
   the dry run compiles it."""
