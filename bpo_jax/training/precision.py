@@ -82,7 +82,9 @@ def with_float32_master_weights(inner: optax.GradientTransformation
   """
 
   def init_fn(params):
-    master = cast_floating(params, jnp.float32)
+    # Its own buffers even where a parameter is float32 already (a cast to the same dtype
+    # returns the same array): the train step donates parameters and optimizer state together.
+    master = jax.tree.map(lambda x: jnp.array(x, copy=True), cast_floating(params, jnp.float32))
     return MasterWeightsState(master=master, inner=inner.init(master))
 
   def update_fn(updates, state, params=None):

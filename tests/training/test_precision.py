@@ -150,3 +150,23 @@ def test_the_training_loop_reads_the_scale_precision_settings():
   config.scale.master_weights = False
   assert not isinstance(translate.rl_optimizer(config).init(params),
                         precision.MasterWeightsState)
+
+
+def test_a_donated_step_takes_float32_parameters_and_their_master_copy():
+  """A float32 parameter's master copy is its own buffer (a cast to float32 would return the
+  same array), so a step donating the parameters and the optimizer state together runs: a
+  float32 checkpoint trained with `scale.param_dtype = "bfloat16"` and master weights."""
+  params = {"w": jnp.asarray([1.0, -2.0, 0.5], jnp.float32), "b": jnp.ones((2,), jnp.bfloat16)}
+  tx = precision.with_float32_master_weights(optax.sgd(0.5))
+  opt_state = tx.init(params)
+  assert opt_state.master["w"] is not params["w"]
+  np.testing.assert_array_equal(opt_state.master["w"], params["w"])
+
+  def step(params, opt_state):
+    grads = jax.tree.map(jnp.ones_like, params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  params, opt_state = jax.jit(step, donate_argnums=(0, 1))(params, opt_state)
+  np.testing.assert_array_equal(params["w"], np.asarray([0.5, -2.5, 0.0], np.float32))
+  np.testing.assert_array_equal(opt_state.master["b"], np.full((2,), 0.5, np.float32))
