@@ -186,6 +186,8 @@ def _train(loop, config, workdir: str, primary: bool):
     return
   labels = {"init": "untrained model", "start": "after the warm start (iteration 0)",
             "end": f"after iteration {summary['iterations']}"}
+  if summary.get("eval_start", {}).get("stage") != "warm_start":
+    labels.pop("start")  # no warm start: the untrained model's evaluation is the start
   for name, label in labels.items():
     if f"eval_{name}" in summary:
       e = summary[f"eval_{name}"]

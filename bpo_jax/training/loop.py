@@ -26,7 +26,8 @@ One run:
    "init").
 2. Supervised warm start (`warm_start.*`): expert episodes of training tasks become token chains
    (`text.expert_tree_tokens`), packed and fitted with the SFT step, so that a tiny model
-   starts with a non-zero success rate. Then a held-out evaluation (stage "warm_start") and
+   starts with a non-zero success rate. Then a held-out evaluation (stage "warm_start"; none
+   without a warm start, whose run starts from the untrained model's) and
    checkpoint 0. The policy-gradient optimiser continues the warm start's Adam moments. With
    `train.kl_coef > 0` the parameters at this point are the KL term's frozen reference.
 3. Iterations 1..N: grow one tree (BPO) or group (RLOO, GRPO, GiGPO) per task with
@@ -312,8 +313,8 @@ def _start(exp: experiment_lib.Experiment, params, tx) -> tuple[update_lib.Train
     opt_state = sft_opt_state
   state = update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                                 opt_state=opt_state)
-  history.append(evaluation.eval_record(exp, state.params, 0,
-                                        "warm_start" if warm_start_records else "init"))
+  if warm_start_records:  # without a warm start the untrained model's evaluation stands
+    history.append(evaluation.eval_record(exp, state.params, 0, "warm_start"))
   return state, history
 
 
@@ -344,8 +345,8 @@ def _loop_state(iteration: int, root_key, config, history, threshold: dict) -> d
 
 def summarize(history: Sequence[dict], workdir: str) -> dict:
   """Held-out success of the untrained model (`eval_init`), before the first policy-gradient
-  iteration (`eval_start`, after the warm start) and at the end (`eval_end`), and the
-  iterations run."""
+  iteration (`eval_start`: after the warm start, or the untrained model's without one) and at
+  the end (`eval_end`), each with its `stage`, and the iterations run."""
   evals = [r for r in history if r.get("phase") == "eval"]
   train_records = [r for r in history if r.get("phase") == "train"]
   summary = {"workdir": workdir, "iterations": len(train_records)}
@@ -354,7 +355,7 @@ def summarize(history: Sequence[dict], workdir: str) -> dict:
     for name, record in (("init", evals[0]), ("start", at_zero[-1] if at_zero else evals[0]),
                          ("end", evals[-1])):
       summary[f"eval_{name}"] = {k: record[k] for k in (
-          "iteration", "success_rate", "success_low", "success_high", "num_tasks")}
+          "iteration", "stage", "success_rate", "success_low", "success_high", "num_tasks")}
   return summary
 
 
