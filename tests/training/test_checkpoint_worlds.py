@@ -1,8 +1,9 @@
 """WebShop, ALFWorld and SWE each train two iterations from a tiny random Qwen2 and Llama 3.2
 checkpoint (its own BPE tokenizer with the family's chat template) through `run.py`.
 
-SWE's token budgets are cut for the test (observations, actions, context): its packed rows
-otherwise reach ~8k tokens, whose dense attention takes ~12 GiB on a CPU.
+SWE's budgets are cut for the test (3 turns, observations, actions, context): its packed rows
+otherwise reach ~8k tokens, whose dense attention takes ~12 GiB on a CPU; a path of 3 turns is
+at most 1,420 tokens, so the rows stay within the 2,048-token bucket.
 """
 
 import json
@@ -18,8 +19,9 @@ from test_reference_lora_export import ROOT, RUN, _hf_checkpoint  # pylint: disa
 SMALL = {
     "webshop": [],
     "alfworld": [],
-    "swe": ["--config.env.max_observation_tokens=128", "--config.rollout.max_action_tokens=64",
-            "--config.model.max_length=2048", "--config.rollout.max_tree_tokens=4096"],
+    "swe": ["--config.env.max_turns=3", "--config.env.max_observation_tokens=128",
+            "--config.rollout.max_action_tokens=64", "--config.model.max_length=1536",
+            "--config.rollout.max_tree_tokens=2048"],
 }
 
 

@@ -1,21 +1,24 @@
-"""Each world's config trains from scratch in its `:tiny` version: the BPE tokenizer is trained on
-the world's text and saved, the budgets fit its chat format, the warm start and two iterations
-of BPO run, and the held-out evaluation reports.
+"""Each world's config builds its from-scratch run in its `:tiny` version: the BPE tokenizer is
+trained on the world's text and saved where `AutoTokenizer` loads it, the budgets fit its chat
+format, and the warm start's expert episodes, played through that tokenizer, fit the context
+(the actions come back out of it unchanged).
 
 WebShop, ALFWorld (generated games) and SWE (the shipped tasks; in worker processes, confined
-where the host allows namespaces): the worlds with long contexts and actions (SWE's trees pack
-into rows longer than the default buckets, `translate.row_buckets`).
+where the host allows namespaces). Their training runs, two iterations each from a Qwen2 and a
+Llama 3.2 checkpoint, are test_checkpoint_worlds.py's; the from-scratch loop itself trains in
+the quickstart's tests (test_loop_resume.py, test_multiprocess_loop.py).
 """
 
 import importlib
-import json
 import os
 
 import pytest
+import transformers
 
 from bpo_jax import text
 from bpo_jax.sandboxes.swe import confinement
-from bpo_jax.training import loop
+from bpo_jax.training import experiment
+from bpo_jax.training import warm_start
 
 SWE_OPTIONS = {} if confinement.namespaces_available() else {"confinement": "rlimits-only"}
 
@@ -29,28 +32,32 @@ def _tiny(name, tmp_path):
     config.warm_start.num_trajectories = 4
   if name == "swe":
     config.env.options.update(SWE_OPTIONS)
-  # One device, as on a laptop: the mesh has its own tests (test_mesh_loop.py).
   config.scale.num_devices = 1
   return config
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["webshop", "alfworld", "swe"])
-def test_tiny_world_config_trains_two_iterations(name, tmp_path):
+def test_tiny_world_config_builds_its_text_and_its_experts_fit(name, tmp_path):
   config = _tiny(name, tmp_path)
   workdir = str(tmp_path / "run")
-  summary = loop.train(config, workdir)
-  assert summary["iterations"] == 2
-  assert os.path.isfile(os.path.join(workdir, text.TOKENIZER_DIR, "tokenizer.json"))
-  _, fmt = text.load_format(os.path.join(workdir, text.TOKENIZER_DIR),
-                            max_observation_tokens=config.env.max_observation_tokens)
-  bound = fmt.path_token_bound(config.env.max_turns, config.rollout.max_action_tokens)
-  assert bound <= config.model.max_length
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
-  iterations = [r for r in records if r.get("phase") == "train"]
-  assert [r["iteration"] for r in iterations][-2:] == [1, 2], records[-3:]
-  for stage in ("init", "end"):
-    e = summary[f"eval_{stage}"]
-    assert e["num_tasks"] == config.eval.num_tasks
-    assert 0.0 <= e["success_low"] <= e["success_rate"] <= e["success_high"] <= 1.0
+  exp, _ = experiment.build_experiment(config, workdir)
+  try:
+    directory = os.path.join(workdir, text.TOKENIZER_DIR)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    assert tokenizer.chat_template
+    assert len(tokenizer) == exp.fmt.vocab_size
+    bound = exp.fmt.path_token_bound(config.env.max_turns, config.rollout.max_action_tokens)
+    assert bound <= min(config.model.max_length, config.rollout.max_tree_tokens)
+    count = min(config.warm_start.num_trajectories, 2)
+    episodes = warm_start.expert_episodes(exp, exp.train_tasks[:count])
+    assert len(episodes) == count
+    for episode in episodes:
+      # `:tiny` cuts the turns (to 4), so an expert episode may stop before its reward.
+      assert episode.tokens.num_nodes == len(episode.actions) == config.env.max_turns or (
+          episode.done and episode.success)
+      assert episode.tokens.num_unique_tokens() <= bound  # a chain: its path
+      # The actions come back out of the tokenizer as they went in.
+      assert all(tokenizer.decode(tokenizer.encode(a, add_special_tokens=False)) == a
+                 for a in episode.actions)
+  finally:
+    exp.close()
