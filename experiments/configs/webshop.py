@@ -37,8 +37,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.env.num_eval_tasks = 200
   c.env.max_turns = 10
   c.env.max_observation_tokens = 384
-  # The longest expert action (a long search query) takes 18-19 tokens of the shop's BPE.
-  c.rollout.max_action_tokens = 24
+  # The longest expert action (a search with the instruction's words) takes about 32 tokens of
+  # the shop's BPE.
+  c.rollout.max_action_tokens = 40
   c.model.max_length = 4608
   c.rollout.max_tree_tokens = 16384
   c.eval.num_tasks = 100
@@ -58,8 +59,8 @@ def cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.eval.every = 10
   c.env.max_turns = 6
   c.env.max_observation_tokens = 128
-  c.model.max_length = 1088
-  c.rollout.max_tree_tokens = 4352
+  c.model.max_length = 1152
+  c.rollout.max_tree_tokens = 4608
   c.rollout.tasks_per_iteration = 8
   c.warm_start.num_trajectories = 64
   c.warm_start.steps = 150

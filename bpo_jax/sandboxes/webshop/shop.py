@@ -213,49 +213,82 @@ class WebShopSandbox:
     return actions
 
   def expert_actions(self) -> list[str] | None:
-    """Actions that buy the task's target with its goal options from the current state.
+    """Actions that buy, from the current state, a product that earns the task reward 1.
 
-    The expert searches for the target's title, pages to it, opens it, clicks the product's
-    option value closest to each goal option (equal if there is one) and buys. None once the
+    The expert searches as a shopper does, with the instruction's own words
+    (`instruction_query`: the text before its options and price), and opens the first result
+    that, bought with the option values closest to the goal's, earns reward 1; only when no
+    result does it searches for the target's title and opens the target. It then clicks the
+    goal options (the product's closest values) and buys. A policy can learn the first route
+    from the page text alone; the title route needs the catalogue by heart. None once the
     episode is over. Following it from `reset` earns reward 1 on every generated goal.
     """
     state, task = self._require_session()
     if state.page == "done" or state.steps >= self.max_steps:
       return None
-    target = self._product(task.asin)
     actions: list[str] = []
     page = state.page
     if page in ("description", "features", "reviews"):
       actions.append(f"click[{PREV_PAGE}]")
       page = "item"
-    if not (page == "item" and state.asin == task.asin):
+    if page == "item" and self._earns_full_reward(state.asin, task):
+      product = self._product(state.asin)
+    else:
       if page == "item":
         actions.append(f"click[{PREV_PAGE}]")
         page = "results"
-      if page == "results" and task.asin in state.results:
-        results, results_page = state.results, state.results_page
-      else:
+      shown = state.results if page == "results" else ()
+      route = self._expert_route(shown, task)
+      if route is None:
+        return None  # The target cannot be found by its title (a catalogue without text).
+      query, results, asin = route
+      results_page = state.results_page
+      if query is not None:
         if page != "search":
           actions.append(f"click[{BACK_TO_SEARCH}]")
-        actions.append(f"search[{target.title}]")
-        found = self._index.search(target.title, self.search_return_n)
-        results = tuple(self.catalogue.products[i].asin for i in found)
+        actions.append(f"search[{query}]")
         results_page = 1
-        if task.asin not in results:
-          return None  # The target cannot be found by its title (a catalogue without text).
-      target_page = results.index(task.asin) // self.results_per_page + 1
+      target_page = results.index(asin) // self.results_per_page + 1
       turn = NEXT_PAGE if target_page > results_page else PREV_PAGE
       actions += [f"click[{turn}]"] * abs(target_page - results_page)
-      actions.append(f"click[{task.asin}]")
-      state = dataclasses.replace(state, options=())
+      actions.append(f"click[{asin}]")
+      product, state = self._product(asin), dataclasses.replace(state, options=())
     chosen = dict(state.options)
     for wanted in task.goal_options:
-      name, value = _closest_option(target, wanted)
+      name, value = _closest_option(product, wanted)
       if name is not None and chosen.get(name) != value:
         actions.append(f"click[{value}]")
         chosen[name] = value
     actions.append(f"click[{BUY_NOW}]")
     return actions
+
+  def _expert_route(self, shown: tuple[str, ...], task: WebShopTask
+                    ) -> tuple[str | None, tuple[str, ...], str] | None:
+    """(query to search or None to stay on the results `shown`, the results, the product to
+    open): a shown result that earns reward 1, else the instruction's search, else the
+    target's title search; None when not even that finds the target."""
+    for query, results in ((None, shown), *(
+        (q, tuple(self.catalogue.products[i].asin
+                  for i in self._index.search(q, self.search_return_n)))
+        for q in (instruction_query(task.instruction),))):
+      good = next((a for a in results if self._earns_full_reward(a, task)), None)
+      if good is not None:
+        return query, results, good
+    title = self._product(task.asin).title
+    results = tuple(self.catalogue.products[i].asin
+                    for i in self._index.search(title, self.search_return_n))
+    return (title, results, task.asin) if task.asin in results else None
+
+  def _earns_full_reward(self, asin: str, task: WebShopTask) -> bool:
+    """Whether buying `asin` with the option values closest to the goal's earns reward 1."""
+    product = self._product(asin)
+    chosen = {}
+    for wanted in task.goal_options:
+      name, value = _closest_option(product, wanted)
+      if name is not None:
+        chosen[name] = value
+    state = ShopState(page="item", asin=asin, options=tuple(chosen.items()))
+    return self._score(state, task).reward >= 1.0 - 1e-9
 
   # -- internals -------------------------------------------------------------------------------
 
@@ -404,6 +437,23 @@ class WebShopSandbox:
         "chosen_options": dict(state.options),
         "reward_parts": dataclasses.asdict(outcome),
     }
+
+
+def instruction_query(instruction: str) -> str:
+  """The words of an instruction a shopper searches with: the text before its options
+  (" with color: ...") and its price limit (", and price lower than ...").
+
+  >>> instruction_query("i need shampoo that is sulfate free with scent: citrus, and price "
+  ...                   "lower than 30.00 dollars")
+  'i need shampoo that is sulfate free'
+  """
+  text = instruction
+  for marker in (" with ", ", and price lower than", " and price lower than",
+                 ", price lower than"):
+    cut = text.find(marker)
+    if cut > 0:
+      text = text[:cut]
+  return " ".join(text.split()) or " ".join(instruction.split())
 
 
 def _closest_option(product: Product, wanted: str) -> tuple[str | None, str]:
