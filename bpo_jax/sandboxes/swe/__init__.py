@@ -9,7 +9,8 @@
 
 Modules: `sandbox` (actions, reward), `confinement` (how commands are contained), `workspace`
 (git trees and snapshot bytes), `grading` (swebench's log parser and report), `tasks` (the
-shipped tasks and a loader for real SWE-bench instance JSON).
+shipped tasks), `instances` (real SWE-bench instances selected by config: `env.options.instances`,
+`repos_dir`, `envs_dir`), `envs` (one Python environment per repository and setup commit).
 
 Commands run in namespaces by default; `make_sandbox(confinement="rlimits-only")` (the
 `env.options.confinement` of a run) is the explicit fallback for hosts without them.
@@ -23,14 +24,34 @@ from typing import Any
 from bpo_jax.sandboxes.swe.confinement import (MODES, CommandResult, ConfinementError, Limits,
                                                protections, run_confined)
 from bpo_jax.sandboxes.swe.grading import GradingError, evaluate_patch
+from bpo_jax.sandboxes.swe import instances as instances_lib
+from bpo_jax.sandboxes.swe import tasks as tasks_lib
+from bpo_jax.sandboxes.swe.envs import EnvBuildError, PythonEnv, ensure_env
 from bpo_jax.sandboxes.swe.sandbox import SweSandbox
 from bpo_jax.sandboxes.swe.tasks import (SweTask, load_shipped_task, load_swebench_instances,
-                                         make_tasks, shipped_task_names)
+                                         shipped_task_names)
 
 
 def make_sandbox(**config) -> SweSandbox:
   """A `SweSandbox`; `config` are its constructor arguments."""
   return SweSandbox(**config)
+
+
+def make_tasks(split: str, num: int, seed: int, **config) -> list[SweTask]:
+  """`num` tasks of `split`: the shipped ones (tasks.make_tasks), or, when `config` names
+  `instances`, real SWE-bench instances from local clones (instances.make_tasks); the other keys
+  of `config` are the sandbox's options.
+
+  Raises:
+    ValueError: bad instance input, one line naming it. TypeError: unknown keys.
+  """
+  real = {k: config.pop(k) for k in list(config) if k in instances_lib.OPTIONS}
+  if real and "instances" not in real:
+    raise ValueError(f"env.options.{sorted(real)[0]} is given without env.options.instances")
+  tasks = tasks_lib.make_tasks(split, num, seed, **config)  # checks split, num and keys
+  if not real:
+    return tasks
+  return instances_lib.make_tasks(split, num, seed, **real)
 
 
 def protections_record(**options: Any) -> dict[str, Any]:
@@ -45,7 +66,8 @@ def protections_record(**options: Any) -> dict[str, Any]:
   return {"confinement": mode, "protections": dict(protections(mode))}
 
 
-__all__ = ["MODES", "CommandResult", "ConfinementError", "GradingError", "Limits", "SweSandbox",
+__all__ = ["MODES", "CommandResult", "ConfinementError", "EnvBuildError", "GradingError",
+           "Limits", "PythonEnv", "SweSandbox", "ensure_env",
            "SweTask", "evaluate_patch", "load_shipped_task", "load_swebench_instances",
            "make_sandbox", "make_tasks", "protections", "protections_record", "run_confined",
            "shipped_task_names"]

@@ -62,7 +62,7 @@ import sys
 import sysconfig
 import threading
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from bpo_jax.sandboxes import base
 
@@ -233,7 +233,8 @@ def default_uid() -> int:
   return 1_000_000 + os.getpid()
 
 
-def _spec(argv, cwd, limits, namespaces, uid, env, readonly=None, copy_in=None) -> dict:
+def _spec(argv, cwd, limits, namespaces, uid, env, readonly=None, copy_in=None,
+          reachable=()) -> dict:
   rlimits = {"CPU": int(limits.cpu_seconds), "AS": int(limits.memory_bytes),
              "FSIZE": int(limits.file_bytes), "NOFILE": int(limits.max_open_files),
              "CORE": 0}
@@ -241,7 +242,7 @@ def _spec(argv, cwd, limits, namespaces, uid, env, readonly=None, copy_in=None) 
     rlimits["NPROC"] = int(limits.max_processes)
   target = CONFINED_WORKDIR if namespaces else cwd
   return {"argv": list(argv), "cwd": target, "env": env, "namespaces": namespaces,
-          "writable": [[cwd, target]], "reachable": list(_python_paths()),
+          "writable": [[cwd, target]], "reachable": sorted(set(_python_paths()) | {os.path.realpath(p) for p in reachable}),
           "hidden": list(_hidden_paths()), "uid": uid, "gid": uid,
           "tmp_bytes": int(limits.tmp_bytes), "rlimits": rlimits, "host_pid": os.getpid(),
           "readonly": [[source, target] for target, source in (readonly or {}).items()],
@@ -556,7 +557,8 @@ def protections(mode: str = "namespaces") -> dict[str, bool]:
 def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
                  uid: int | None = None, env: Mapping[str, str] | None = None,
                  namespaces: bool = True, readonly: Mapping[str, str] | None = None,
-                 copy_in: Mapping[str, str] | None = None) -> CommandResult:
+                 copy_in: Mapping[str, str] | None = None,
+                 reachable: Sequence[str] = ()) -> CommandResult:
   """Runs `sh -c command` in `cwd` under `limits`; see the module docstring for the confinement.
 
   `namespaces=True` is the mode "namespaces", False the mode "rlimits-only". Under root the
@@ -565,7 +567,9 @@ def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
   ignored: the command runs as this process's user.
 
   Only with namespaces: `readonly` maps paths under /tmp to host directories bound there
-  read-only; `copy_in` maps paths under /tmp to host files copied there, owned by `uid`.
+  read-only; `copy_in` maps paths under /tmp to host files copied there, owned by `uid`;
+  `reachable` names more host directories seen read-only at their own paths (an instance's
+  Python environment), as the interpreter's are.
 
   Raises:
     ValueError: bad arguments.
@@ -593,7 +597,7 @@ def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
   else:
     uid = None
   spec = _spec(["/bin/sh", "-c", command], os.path.realpath(cwd), limits, namespaces, uid,
-               command_env(env), readonly, copy_in)
+               command_env(env), readonly, copy_in, reachable)
   result = _run_spec(spec, limits)
   if result.exit_code == SETUP_FAILED and "confinement set-up failed" in result.output:
     raise ConfinementError(f"could not confine the command: {result.output.strip()}")

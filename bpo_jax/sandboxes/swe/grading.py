@@ -29,6 +29,7 @@ from typing import Any
 
 from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes.swe import confinement
+from bpo_jax.sandboxes.swe import envs as envs_lib
 from bpo_jax.sandboxes.swe import tasks as tasks_lib
 from bpo_jax.sandboxes.swe import workspace as workspace_lib
 
@@ -72,10 +73,20 @@ def _defang(output: str) -> str:
   return re.sub(r"^>>>>>", "> >>>>", output, flags=re.M)
 
 
+def env_access(env: envs_lib.PythonEnv | None, workdir: str, namespaces: bool) -> dict:
+  """`run_confined` arguments that give a command the environment `env` (none for None): its
+  `bin` first on PATH, the task directory on PYTHONPATH, the environment reachable."""
+  if env is None:
+    return {}
+  pythonpath = confinement.CONFINED_WORKDIR if namespaces else workdir
+  return {"env": env.command_env(pythonpath), "reachable": [env.path]}
+
+
 def run_tests(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib.SweTask,
               limits: confinement.Limits = GRADING_LIMITS, uid: int | None = None,
-              namespaces: bool = True) -> str:
-  """Resets the test patch's files, applies it, runs the tests; returns the harness-format log.
+              namespaces: bool = True, env: envs_lib.PythonEnv | None = None) -> str:
+  """Resets the test patch's files, applies it, runs the tests (with the instance's environment
+  `env`, else this interpreter); returns the harness-format log.
 
   The working directory is left with the test patch applied; callers restore their tree.
 
@@ -92,9 +103,10 @@ def run_tests(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib.SweTa
     return f"{constants.APPLY_PATCH_FAIL}\n{e}\n"
   ws.fix_ownership()
   lines = [constants.APPLY_PATCH_PASS]
-  command = " ".join([task.test_command] + test_files)
+  command = task.grading_command(test_files)
   try:
-    result = confinement.run_confined(command, ws.workdir, limits, uid=uid, namespaces=namespaces)
+    result = confinement.run_confined(command, ws.workdir, limits, uid=uid, namespaces=namespaces,
+                                      **env_access(env, ws.workdir, namespaces))
   except confinement.ConfinementError as e:
     raise GradingError(f"the tests of {task.task_id} could not run: {e}") from e
   if result.exit_code in CANNOT_START:
@@ -140,7 +152,8 @@ def report_from_log(task: tasks_lib.SweTask, model_patch: str, log: str) -> dict
 
 def grade_workspace(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib.SweTask,
                     limits: confinement.Limits = GRADING_LIMITS, uid: int | None = None,
-                    namespaces: bool = True) -> dict[str, Any]:
+                    namespaces: bool = True,
+                    env: envs_lib.PythonEnv | None = None) -> dict[str, Any]:
   """Grades the working directory's current state; leaves the directory as it found it.
 
   Returns swebench's report for the instance (`resolved`, `tests_status`, ...) plus
@@ -152,7 +165,7 @@ def grade_workspace(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib
   tree = ws.write_tree()
   model_patch = ws.diff(base_tree, tree)
   try:
-    log = run_tests(ws, base_tree, task, limits, uid, namespaces)
+    log = run_tests(ws, base_tree, task, limits, uid, namespaces, env)
   finally:
     # Not `checkout_tree`, which would store the files as they are now (the hidden tests, and
     # whatever the tests wrote) where commands of later branches could read them.
@@ -186,4 +199,19 @@ def evaluate_patch(task: tasks_lib.SweTask, patch: str,
         ws.git("apply", "--whitespace=nowarn", "-", input=patch.encode())
       except workspace_lib.GitError as e:
         raise ValueError(f"patch does not apply to task {task.task_id}: {e}") from e
-    return grade_workspace(ws, base_tree, task, limits, uid, mode == "namespaces")
+    env = task_env(task)
+    return grade_workspace(ws, base_tree, task, limits, uid, mode == "namespaces", env)
+
+
+def task_env(task: tasks_lib.SweTask) -> envs_lib.PythonEnv | None:
+  """The task's own environment (built on first use), or None: this interpreter's.
+
+  Raises:
+    GradingError: the environment could not be built (infrastructure, not the patch).
+  """
+  if not task.has_env:
+    return None
+  try:
+    return envs_lib.ensure_env(task.envs_dir, task.instance, task.git_source)
+  except envs_lib.EnvBuildError as e:
+    raise GradingError(str(e)) from e

@@ -69,6 +69,7 @@ from absl import logging
 from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes.swe import browse
 from bpo_jax.sandboxes.swe import confinement as confinement_lib
+from bpo_jax.sandboxes.swe import envs as envs_lib
 from bpo_jax.sandboxes.swe import grading
 from bpo_jax.sandboxes.swe import tasks as tasks_lib
 from bpo_jax.sandboxes.swe import workspace as workspace_lib
@@ -93,6 +94,7 @@ _GIT_ENV = {
     # The repository belongs to the host's user; git would refuse it as "dubious ownership".
     "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*",
 }
+_TASK_OPTIONS = frozenset({"instances", "eval_instances", "repos_dir", "envs_dir", "specs"})
 _SEARCH, _DIVIDER, _REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
 
 
@@ -104,7 +106,8 @@ def _task_descriptor(task: tasks_lib.SweTask) -> dict[str, Any]:
     if name in tasks_lib.shipped_task_names() and tasks_lib.load_shipped_task(name) == task:
       return {"shipped": name}
   return {"instance": dict(task.instance), "git_source": task.git_source, "task_id": task.task_id,
-          "files": [(p, m, base64.b64encode(c).decode()) for p, m, c in task.files]}
+          "files": [(p, m, base64.b64encode(c).decode()) for p, m, c in task.files],
+          "envs_dir": task.envs_dir}
 
 
 def _task_from_descriptor(descriptor: Mapping[str, Any]) -> tasks_lib.SweTask:
@@ -113,7 +116,7 @@ def _task_from_descriptor(descriptor: Mapping[str, Any]) -> tasks_lib.SweTask:
   return tasks_lib.SweTask(
       task_id=descriptor["task_id"], instance=tasks_lib.normalize_instance(descriptor["instance"]),
       files=tuple((p, m, base64.b64decode(c)) for p, m, c in descriptor["files"]),
-      git_source=descriptor["git_source"])
+      git_source=descriptor["git_source"], envs_dir=descriptor.get("envs_dir"))
 
 
 class SweSandbox:
@@ -132,13 +135,19 @@ class SweSandbox:
     root: where task directories are made (default: the system temp directory).
     confinement: how commands are confined, one of `confinement.MODES`: "namespaces" (raises
       `confinement.ConfinementError` where the host cannot give them) or "rlimits-only".
+    **task_options: the options that select real instances (instances.OPTIONS: `instances`,
+      `repos_dir`, `envs_dir`, ...), read by `make_tasks` (one options dict configures both);
+      accepted and ignored here: a task carries its own environment.
   """
 
   def __init__(self, limits: confinement_lib.Limits | Mapping[str, Any] | None = None,
                grading_limits: confinement_lib.Limits | Mapping[str, Any] | None = None,
                max_steps: int = 30, show_tests: bool = False, max_view_lines: int = 200,
                window_lines: int = 100, root: str | None = None,
-               confinement: str = "namespaces"):
+               confinement: str = "namespaces", **task_options):
+    unknown = set(task_options) - _TASK_OPTIONS
+    if unknown:
+      raise TypeError(f"SweSandbox got unknown options: {', '.join(sorted(unknown))}")
     self.limits = _limits(limits, confinement_lib.Limits())
     self.grading_limits = _limits(grading_limits, grading.GRADING_LIMITS)
     if not isinstance(max_steps, int) or max_steps < 1:
@@ -160,6 +169,7 @@ class SweSandbox:
     self._ws: workspace_lib.Workspace | None = None
     self._ws_token = ""
     self._task: tasks_lib.SweTask | None = None
+    self._env: envs_lib.PythonEnv | None = None
     self._descriptor: dict[str, Any] = {}
     self._base_tree = ""
     self._start_tree = ""
@@ -294,6 +304,7 @@ class SweSandbox:
     self._task = task
     self._descriptor = _task_descriptor(task)
     self._base_tree = tasks_lib.materialize(task, self._ws)
+    self._env = grading.task_env(task)
     self._start_tree = self._base_tree
     if self.show_tests:
       self._ws.git("apply", "--whitespace=nowarn", "-", input=task.instance["test_patch"].encode())
@@ -309,12 +320,13 @@ class SweSandbox:
       if not command:
         return base.invalid_action_step("run needs a command", HELP)
       before = self._ws.write_tree()
-      git_access = {}
+      access = grading.env_access(self._env, self._ws.workdir, self._namespaces)
       if self._namespaces:
-        git_access = dict(env=_GIT_ENV, readonly={_GIT_DIR: self._ws.gitdir},
-                          copy_in={_GIT_INDEX: self._ws.agent_index})
+        access.update(env={**access.get("env", {}), **_GIT_ENV},
+                      readonly={_GIT_DIR: self._ws.gitdir},
+                      copy_in={_GIT_INDEX: self._ws.agent_index})
       result = confinement_lib.run_confined(command, self._ws.workdir, self.limits, uid=self.uid,
-                                            namespaces=self._namespaces, **git_access)
+                                            namespaces=self._namespaces, **access)
       report = result.report()
       if result.disk_limited:
         # A directory past its disk limit would make every snapshot huge: undo the command.
@@ -506,7 +518,8 @@ class SweSandbox:
   def _grade(self) -> base.Step:
     try:
       report = grading.grade_workspace(self._ws, self._base_tree, self._task,
-                                       self.grading_limits, self.uid, self._namespaces)
+                                       self.grading_limits, self.uid, self._namespaces,
+                                       self._env)
     except (workspace_lib.GitError, ValueError, OSError) as e:
       # E.g. test files replaced by links out of the task directory: not gradable, not resolved.
       return base.Step(observation=f"Submitted: the task directory could not be graded ({e}). "

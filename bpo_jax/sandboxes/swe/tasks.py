@@ -19,6 +19,8 @@ import random
 import subprocess
 from typing import Any, Mapping, Sequence
 
+from bpo_jax.sandboxes.swe import workspace as workspace_lib
+
 TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
 # How the tests run when an instance names no command: SWE-bench's pytest flags; the test files
 # of the test patch are appended, as SWE-bench's harness does.
@@ -44,6 +46,12 @@ class SweTask:
   instance: Mapping[str, Any]
   files: tuple[tuple[str, str, bytes], ...] = ()
   git_source: str | None = None
+  envs_dir: str | None = None
+
+  @property
+  def has_env(self) -> bool:
+    """Whether its tests run in an environment of its own (envs.py), not this interpreter's."""
+    return bool(self.envs_dir and self.git_source)
 
   @property
   def problem_statement(self) -> str:
@@ -52,6 +60,13 @@ class SweTask:
   @property
   def test_command(self) -> str:
     return self.instance.get("test_cmd") or DEFAULT_TEST_COMMAND
+
+  def grading_command(self, test_files: Sequence[str]) -> str:
+    """The command that runs the hidden tests: an eval script's command as it is, else the test
+    command followed by the test patch's files."""
+    if self.instance.get("test_cmd_exact"):
+      return self.test_command
+    return " ".join([self.test_command] + list(test_files))
 
   @property
   def fail_to_pass(self) -> list[str]:
@@ -187,20 +202,16 @@ def load_swebench_instances(path: str, repos_dir: str,
 def materialize(task: SweTask, workspace) -> str:
   """Fills an empty `workspace.Workspace` with the task's repository; returns the base tree id.
 
-  Shipped tasks write their files; a task from a clone borrows the clone's objects (git
-  alternates, nothing is copied) and checks out `base_commit`.
+  Shipped tasks write their files; a task from a clone gets the files of `base_commit` (git
+  archive), stored in the workspace's own object store: nothing of the clone's other commits
+  (the fix, the hidden tests) is reachable from the task directory or its git directory.
   """
   if task.files:
     workspace.write_files(task.files)
     tree = workspace.write_tree()
   elif task.git_source:
-    objects = os.path.join(task.git_source, ".git", "objects")
-    if not os.path.isdir(objects):
-      objects = os.path.join(task.git_source, "objects")
-    with open(os.path.join(workspace.gitdir, "objects", "info", "alternates"), "w") as f:
-      f.write(objects + "\n")
-    tree = workspace.git("rev-parse", f"{task.instance['base_commit']}^{{tree}}").decode().strip()
-    workspace.checkout_tree(tree)
+    workspace_lib.extract_commit(task.git_source, task.instance["base_commit"], workspace.workdir)
+    tree = workspace.write_tree()
   else:
     raise ValueError(f"task {task.task_id} has neither files nor a git source")
   workspace.fix_ownership()

@@ -20,11 +20,13 @@ A tree id (`git write-tree`) is an exact key of the file state: equal trees, equ
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import stat
 import subprocess
+import tarfile
 import weakref
 import zlib
 from typing import Iterable, Mapping
@@ -288,6 +290,21 @@ class Workspace:
         else:
           break
 
+
+
+def extract_commit(clone: str, commit: str, target: str) -> None:
+  """Writes the files of `commit` of the git repository `clone` into `target` (git archive).
+
+  Raises:
+    GitError: the clone lacks the commit.
+  """
+  proc = subprocess.run(["git", "-c", "safe.directory=*", "-C", clone, "archive", "--format=tar",
+                         commit], capture_output=True)
+  if proc.returncode != 0:
+    raise GitError(f"cannot check out {commit} from {clone}: "
+                   f"{proc.stderr.decode(errors='replace').strip()}")
+  with tarfile.open(fileobj=io.BytesIO(proc.stdout), mode="r:") as archive:
+    archive.extractall(target, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
 
 
 def _parse(data: bytes) -> tuple[dict, bytes, int]:
