@@ -165,7 +165,8 @@ def _evaluate(loop, config, workdir: str, primary: bool):
 def _input_errors() -> tuple[type, ...]:
   """Errors that mean bad input (a configuration, checkpoint or tokenizer the run cannot use)."""
   from bpo_jax.models import params  # pylint: disable=g-import-not-at-top
-  return (config_lib.ConfigError, params.CheckpointError, text.TokenizerError)
+  return (config_lib.ConfigError, params.CheckpointError, text.TokenizerError,
+          sandbox_base.TaskInputError)
 
 
 def _first_line(error: Exception) -> str:

@@ -40,6 +40,11 @@ class EnvironmentFailure(RuntimeError):
   the tokenizer corpus and the warm start) it stops the run with its one-line reason."""
 
 
+class TaskInputError(ValueError):
+  """Bad task input named by a run's env.options (a data file that is missing or malformed, a
+  field or a clone it lacks): the user's to fix, reported in one line (exit status 2)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
   """What one action produced."""

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes import swe
 from bpo_jax.sandboxes.swe import confinement
 from bpo_jax.sandboxes.swe import instances as instances_lib
@@ -167,3 +168,25 @@ def test_unreadable_log_is_a_grading_error(instance_files):
                        instance={**task.instance, "log_parser": "parse_log_nonesuch"})
   with pytest.raises(swe.GradingError, match="grader crashed"):
     swe.evaluate_patch(broken, "", mode=MODE.get("confinement", "namespaces"))
+
+
+def test_swe_qwen2_5_config_validates_and_refuses_dummy_paths(tmp_path):
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from experiments.configs import swe_qwen2_5  # pylint: disable=g-import-not-at-top
+  config = swe_qwen2_5.get_config()
+  config_lib.validate(config)
+  assert config.env.name == "swe" and config.model.lora_rank > 0
+  options = dict(config.env.options)
+  with pytest.raises(base.TaskInputError, match="env.options.instances is empty"):
+    swe.make_tasks("train", 1, 0, **options)
+  options.update(instances=str(tmp_path / "verified.jsonl"), repos_dir=str(tmp_path / "repos"),
+                 envs_dir=str(tmp_path / "envs"))
+  with pytest.raises(base.TaskInputError, match="env.options.repos_dir = .*repos': no such dir"):
+    swe.make_tasks("train", 1, 0, **options)
+  (tmp_path / "repos").mkdir()
+  with pytest.raises(base.TaskInputError, match="verified.jsonl': no such file"):
+    swe.make_tasks("train", 1, 0, **options)
+  config.model.checkpoint = str(tmp_path / "qwen")
+  with pytest.raises(config_lib.ConfigError, match="model.checkpoint = .*qwen': no such dir"):
+    config_lib.validate(config)
+  swe.make_sandbox(**{**options, **MODE}).close()  # the sandbox takes the same options

@@ -24,6 +24,7 @@ from typing import Any
 from bpo_jax.sandboxes.swe.confinement import (MODES, CommandResult, ConfinementError, Limits,
                                                protections, run_confined)
 from bpo_jax.sandboxes.swe.grading import GradingError, evaluate_patch
+from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes.swe import instances as instances_lib
 from bpo_jax.sandboxes.swe import tasks as tasks_lib
 from bpo_jax.sandboxes.swe.envs import EnvBuildError, PythonEnv, ensure_env
@@ -47,7 +48,8 @@ def make_tasks(split: str, num: int, seed: int, **config) -> list[SweTask]:
   """
   real = {k: config.pop(k) for k in list(config) if k in instances_lib.OPTIONS}
   if real and "instances" not in real:
-    raise ValueError(f"env.options.{sorted(real)[0]} is given without env.options.instances")
+    raise base.TaskInputError(
+        f"env.options.{sorted(real)[0]} is given without env.options.instances")
   tasks = tasks_lib.make_tasks(split, num, seed, **config)  # checks split, num and keys
   if not real:
     return tasks

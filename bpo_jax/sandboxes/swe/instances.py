@@ -35,6 +35,7 @@ import re
 import subprocess
 from typing import Any, Mapping
 
+from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes.swe import tasks as tasks_lib
 
 OPTIONS = frozenset({"instances", "eval_instances", "repos_dir", "envs_dir", "specs"})
@@ -49,10 +50,12 @@ def read_rows(path: str, what: str = "env.options.instances") -> list[dict[str, 
   """The rows of a JSON list, a JSON object or a JSON-lines file.
 
   Raises:
-    ValueError: the file is missing or is neither JSON nor JSON lines.
+    base.TaskInputError: the file is missing or is neither JSON nor JSON lines.
   """
+  if not path:
+    raise base.TaskInputError(f"{what} is empty: give --config.{what}=<json or jsonl file>")
   if not os.path.isfile(path):
-    raise ValueError(f"{what} = {path!r}: no such file")
+    raise base.TaskInputError(f"{what} = {path!r}: no such file")
   with open(path, encoding="utf-8") as f:
     text = f.read()
   try:
@@ -61,7 +64,7 @@ def read_rows(path: str, what: str = "env.options.instances") -> list[dict[str, 
     try:
       data = [json.loads(line) for line in text.splitlines() if line.strip()]
     except json.JSONDecodeError as e:
-      raise ValueError(f"{what} = {path!r} is neither JSON nor JSON lines: {e}") from e
+      raise base.TaskInputError(f"{what} = {path!r} is neither JSON nor JSON lines: {e}") from e
   return data if isinstance(data, list) else [data]
 
 
@@ -71,7 +74,7 @@ def eval_script_command(script: str) -> str:
   starts = [i for i, line in enumerate(lines) if _START in line]
   ends = [i for i, line in enumerate(lines) if _END in line]
   if len(starts) != 1 or len(ends) != 1 or ends[0] <= starts[0] + 1:
-    raise ValueError("its eval_script does not bracket one test command with the harness's "
+    raise base.TaskInputError("its eval_script does not bracket one test command with the harness's "
                      f"{_START!r} / {_END!r} markers")
   return "\n".join(line for line in lines[starts[0] + 1:ends[0]] if line.strip())
 
@@ -80,7 +83,7 @@ def resolve_spec(row: Mapping[str, Any], specs: Mapping[str, Any]) -> dict[str, 
   """The row with its test spec filled in (see the module docstring).
 
   Raises:
-    ValueError: no test command or no log parser for the row, or a malformed spec.
+    base.TaskInputError: no test command or no log parser for the row, or a malformed spec.
   """
   name = row["instance_id"]
   entry = specs.get(row["repo"], {}).get(str(row["version"]), {})
@@ -92,37 +95,37 @@ def resolve_spec(row: Mapping[str, Any], specs: Mapping[str, Any]) -> dict[str, 
     try:
       out["test_cmd"] = eval_script_command(out["eval_script"])
     except ValueError as e:
-      raise ValueError(f"instance {name}: {e}") from e
+      raise base.TaskInputError(f"instance {name}: {e}") from e
     out["test_cmd_exact"] = True
   missing = [key for key in ("test_cmd", "log_parser") if not out.get(key)]
   if missing:
-    raise ValueError(
+    raise base.TaskInputError(
         f"instance {name} ({row['repo']} version {row['version']}): no {' and no '.join(missing)}"
         "; give eval_script (or test_cmd) and log_parser in the row or in env.options.specs")
   install = out.setdefault("install", [])
   if not isinstance(install, list) or not all(isinstance(s, str) for s in install):
-    raise ValueError(f"instance {name}: install must be a list of shell commands")
+    raise base.TaskInputError(f"instance {name}: install must be a list of shell commands")
   return out
 
 
 def _check_clone(row: Mapping[str, Any], repos_dir: str) -> str:
   clone = os.path.join(repos_dir, row["repo"].replace("/", "__"))
   if not os.path.isdir(clone):
-    raise ValueError(f"instance {row['instance_id']}: repository {row['repo']} is not in "
+    raise base.TaskInputError(f"instance {row['instance_id']}: repository {row['repo']} is not in "
                      f"env.options.repos_dir (no clone at {clone})")
   for key in ("base_commit", "environment_setup_commit"):
     commit = str(row[key])
     found = subprocess.run(["git", "-c", "safe.directory=*", "-C", clone, "cat-file", "-e",
                             f"{commit}^{{commit}}"], capture_output=True)
     if not _HEX.match(commit) or found.returncode != 0:
-      raise ValueError(f"instance {row['instance_id']}: {key} {commit} is not a commit of the "
+      raise base.TaskInputError(f"instance {row['instance_id']}: {key} {commit} is not a commit of the "
                        f"clone at {clone}")
   return os.path.abspath(clone)
 
 
 def _check_swebench() -> None:
   if importlib.util.find_spec("swebench") is None:
-    raise ValueError("env.options.instances needs swebench for its log parsers and report: "
+    raise base.TaskInputError("env.options.instances needs swebench for its log parsers and report: "
                      "pip install 'bpo_jax[swe]'")
 
 
@@ -131,31 +134,38 @@ def load_tasks(path: str, repos_dir: str, specs_path: str | None = None,
   """Every row of `path` as a task, checked against its clone and given its test spec.
 
   Raises:
-    ValueError: one line naming the first bad input (file, field, clone, commit, spec).
+    base.TaskInputError (a ValueError): one line naming the first bad input (file, field,
+      clone, commit, spec).
   """
   _check_swebench()
   if not repos_dir or not os.path.isdir(repos_dir):
-    raise ValueError(f"env.options.repos_dir = {repos_dir!r}: no such directory")
+    raise base.TaskInputError(f"env.options.repos_dir = {repos_dir!r}: no such directory")
   specs: Mapping[str, Any] = {}
   if specs_path:
-    [specs] = read_rows(specs_path, "env.options.specs")
+    rows = read_rows(specs_path, "env.options.specs")
+    specs = rows[0] if len(rows) == 1 else None
     if not isinstance(specs, dict):
-      raise ValueError(f"env.options.specs = {specs_path!r}: must be a JSON object")
+      raise base.TaskInputError(f"env.options.specs = {specs_path!r}: must be a JSON object")
   tasks = []
   for i, row in enumerate(read_rows(path)):
     if not isinstance(row, Mapping):
-      raise ValueError(f"{path}: row {i} is not a JSON object")
+      raise base.TaskInputError(f"{path}: row {i} is not a JSON object")
     missing = [key for key in REAL_REQUIRED if key not in row]
     if missing:
-      raise ValueError(f"{path}: instance {row.get('instance_id', f'in row {i}')} lacks "
+      raise base.TaskInputError(f"{path}: instance {row.get('instance_id', f'in row {i}')} lacks "
                        f"field{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
-    instance = tasks_lib.normalize_instance(resolve_spec(row, specs))
+    try:
+      instance = tasks_lib.normalize_instance(resolve_spec(row, specs))
+    except base.TaskInputError:
+      raise
+    except (ValueError, json.JSONDecodeError) as e:
+      raise base.TaskInputError(f"{path}: {e}") from e
     clone = _check_clone(instance, repos_dir)
     tasks.append(tasks_lib.SweTask(task_id=instance["instance_id"], instance=instance,
                                    git_source=clone,
                                    envs_dir=os.path.abspath(envs_dir) if envs_dir else None))
   if not tasks:
-    raise ValueError(f"{path}: no instances")
+    raise base.TaskInputError(f"{path}: no instances")
   return tasks
 
 
@@ -164,8 +174,11 @@ def make_tasks(split: str, num: int, seed: int, instances: str, repos_dir: str |
                specs: str | None = None) -> list[tasks_lib.SweTask]:
   """`num` tasks of `split` from the instance files (see the module docstring)."""
   path = instances if split == "train" else (eval_instances or instances)
+  if not path:
+    raise base.TaskInputError("env.options.instances is empty: give "
+                              "--config.env.options.instances=<json or jsonl file>")
   if not envs_dir:
-    raise ValueError("env.options.instances needs env.options.envs_dir (where each instance's "
+    raise base.TaskInputError("env.options.instances needs env.options.envs_dir (where each instance's "
                      "Python environment is built)")
   tasks = load_tasks(path, repos_dir or "", specs, envs_dir)
   random.Random(seed).shuffle(tasks)
