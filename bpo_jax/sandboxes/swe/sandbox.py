@@ -46,10 +46,11 @@ command or grading cannot run for the infrastructure's sake (`confinement.Confin
 `grading.GradingError`: tests that cannot start, a log without the harness's markers, a
 crashed grader) raises instead: the pool fails the branch with the reason, never a reward.
 
-State = the task directory's files (a git tree; see workspace.py) + step count + whether the
+State = the task directory's files (a manifest of git blob ids; see filestate.py) + step count + whether the
 episode is over + the last observation + the viewer (the open file and its window's first
-line). Snapshots pack them as bytes any process can restore;
-they also name the task, so a fresh sandbox restores without a reset. Not part of the state:
+line). Snapshots pack the files changed since the base as bytes any process can restore, made
+and restored without a git process; they also name the task, so a fresh sandbox restores
+without a reset. Not part of the state:
 wall-clock time and file times (commands that print them, e.g. `date`, `ls -l`, pytest's
 durations, differ between replays), special files (FIFOs, sockets), and, without namespaces,
 the host path of the task directory.
@@ -70,6 +71,7 @@ from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes.swe import browse
 from bpo_jax.sandboxes.swe import confinement as confinement_lib
 from bpo_jax.sandboxes.swe import envs as envs_lib
+from bpo_jax.sandboxes.swe import filestate
 from bpo_jax.sandboxes.swe import grading
 from bpo_jax.sandboxes.swe import tasks as tasks_lib
 from bpo_jax.sandboxes.swe import workspace as workspace_lib
@@ -170,6 +172,7 @@ class SweSandbox:
     self._ws_token = ""
     self._task: tasks_lib.SweTask | None = None
     self._env: envs_lib.PythonEnv | None = None
+    self._files: filestate.FileState | None = None
     self._descriptor: dict[str, Any] = {}
     self._base_tree = ""
     self._start_tree = ""
@@ -225,26 +228,26 @@ class SweSandbox:
     extra = {"task": self._descriptor, "show_tests": self.show_tests, "steps": self._steps,
              "done": self._done, "last_observation": self._last_observation,
              "viewer": self._viewer.to_json()}
-    data, tree, untracked = self._ws.pack_state(self._base_tree, extra)
-    return base.Snapshot(data=data, handle=(self._ws_token, tree, untracked, extra))
+    state = self._files.capture(extra)
+    return base.Snapshot(data=self._files.pack(state), handle=(self._ws_token, state))
 
   def restore(self, snapshot: base.Snapshot) -> None:
     if not isinstance(snapshot, base.Snapshot):
       raise TypeError(f"restore needs a Snapshot, got {type(snapshot).__name__}")
     handle = snapshot.handle
     if handle is not None and self._ws is not None and handle[0] == self._ws_token:
-      _, tree, untracked, extra = handle
-      self._ws.checkout_tree(tree)
-      self._ws.restore_untracked(untracked)
+      state = handle[1]
     else:
-      extra = workspace_lib.read_header(snapshot.data)["extra"]
+      extra = filestate.parse(snapshot.data)[0]["extra"]
       if extra["show_tests"] != self.show_tests:
         raise ValueError(f"the snapshot was taken with show_tests={extra['show_tests']}, this "
                          f"sandbox has show_tests={self.show_tests}")
       task = _task_from_descriptor(extra["task"])
       if self._task is None or task.task_id != self._task.task_id or task != self._task:
         self._load_task(task)
-      extra, _ = self._ws.unpack_state(snapshot.data, self._base_tree)
+      state = self._files.unpack(snapshot.data)
+    self._files.restore(state)
+    extra = state.extra
     self._steps, self._done = extra["steps"], extra["done"]
     self._last_observation = extra["last_observation"]
     self._viewer = browse.Viewer.from_json(extra.get("viewer"))
@@ -305,6 +308,7 @@ class SweSandbox:
     self._descriptor = _task_descriptor(task)
     self._base_tree = tasks_lib.materialize(task, self._ws)
     self._env = grading.task_env(task)
+    self._files = filestate.FileState(self._ws, self._base_tree)
     self._start_tree = self._base_tree
     if self.show_tests:
       self._ws.git("apply", "--whitespace=nowarn", "-", input=task.instance["test_patch"].encode())
@@ -319,7 +323,7 @@ class SweSandbox:
       command = (argument + ("\n" + rest if rest else "")).strip()
       if not command:
         return base.invalid_action_step("run needs a command", HELP)
-      before = self._ws.write_tree()
+      before = self._files.capture({})
       access = grading.env_access(self._env, self._ws.workdir, self._namespaces)
       if self._namespaces:
         access.update(env={**access.get("env", {}), **_GIT_ENV},
@@ -330,7 +334,7 @@ class SweSandbox:
       report = result.report()
       if result.disk_limited:
         # A directory past its disk limit would make every snapshot huge: undo the command.
-        self._ws.checkout_tree(before)
+        self._files.restore(before)
         report += "\n[the command's changes to the task directory were undone]"
       info = {"exit_code": result.exit_code, "timed_out": result.timed_out,
               "output_limited": result.output_limited, "disk_limited": result.disk_limited}

@@ -1,37 +1,23 @@
-"""A task directory tracked by a private git repository: trees, diffs and packed snapshots.
+"""A task directory tracked by a private git repository: trees and diffs.
 
 The working directory holds only the task's files; the git directory lives beside it, outside
 the confinement's writable area, so commands can neither read nor rewrite history. Every git
 call uses a private index and ignores user/system configuration and `.gitignore` rules (`add
---force`), so the tree of the working directory is exactly its files.
-
-Snapshot bytes (`pack_state` / `unpack_state`) hold the difference from the task's base tree,
-not the whole tree: a header (format version, base tree id, tree id, empty directories) and,
-for every path added or changed relative to the base, its mode and content; deleted paths are
-listed. Files git will not track (inside a `.git` directory) are packed the same way, so a
-repository a command creates survives a restore. Any process that can build the base tree (every process holding the task) can restore
-them, and for a repository of thousands of files the snapshot stays as small as the edits.
-The trade-off against sharing one git object store between workers (a snapshot would then be
-just the 40-byte tree id) is a few kilobytes per snapshot and a hash of the changed files at
-restore, bought with no shared mutable state between processes.
-
-A tree id (`git write-tree`) is an exact key of the file state: equal trees, equal files.
+--force`), so the tree of the working directory is exactly its files. A tree id (`git
+write-tree`) is an exact key of the file state: equal trees, equal files. Snapshots of the
+directory are made without git processes (filestate.py).
 """
 
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
-import stat
 import subprocess
 import tarfile
 import weakref
-import zlib
 from typing import Iterable, Mapping
 
-_FORMAT = 1
 # Fixed identity and time: the commit id of a tree is then a pure function of the tree.
 _COMMIT_ENV = {
     "GIT_AUTHOR_NAME": "bpo_jax", "GIT_AUTHOR_EMAIL": "tasks@bpo-jax.invalid",
@@ -39,7 +25,6 @@ _COMMIT_ENV = {
     "GIT_COMMITTER_EMAIL": "tasks@bpo-jax.invalid",
     "GIT_COMMITTER_DATE": "2025-01-01T00:00:00+0000",
 }
-_ZERO = "0" * 40
 
 
 class GitError(RuntimeError):
@@ -197,100 +182,6 @@ class Workspace:
   def close(self) -> None:
     self._cleanup()
 
-  # -- snapshots ------------------------------------------------------------------------------
-
-  def untracked_state(self) -> dict:
-    """What the working directory holds beyond its git tree: empty directories, and files git
-    will not track (anything inside a `.git` directory, a directory git takes for a nested
-    repository). Special files (FIFOs, sockets) are not state and are dropped at restore."""
-    tracked = set(self.git("ls-files", "-z").decode().split("\0")) - {""}
-    empty_dirs, files = [], []
-    for dirpath, dirnames, filenames in os.walk(self.workdir):
-      rel_dir = os.path.relpath(dirpath, self.workdir)
-      if not dirnames and not filenames and dirpath != self.workdir:
-        empty_dirs.append(rel_dir)
-      for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-        full = os.path.join(dirpath, name)
-        rel = os.path.relpath(full, self.workdir)
-        if rel in tracked:
-          continue
-        info = os.lstat(full)
-        if stat.S_ISLNK(info.st_mode):
-          files.append((rel, "120000", os.readlink(full).encode()))
-        elif stat.S_ISREG(info.st_mode):
-          mode = "100755" if info.st_mode & 0o100 else "100644"
-          with open(full, "rb") as f:
-            files.append((rel, mode, f.read()))
-    return {"empty_dirs": sorted(empty_dirs), "files": sorted(files)}
-
-  def restore_untracked(self, untracked: Mapping) -> None:
-    """Puts back what `untracked_state` found (after `checkout_tree` removed it)."""
-    self.write_files(untracked["files"])
-    for path in untracked["empty_dirs"]:
-      os.makedirs(self.resolve(path), exist_ok=True)
-    self.fix_ownership()
-
-  def pack_state(self, base_tree: str, extra: Mapping) -> tuple[bytes, str, dict]:
-    """Bytes of the working directory relative to `base_tree`, plus `extra`.
-
-    Returns the bytes, the tree id and the untracked state (for an in-process fast restore:
-    `checkout_tree(tree)` then `restore_untracked(untracked)`).
-    """
-    tree = self.write_tree()
-    changes = self.changed_paths(base_tree, tree)
-    files, deleted = [], []
-    for status, mode, path in changes:
-      if status == "D":
-        deleted.append(path)
-        continue
-      full = os.path.join(self.workdir, path)
-      content = os.readlink(full).encode() if mode == "120000" else open(full, "rb").read()
-      files.append((path, mode, content))
-    untracked = self.untracked_state()
-    files += untracked["files"]
-    header = json.dumps({
-        "format": _FORMAT, "base": base_tree, "tree": tree, "deleted": deleted,
-        "empty_dirs": untracked["empty_dirs"], "extra": dict(extra),
-        "files": [(path, mode, len(content)) for path, mode, content in files],
-    }, sort_keys=True, separators=(",", ":")).encode()
-    body = b"".join(content for _, _, content in files)
-    raw = len(header).to_bytes(8, "big") + header + body
-    return zlib.compress(raw, 1), tree, untracked
-
-  def unpack_state(self, data: bytes, base_tree: str) -> tuple[dict, str]:
-    """Restores bytes from `pack_state`; returns its `extra` and the restored tree id."""
-    header, raw, size = _parse(data)
-    if header["base"] != base_tree:
-      raise ValueError(f"snapshot is of base tree {header['base']}, this task's is {base_tree}")
-    self.checkout_tree(base_tree)
-    offset, files = 8 + size, []
-    for path, mode, length in header["files"]:
-      files.append((path, mode, raw[offset:offset + length]))
-      offset += length
-    for path in header["deleted"]:
-      os.unlink(self.resolve(path))
-    self.write_files(files)
-    for path in header["empty_dirs"]:
-      os.makedirs(self.resolve(path), exist_ok=True)
-    self._remove_empty_parents(header["deleted"], set(header["empty_dirs"]))
-    self.fix_ownership()
-    tree = self.write_tree()
-    if tree != header["tree"]:
-      raise ValueError(f"restored tree {tree} differs from the snapshot's {header['tree']}")
-    return header["extra"], tree
-
-  def _remove_empty_parents(self, deleted: list[str], keep: set[str]) -> None:
-    for path in deleted:
-      parent = os.path.dirname(path)
-      while parent and parent not in keep:
-        full = os.path.join(self.workdir, parent)
-        if os.path.isdir(full) and not os.listdir(full):
-          os.rmdir(full)
-          parent = os.path.dirname(parent)
-        else:
-          break
-
-
 
 def extract_commit(clone: str, commit: str, target: str) -> None:
   """Writes the files of `commit` of the git repository `clone` into `target` (git archive).
@@ -305,20 +196,3 @@ def extract_commit(clone: str, commit: str, target: str) -> None:
                    f"{proc.stderr.decode(errors='replace').strip()}")
   with tarfile.open(fileobj=io.BytesIO(proc.stdout), mode="r:") as archive:
     archive.extractall(target, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
-
-
-def _parse(data: bytes) -> tuple[dict, bytes, int]:
-  try:
-    raw = zlib.decompress(data)
-    size = int.from_bytes(raw[:8], "big")
-    header = json.loads(raw[8:8 + size])
-  except (zlib.error, ValueError, TypeError) as e:
-    raise ValueError(f"not a SWE sandbox snapshot: {e}") from e
-  if not isinstance(header, dict) or header.get("format") != _FORMAT:
-    raise ValueError(f"not a SWE sandbox snapshot of format {_FORMAT}")
-  return header, raw, size
-
-
-def read_header(data: bytes) -> dict:
-  """The header of snapshot bytes (`extra` holds the caller's state) without restoring them."""
-  return _parse(data)[0]
