@@ -155,8 +155,8 @@ def load_swebench_instances(path: str, repos_dir: str,
   Each instance's repository must already be cloned (no network) at
   `repos_dir/<owner>__<name>` (the instance's `repo` with "/" as "__") and hold `base_commit`.
 
-  Tests run with this interpreter (the repository's dependencies must be installed in it; there
-  is no per-repository environment) and, unless the instance names a `test_cmd`, with SWE-bench's
+  Tests run with this interpreter (the repository's dependencies must be installed in it; a run
+  selects instances with their own environments and specs through `instances.py` instead) and, unless the instance names a `test_cmd`, with SWE-bench's
   pytest command on the test patch's files, read by the instance's `log_parser` (default
   `parse_log_pytest`). Repositories that SWE-bench tests another way (django's runtests.py,
   sympy's bin/test) need `test_cmd` and `log_parser` in their instance JSON.
