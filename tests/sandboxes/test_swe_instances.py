@@ -190,3 +190,30 @@ def test_swe_qwen2_5_config_validates_and_refuses_dummy_paths(tmp_path):
   with pytest.raises(config_lib.ConfigError, match="model.checkpoint = .*qwen': no such dir"):
     config_lib.validate(config)
   swe.make_sandbox(**{**options, **MODE}).close()  # the sandbox takes the same options
+
+
+def test_two_workers_build_one_environment_once(instance_files, tmp_path):
+  import threading  # pylint: disable=g-import-not-at-top
+  [task] = swe.make_tasks("train", 1, 0, **instance_files["options"])
+  slow = {**task.instance, "install": ["sleep 0.3", 'echo built >> "$VIRTUAL_ENV/builds.log"']}
+  results = []
+  workers = [threading.Thread(target=lambda: results.append(
+      swe.ensure_env(str(tmp_path / "shared_envs"), slow, task.git_source))) for _ in range(2)]
+  for w in workers:
+    w.start()
+  for w in workers:
+    w.join()
+  assert sorted(r.built_now for r in results) == [False, True]
+  assert open(os.path.join(results[0].path, "builds.log")).read() == "built\n"
+  with pytest.raises(ValueError, match="built with another install spec"):
+    swe.ensure_env(str(tmp_path / "shared_envs"), {**slow, "install": []}, task.git_source)
+  broken = {**task.instance, "install": ["exit 3"]}
+  with pytest.raises(swe.EnvBuildError, match="install step 'exit 3' failed"):
+    swe.ensure_env(str(tmp_path / "other_envs"), broken, task.git_source)
+  assert os.listdir(tmp_path / "other_envs") == ["acme__mathlib-" + instance_files["fix"][:12]
+                                                 + ".lock"]  # the half-built one removed
+  # At reset or grading a failed build is infrastructure: a GradingError, never a reward.
+  unbuildable = swe.SweTask(task_id=task.task_id, instance=broken, git_source=task.git_source,
+                            envs_dir=str(tmp_path / "other_envs"))
+  with pytest.raises(swe.GradingError, match="install step 'exit 3' failed"):
+    swe.evaluate_patch(unbuildable, "", mode=MODE.get("confinement", "namespaces"))
