@@ -58,7 +58,8 @@ def instance_files(tmp_path):
   script = "\n".join(["#!/bin/bash", "set -uxo pipefail", "cd /testbed",
                       ": '>>>>> Start Test Output'", TEST_CMD, ": '>>>>> End Test Output'"])
   row = {"repo": "acme/mathlib", "instance_id": "acme__mathlib-7", "base_commit": base,
-         "patch": _diff(clone, base, fix, "mathlib"), "test_patch": _diff(clone, base, fix, "tests"),
+         "patch": _diff(clone, base, fix, "mathlib"),
+         "test_patch": _diff(clone, base, fix, "tests"),
          "problem_statement": "double(2) is 5", "hints_text": "", "version": "0.1",
          "FAIL_TO_PASS": json.dumps(["tests/test_double.py::test_two"]),
          "PASS_TO_PASS": json.dumps(["tests/test_double.py::test_zero"]),
@@ -160,6 +161,14 @@ def test_bad_input_is_one_clear_error(instance_files):
     swe.make_tasks("train", 1, 0, repos_dir=options["repos_dir"])
   with pytest.raises(ValueError, match="does not bracket one test command"):
     instances_lib.eval_script_command("pytest")
+
+
+def test_without_swebench_the_error_says_how_to_install_it(instance_files, monkeypatch):
+  real = instances_lib.importlib.util.find_spec
+  monkeypatch.setattr(instances_lib.importlib.util, "find_spec",
+                      lambda name: None if name == "swebench" else real(name))
+  with pytest.raises(base.TaskInputError, match=r"needs swebench .*pip install 'bpo_jax\[swe\]'"):
+    swe.make_tasks("train", 1, 0, **instance_files["options"])
 
 
 def test_unreadable_log_is_a_grading_error(instance_files):

@@ -241,8 +241,9 @@ def _spec(argv, cwd, limits, namespaces, uid, env, readonly=None, copy_in=None,
   if uid is not None:  # a uid of its own: the process count is the command's alone
     rlimits["NPROC"] = int(limits.max_processes)
   target = CONFINED_WORKDIR if namespaces else cwd
+  seen = sorted(set(_python_paths()) | {os.path.realpath(p) for p in reachable})
   return {"argv": list(argv), "cwd": target, "env": env, "namespaces": namespaces,
-          "writable": [[cwd, target]], "reachable": sorted(set(_python_paths()) | {os.path.realpath(p) for p in reachable}),
+          "writable": [[cwd, target]], "reachable": seen,
           "hidden": list(_hidden_paths()), "uid": uid, "gid": uid,
           "tmp_bytes": int(limits.tmp_bytes), "rlimits": rlimits, "host_pid": os.getpid(),
           "readonly": [[source, target] for target, source in (readonly or {}).items()],

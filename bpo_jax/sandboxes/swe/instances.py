@@ -41,7 +41,7 @@ from bpo_jax.sandboxes.swe import tasks as tasks_lib
 OPTIONS = frozenset({"instances", "eval_instances", "repos_dir", "envs_dir", "specs"})
 SPEC_KEYS = ("test_cmd", "log_parser", "eval_type", "install", "system_site_packages",
              "with_pip")
-REAL_REQUIRED = tasks_lib._REQUIRED + ("version", "environment_setup_commit")  # pylint: disable=protected-access
+REAL_REQUIRED = tasks_lib.REQUIRED + ("version", "environment_setup_commit")
 _START, _END = ">>>>> Start Test Output", ">>>>> End Test Output"
 _HEX = re.compile(r"^[0-9a-fA-F]{7,40}$")
 
@@ -74,8 +74,8 @@ def eval_script_command(script: str) -> str:
   starts = [i for i, line in enumerate(lines) if _START in line]
   ends = [i for i, line in enumerate(lines) if _END in line]
   if len(starts) != 1 or len(ends) != 1 or ends[0] <= starts[0] + 1:
-    raise base.TaskInputError("its eval_script does not bracket one test command with the harness's "
-                     f"{_START!r} / {_END!r} markers")
+    raise base.TaskInputError("its eval_script does not bracket one test command with the "
+                              f"harness's {_START!r} / {_END!r} markers")
   return "\n".join(line for line in lines[starts[0] + 1:ends[0]] if line.strip())
 
 
@@ -118,15 +118,15 @@ def _check_clone(row: Mapping[str, Any], repos_dir: str) -> str:
     found = subprocess.run(["git", "-c", "safe.directory=*", "-C", clone, "cat-file", "-e",
                             f"{commit}^{{commit}}"], capture_output=True)
     if not _HEX.match(commit) or found.returncode != 0:
-      raise base.TaskInputError(f"instance {row['instance_id']}: {key} {commit} is not a commit of the "
-                       f"clone at {clone}")
+      raise base.TaskInputError(f"instance {row['instance_id']}: {key} {commit} is not a commit "
+                                f"of the clone at {clone}")
   return os.path.abspath(clone)
 
 
 def _check_swebench() -> None:
   if importlib.util.find_spec("swebench") is None:
-    raise base.TaskInputError("env.options.instances needs swebench for its log parsers and report: "
-                     "pip install 'bpo_jax[swe]'")
+    raise base.TaskInputError("env.options.instances needs swebench for its log parsers and "
+                              "report: pip install 'bpo_jax[swe]'")
 
 
 def load_tasks(path: str, repos_dir: str, specs_path: str | None = None,
@@ -152,8 +152,9 @@ def load_tasks(path: str, repos_dir: str, specs_path: str | None = None,
       raise base.TaskInputError(f"{path}: row {i} is not a JSON object")
     missing = [key for key in REAL_REQUIRED if key not in row]
     if missing:
-      raise base.TaskInputError(f"{path}: instance {row.get('instance_id', f'in row {i}')} lacks "
-                       f"field{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+      name = row.get("instance_id", f"in row {i}")
+      raise base.TaskInputError(f"{path}: instance {name} lacks field"
+                                f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
     try:
       instance = tasks_lib.normalize_instance(resolve_spec(row, specs))
     except base.TaskInputError:
@@ -178,8 +179,8 @@ def make_tasks(split: str, num: int, seed: int, instances: str, repos_dir: str |
     raise base.TaskInputError("env.options.instances is empty: give "
                               "--config.env.options.instances=<json or jsonl file>")
   if not envs_dir:
-    raise base.TaskInputError("env.options.instances needs env.options.envs_dir (where each instance's "
-                     "Python environment is built)")
+    raise base.TaskInputError("env.options.instances needs env.options.envs_dir (where each "
+                              "instance's Python environment is built)")
   tasks = load_tasks(path, repos_dir or "", specs, envs_dir)
   random.Random(seed).shuffle(tasks)
   return [tasks[i % len(tasks)] for i in range(num)]

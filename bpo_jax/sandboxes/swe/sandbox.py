@@ -46,12 +46,12 @@ command or grading cannot run for the infrastructure's sake (`confinement.Confin
 `grading.GradingError`: tests that cannot start, a log without the harness's markers, a
 crashed grader) raises instead: the pool fails the branch with the reason, never a reward.
 
-State = the task directory's files (a manifest of git blob ids; see filestate.py) + step count + whether the
-episode is over + the last observation + the viewer (the open file and its window's first
-line). Snapshots pack the files changed since the base as bytes any process can restore, made
-and restored without a git process; they also name the task, so a fresh sandbox restores
-without a reset. Not part of the state:
-wall-clock time and file times (commands that print them, e.g. `date`, `ls -l`, pytest's
+State = the task directory's files (a manifest of git blob ids; see filestate.py) + step count +
+whether the episode is over + the last observation + the viewer (the open file and its window's
+first line). Snapshots pack the files changed since the base as bytes any process can restore,
+made and restored without a git process; they also name the task, so a fresh sandbox restores
+without a reset. Not part of the state: wall-clock time and file times (commands that print
+them, e.g. `date`, `ls -l`, pytest's
 durations, differ between replays), special files (FIFOs, sockets), and, without namespaces,
 the host path of the task directory.
 """

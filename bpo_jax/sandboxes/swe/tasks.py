@@ -30,7 +30,7 @@ SPLITS = ("train", "test")
 SANDBOX_OPTIONS = frozenset({"limits", "grading_limits", "max_steps", "show_tests",
                              "max_view_lines", "window_lines", "root",
                              "confinement"})
-_REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch",
+REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch",
              "FAIL_TO_PASS", "PASS_TO_PASS")
 
 
@@ -82,7 +82,7 @@ def normalize_instance(instance: Mapping[str, Any]) -> dict[str, Any]:
   datasets; fills `log_parser` ("parse_log_pytest") and `eval_type` ("pass_and_fail")."""
   if not isinstance(instance, Mapping):
     raise ValueError(f"a SWE-bench instance must be a JSON object, got {type(instance).__name__}")
-  missing = [key for key in _REQUIRED if key not in instance]
+  missing = [key for key in REQUIRED if key not in instance]
   if missing:
     name = instance.get("instance_id", "<no instance_id>")
     raise ValueError(f"instance {name} lacks SWE-bench fields: {', '.join(missing)}")
@@ -156,10 +156,11 @@ def load_swebench_instances(path: str, repos_dir: str,
   `repos_dir/<owner>__<name>` (the instance's `repo` with "/" as "__") and hold `base_commit`.
 
   Tests run with this interpreter (the repository's dependencies must be installed in it; a run
-  selects instances with their own environments and specs through `instances.py` instead) and, unless the instance names a `test_cmd`, with SWE-bench's
-  pytest command on the test patch's files, read by the instance's `log_parser` (default
-  `parse_log_pytest`). Repositories that SWE-bench tests another way (django's runtests.py,
-  sympy's bin/test) need `test_cmd` and `log_parser` in their instance JSON.
+  selects instances with their own environments and specs through `instances.py` instead) and,
+  unless the instance names a `test_cmd`, with SWE-bench's pytest command on the test patch's
+  files, read by the instance's `log_parser` (default `parse_log_pytest`). Repositories that
+  SWE-bench tests another way (django's runtests.py, sympy's bin/test) need `test_cmd` and
+  `log_parser` in their instance JSON.
 
   Raises:
     ValueError: malformed JSON or instance, or a requested id that is absent.
