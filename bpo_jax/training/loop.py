@@ -57,7 +57,8 @@ iteration's tasks (and of the held-out tasks) with its own sandboxes, and
 packing, the fork threshold and the metrics are computed identically everywhere, and each
 process feeds its own rows of the packed batch (`distributed.global_batch`). Rollouts and
 evaluations still use a whole copy of the parameters on each process's first device, gathered
-through host memory. The warm start runs unsharded in every process alike. Process 0 alone
+through host memory. The warm start runs on the mesh like the update (each process feeding its
+rows of every supervised batch). Process 0 alone
 writes the tokenizer, config.json, metrics.jsonl, TensorBoard and summary.json; checkpoints are
 written and restored by all processes together.
 
@@ -255,10 +256,10 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
       raise ValueError("the checkpoint's RNG key does not match this configuration's seed")
     logging.info("resumed from the checkpoint of iteration %d in %s", latest, workdir)
   else:
-    state, history = _start(exp, state.params, tx)
+    # The initial parameters (alike in every process) laid out over the run's devices: the
+    # warm start runs there like the update.
+    state, history = _start(exp, placement.place_params(state.params), tx, placement)
     threshold = iteration_lib.initial_fork_threshold(config)
-    # Every process ran the same warm start; from here the state is laid out over all of them.
-    state = placement.place(state)
     # The KL term's reference: the parameters the policy gradient starts from (own buffers: the
     # update donates the train state's).
     ref = jax.tree.map(jnp.copy, state.params) if use_ref else None
@@ -295,13 +296,15 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
   return summary
 
 
-def _start(exp: experiment_lib.Experiment, params, tx) -> tuple[update_lib.TrainState, list]:
+def _start(exp: experiment_lib.Experiment, params, tx,
+           placement: placement_lib.Placement) -> tuple[update_lib.TrainState, list]:
   """A run's iteration 0: held-out evaluation of the untrained model, the warm start, and a
-  held-out evaluation after it. Returns the train state and the records so far."""
-  history = [evaluation.eval_record(exp, params, 0, "init")]
-  params, sft_opt_state, warm_start_records = warm_start_lib.warm_start(exp, params)
+  held-out evaluation after it. `params` are laid out by `placement`, and so is the train state
+  returned with the records so far."""
+  history = [evaluation.eval_record(exp, placement.local(params), 0, "init")]
+  params, sft_opt_state, warm_start_records = warm_start_lib.warm_start(exp, params, placement)
   history += warm_start_records
-  opt_state = tx.init(params)
+  state = placement.init_state(tx, params)
   # The policy-gradient steps continue the warm start's Adam moments (the two optimisers
   # differ only in the learning rate, so their states have one structure). A fresh Adam's
   # first steps move every parameter by about the learning rate, sign(g) times lr, however
@@ -309,12 +312,10 @@ def _start(exp: experiment_lib.Experiment, params, tx) -> tuple[update_lib.Train
   # noise, while the warm start's second moments scale each step to that parameter's usual
   # gradient size.
   if (sft_opt_state is not None
-      and jax.tree.structure(sft_opt_state) == jax.tree.structure(opt_state)):
-    opt_state = sft_opt_state
-  state = update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                                opt_state=opt_state)
+      and jax.tree.structure(sft_opt_state) == jax.tree.structure(state.opt_state)):
+    state = update_lib.TrainState(step=state.step, params=state.params, opt_state=sft_opt_state)
   if warm_start_records:  # without a warm start the untrained model's evaluation stands
-    history.append(evaluation.eval_record(exp, state.params, 0, "warm_start"))
+    history.append(evaluation.eval_record(exp, placement.local(state.params), 0, "warm_start"))
   return state, history
 
 

@@ -94,11 +94,33 @@ class Placement:
     if len(devices) == 1 and jax.process_count() == 1:
       return cls()
     mesh = sharding.make_mesh(translate.mesh_config(config), devices)
-    param_sh = sharding.param_shardings(state.params, mesh)
-    state_sh = update_lib.TrainState(
-        step=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), params=param_sh,
-        opt_state=sharding.optimizer_shardings(state.opt_state, state.params, param_sh, mesh))
-    return cls(mesh=mesh, state_sharding=state_sh, row_sharding=sharding.batch_sharding(mesh))
+    placement = cls(mesh=mesh, row_sharding=sharding.batch_sharding(mesh))
+    return dataclasses.replace(placement, state_sharding=placement.shardings_of(state))
+
+  def shardings_of(self, state):
+    """The layout of a train state of `state`'s structure (any optimiser's state: the warm
+    start's or the update's) by the partition rules; None unsharded."""
+    if self.mesh is None:
+      return None
+    param_sh = (self.state_sharding.params if self.state_sharding is not None
+                else sharding.param_shardings(state.params, self.mesh))
+    return update_lib.TrainState(
+        step=jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()),
+        params=param_sh,
+        opt_state=sharding.optimizer_shardings(state.opt_state, state.params, param_sh,
+                                               self.mesh))
+
+  def init_state(self, tx, params):
+    """A step-0 train state of `params` (laid out by this placement; sharded, their buffers are
+    donated) and `tx`'s fresh optimiser state, made on the devices that hold it."""
+
+    def init(p):
+      return update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
+
+    if self.mesh is None:
+      return init(params)
+    out = self.shardings_of(jax.eval_shape(init, params))
+    return jax.jit(init, out_shardings=out, donate_argnums=(0,))(params)
 
   @property
   def row_shards(self) -> int:
@@ -114,6 +136,12 @@ class Placement:
     if self.mesh is None:
       return jax.tree.map(jnp.asarray, state)
     return distributed.put_global(jax.tree.map(np.asarray, state), self.state_sharding)
+
+  def place_params(self, params):
+    """Parameters every process holds alike, laid out as the train state's."""
+    if self.mesh is None:
+      return jax.tree.map(jnp.asarray, params)
+    return distributed.put_global(jax.tree.map(np.asarray, params), self.state_sharding.params)
 
   def abstract(self, state):
     """Shape, dtype (and, sharded, the layout) of each leaf: what a checkpoint restores into."""

@@ -314,11 +314,14 @@ def ppo_update(train_step: Callable, state: TrainState, batch: packing.PackedBat
   return state, history
 
 
-def make_sft_step(graphdef, tx: optax.GradientTransformation, num_micro_batches: int = 1):
+def make_sft_step(graphdef, tx: optax.GradientTransformation, num_micro_batches: int = 1,
+                  state_sharding: Any = None, batch_sharding: Any = None):
   """A jitted supervised step: mean negative log-likelihood of the loss-masked (action) tokens.
 
   Used for warm starts from expert trajectories packed as `PackedBatch` (advantage and weight
-  are ignored). `sft_step(state, batch, frozen=None)`; `frozen` as for `make_train_step`.
+  are ignored). `sft_step(state, batch, frozen=None)`; `frozen`, `state_sharding` and
+  `batch_sharding` as for `make_train_step` (sharded, the state keeps its layout and each
+  micro-batch is spread over the batch axes).
   """
 
   def micro_loss(params, mb, denominator, frozen):
@@ -327,9 +330,11 @@ def make_sft_step(graphdef, tx: optax.GradientTransformation, num_micro_batches:
 
   def sft_step(state: TrainState, batch: packing.PackedBatch, frozen=None):
     denominator = jnp.maximum(jnp.sum(batch.loss_mask).astype(jnp.float32), 1.0)
-    micro = _split_micro(batch, num_micro_batches)
+    micro = _split_micro(batch, num_micro_batches, batch_sharding)
 
     def body(acc, mb):
+      if batch_sharding is not None:
+        mb = jax.lax.with_sharding_constraint(mb, batch_sharding)
       loss, grads = jax.value_and_grad(micro_loss)(state.params, mb, denominator, frozen)
       return (_accumulate(acc[0], grads), acc[1] + loss), None
 
@@ -340,4 +345,9 @@ def make_sft_step(graphdef, tx: optax.GradientTransformation, num_micro_batches:
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
-  return jax.jit(sft_step, donate_argnums=(0,))
+  if state_sharding is None:
+    return jax.jit(sft_step, donate_argnums=(0,))
+  jitted = jax.jit(sft_step, donate_argnums=(0,),
+                   in_shardings=(state_sharding, batch_sharding, None),
+                   out_shardings=(state_sharding, None))
+  return lambda state, batch, frozen=None: jitted(state, batch, frozen)

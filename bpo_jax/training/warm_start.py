@@ -11,8 +11,6 @@ import time
 from typing import Any, Sequence
 
 from absl import logging
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from bpo_jax import text
@@ -44,26 +42,32 @@ def expert_episodes(exp: experiment_lib.Experiment,
   return episodes
 
 
-def warm_start(exp: experiment_lib.Experiment, params) -> tuple[Any, Any, list[dict]]:
+def warm_start(exp: experiment_lib.Experiment, params,
+               placement: placement_lib.Placement | None = None) -> tuple[Any, Any, list[dict]]:
   """Supervised steps on expert episodes of the first training tasks of the order.
 
   Batches of `warm_start.batch_size` episodes are drawn with a seeded generator; each episode is
-  a chain packed into one row. Returns the parameters, the optimiser state (None without a warm
-  start) and one metrics record per logged step.
+  a chain packed into one row. On a sharded `placement` (default: one device, unsharded) the
+  steps run like the update's: `params` laid out by it (`Placement.place_params`), the
+  optimiser state made beside them, and each process feeding its rows of the packed batch.
+  Returns the parameters, the optimiser state (None without a warm start) and one metrics
+  record per logged step.
   """
   config = exp.config
   ws = config.warm_start
   if ws.num_trajectories == 0 or ws.steps == 0:
     return params, None, []
+  placement = placement or placement_lib.Placement()
   chosen = experiment_lib.task_order(len(exp.train_tasks), config.seed, 0, ws.num_trajectories)
   episodes = expert_episodes(exp, [exp.train_tasks[i] for i in chosen])
   if not episodes:
     raise ValueError(f"the {config.env.name} expert solved none of the warm-start tasks")
   tx = translate.sft_optimizer(config)
-  state = update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                                opt_state=tx.init(params))
+  state = placement.init_state(tx, params)
   micro = config.train.micro_batches
-  sft_step = update_lib.make_sft_step(exp.graphdef, tx, num_micro_batches=micro)
+  sft_step = update_lib.make_sft_step(exp.graphdef, tx, num_micro_batches=micro,
+                                      state_sharding=placement.shardings_of(state),
+                                      batch_sharding=placement.row_sharding)
   rng = np.random.default_rng([config.seed, 1])
   ones = [np.ones(e.tokens.num_nodes, np.float32) for e in episodes]
   records = []
@@ -73,13 +77,14 @@ def warm_start(exp: experiment_lib.Experiment, params) -> tuple[Any, Any, list[d
     batch = packing.pack_trees([episodes[i].tokens for i in batch_ids],
                                [ones[i] for i in batch_ids], [ones[i] for i in batch_ids],
                                buckets=translate.row_buckets(config),
-                               num_rows=placement_lib.row_count(len(batch_ids), micro))
-    state, metrics = sft_step(state, jax.tree.map(jnp.asarray, batch), exp.frozen)
+                               num_rows=placement_lib.row_count(
+                                   len(batch_ids), micro * placement.row_shards))
+    state, metrics = sft_step(state, placement.feed(batch), exp.frozen)
     if step == ws.steps or step % max(1, ws.steps // 10) == 0:
+      metrics = placement.host(metrics)
       records.append({"phase": "warm_start", "iteration": 0, "step": step,
                       "loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
                       "expert_episodes": len(episodes),
                       "time/elapsed": time.perf_counter() - start})
       logging.info("warm start step %d/%d: loss %.4f", step, ws.steps, records[-1]["loss"])
   return state.params, state.opt_state, records
-
