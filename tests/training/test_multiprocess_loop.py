@@ -1,61 +1,82 @@
-"""Two processes on localhost (JAX distributed, Gloo on CPU) train like one process.
+"""Two processes of four devices each on localhost (JAX distributed, Gloo on CPU) train on a mesh
+fsdp 4 x tensor 2 like one process on one device.
 
-`experiments/run.py` is run on a small quickstart configuration three ways: by one process
-straight through, and by two processes that stop after iteration 1 and then resume from their
-joint checkpoint. Each of the two processes grows the trees of half of the tasks with its own
-sandboxes and feeds half of the rows of the packed batch to the sharded update; the trees, the
-metrics and the final parameters must be those of the one-process run (parameters to 1e-5: the
-gradient's sums run in another order).
+`experiments/run.py` runs a small quickstart configuration in two processes of four fake CPU
+devices each, on the mesh fsdp 4 x tensor 2 over their eight devices; they are killed (SIGKILL)
+once the checkpoint of iteration 1 is written and then resume from their joint checkpoint. Each
+process feeds its rows of every packed batch, of the warm start and of the update, to the
+sharded step, and grows the trees of half of the tasks with its own sandboxes.
+
+The reference is one device of this process: the warm start's first steps, and the two
+iterations from the two-process run's warm-started state (its checkpoint 0) with the loop's own
+update and iteration (`loop.build_update`, `iteration.run_iteration`). The trees must be equal,
+the metrics and the final parameters and optimiser state equal to 1e-5 (the gradient's sums run
+in another order), and each device of the mesh hold at most 1/(fsdp x tensor) of the train state
+plus 10%. (A whole warm start is no reference at 1e-5: over its 80 steps at a learning rate of
+1e-2 the rounding differences of the first steps grow by about ten times every eight steps, to
+1e-3 in the loss, so iteration 1 would grow other trees.)
 """
 
+import dataclasses
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from bpo_jax import rollout
-from bpo_jax.training import checkpoint as checkpoint_lib
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import distributed
+from bpo_jax.training import evaluation
+from bpo_jax.training import experiment as experiment_lib
+from bpo_jax.training import iteration as iteration_lib
 from bpo_jax.training import loop
 from bpo_jax.training import metrics
+from bpo_jax.training import translate
+from bpo_jax.training import warm_start as warm_start_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN = os.path.join(ROOT, "experiments", "run.py")
 TIMEOUT_S = 420
+MESH = ("--config.scale.mesh.fsdp=4", "--config.scale.mesh.tensor=2")
+SHARDS = 8  # fsdp x tensor
 
 # Counts that depend only on the trees (they must be equal, not close).
 TREE_KEYS = ("success", "tree_success", "return", "leaves", "nodes", "forks", "env_steps",
              "tokens_processed", "tokens_decoded", "unique_tokens", "num_action_tokens",
-             "row_length", "fork_threshold", "state_entropy_mean")
-# Numbers of the update (float sums in another order across processes).
-UPDATE_KEYS = ("loss", "grad_norm", "approx_kl", "entropy", "advantage_mean", "advantage_std")
+             "row_length", "fork_threshold", "state_bytes")
+# Numbers of float sums in another order (the update), or of parameters that differ by such
+# rounding (the states' entropies).
+UPDATE_KEYS = ("state_entropy_mean", "loss", "grad_norm", "approx_kl", "entropy",
+               "advantage_mean", "advantage_std")
 
 
 def _config_file(tmp_path):
-  # A quickstart with a smaller model and warm start, 4 tasks per iteration; the warm start is
-  # long enough for a tree of iteration 1 to succeed, so the update moves the parameters.
+  # The tiny quickstart with a model whose matrices the mesh divides (hidden 32 over fsdp; 4
+  # heads, 2 KV heads and an MLP of 1024 over tensor) and a short warm start at a high learning
+  # rate, long enough for some trees of iteration 1 to succeed, so the update moves the
+  # parameters.
   path = tmp_path / "small_quickstart.py"
   path.write_text(textwrap.dedent("""
       from experiments.configs import base
 
       def get_config():
         config = base.tiny(base.rooms("bpo"), iterations=2)
-        config.model.hidden_size = 64
-        config.model.intermediate_size = 128
-        config.model.num_layers = 2
-        config.model.num_heads = 4
-        config.model.num_kv_heads = 2
-        config.model.head_dim = 16
-        config.warm_start.steps = 200
+        m = config.model
+        m.hidden_size, m.intermediate_size, m.num_layers = 32, 1024, 2
+        m.num_heads, m.num_kv_heads, m.head_dim = 4, 2, 8
+        config.warm_start.steps = 80
+        config.warm_start.learning_rate = 1e-2
         config.warm_start.num_trajectories = 16
         config.warm_start.batch_size = 8
-        config.rollout.tasks_per_iteration = 4
+        config.rollout.tasks_per_iteration = 16
         config.checkpoint.keep = 3
         config.log.tensorboard = False
         return config
@@ -69,11 +90,10 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start(config_path, workdir, log_name, *flags):
-  """Starts run.py; its stdout and stderr go to files (a full pipe would stall a process while
-  the other one waits for it in a collective)."""
-  # One CPU device per process: the two-process mesh then has one device per process.
-  env = {**os.environ, "JAX_NUM_CPU_DEVICES": "1", "JAX_PLATFORMS": "cpu",
+def _start(config_path, workdir, log_name, *flags, devices=1):
+  """Starts run.py on `devices` fake CPU devices; its stdout and stderr go to files (a full
+  pipe would stall a process while the other one waits for it in a collective)."""
+  env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "JAX_PLATFORMS": "cpu",
          "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
   logs = (f"{workdir}.{log_name}.out", f"{workdir}.{log_name}.err")
   with open(logs[0], "w") as out, open(logs[1], "w") as err:
@@ -83,13 +103,22 @@ def _start(config_path, workdir, log_name, *flags):
   return process, logs
 
 
-def _two_processes(config_path, workdir, log_name, *flags):
+def _two_processes(config_path, workdir, log_name):
+  """Two processes of four devices each, training on the mesh fsdp 4 x tensor 2."""
   port = _free_port()
-  return [_start(config_path, workdir, f"{log_name}{i}", *flags,
+  return [_start(config_path, workdir, f"{log_name}{i}", *MESH,
                  "--config.scale.distributed.num_processes=2",
                  f"--config.scale.distributed.process_id={i}",
-                 f"--config.scale.distributed.coordinator_address=localhost:{port}")
+                 f"--config.scale.distributed.coordinator_address=localhost:{port}", devices=4)
           for i in range(2)]
+
+
+def _logs(started):
+  outputs = []
+  for _, logs in started:
+    with open(logs[0]) as out, open(logs[1]) as err:
+      outputs.append((out.read(), err.read()))
+  return outputs
 
 
 def _finish(started):
@@ -101,12 +130,26 @@ def _finish(started):
     for process, _ in started:
       process.kill()
     pytest.fail(f"a run did not finish in {TIMEOUT_S} s")
-  outputs = []
-  for process, logs in started:
-    with open(logs[0]) as out, open(logs[1]) as err:
-      outputs.append((out.read(), err.read()))
-    assert process.returncode == 0, (outputs[-1][0] + outputs[-1][1])[-4000:]
+  outputs = _logs(started)
+  for (process, _), (out, err) in zip(started, outputs):
+    assert process.returncode == 0, (out + err)[-4000:]
   return outputs
+
+
+def _kill_after_checkpoint(started, checkpoints: str, step: int):
+  """SIGKILLs the processes as soon as checkpoint `step` is on disk (orbax renames its
+  directory into place once every process has written its shards)."""
+  deadline = time.monotonic() + TIMEOUT_S
+  while not os.path.isdir(os.path.join(checkpoints, str(step))):
+    for (process, _), (out, err) in zip(started, _logs(started)):
+      assert process.poll() is None, (out + err)[-4000:]
+    assert time.monotonic() < deadline, f"no checkpoint {step} in {TIMEOUT_S} s"
+    time.sleep(0.05)
+  for process, _ in started:
+    process.send_signal(signal.SIGKILL)
+  for process, _ in started:
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
 
 
 def _load(config_path):
@@ -118,64 +161,101 @@ def _load(config_path):
   return module.get_config()
 
 
-def test_two_processes_train_the_quickstart_like_one(tmp_path):
+def test_two_processes_on_a_mesh_train_the_quickstart_like_one_device(tmp_path):
   config_path = _config_file(tmp_path)
-  one, two = str(tmp_path / "one"), str(tmp_path / "two")
-  single = [_start(config_path, one, "run")]
-  first_half = _two_processes(config_path, two, "first", "--stop_after=1")
-  (single_out, _), = _finish(single)
-  _finish(first_half)
+  two = str(tmp_path / "two")
+  killed = _two_processes(config_path, two, "killed")
+  _kill_after_checkpoint(killed, os.path.join(two, "checkpoints"), 1)
+  # Killed between iterations: after checkpoint 1, before iteration 2's.
   assert sorted(d for d in os.listdir(os.path.join(two, "checkpoints")) if d.isdigit()) == [
       "0", "1"]
   # Resumed by both processes from their joint checkpoint of iteration 1.
   (out0, err0), (out1, _) = _finish(_two_processes(config_path, two, "resumed"))
   assert "resumed from the checkpoint of iteration 1" in err0
+  # Process 0 prints the held-out successes; process 1 none of them.
+  assert out0.count("held-out success") == 3 and "held-out" not in out1
 
-  # Process 0 prints what the one-process run prints; process 1 none of it (Gloo's own
-  # connection line aside).
-  held_out = [line for line in single_out.splitlines() if line.startswith("held-out success")]
-  assert len(held_out) == 3
-  assert [line for line in out0.splitlines() if line.startswith("held-out")] == held_out
-  assert "held-out" not in out1 and out0.count("held-out") == 3
+  records = metrics.read_jsonl(os.path.join(two, "metrics.jsonl"))
+  assert [(r["phase"], r["iteration"]) for r in records if r["phase"] != "warm_start"] == [
+      ("eval", 0), ("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
+  config = _load(config_path)
+  config.scale.num_devices = 1  # the reference: one device of this process
+  exp, state = experiment_lib.build_experiment(config, two)
+  try:
+    _compare_warm_start(exp, state.params, records)
+    start, _, _ = loop.restore_checkpoint(exp, state, 0)
+    start_params = jax.tree.map(np.asarray, start.params)  # the update donates the state's
+    final, reference = _one_device_iterations(exp, start)
+    state_two, _, loop_two = loop.restore_checkpoint(exp, state)
+  finally:
+    exp.close()
+  _compare(records, reference)
+  assert loop_two["iteration"] == 2 and int(state_two.step) == 2
+  assert loop_two["fork_threshold"] == pytest.approx(final["threshold"], rel=1e-6)
+  leaves_one, leaves_two = jax.tree.leaves(final["state"]), jax.tree.leaves(state_two)
+  assert len(leaves_one) == len(leaves_two) > 10
+  for a, b in zip(leaves_one, leaves_two):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+  # Far beyond that tolerance from the warm start's parameters.
+  moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+              for a, b in zip(jax.tree.leaves(start_params), jax.tree.leaves(state_two.params)))
+  assert moved > 1e-4
 
-  # Metrics: written once (by process 0), tree for tree those of the one-process run.
-  records_one = metrics.read_jsonl(os.path.join(one, "metrics.jsonl"))
-  records_two = metrics.read_jsonl(os.path.join(two, "metrics.jsonl"))
-  assert [(r["phase"], r["iteration"]) for r in records_two] == [
-      (r["phase"], r["iteration"]) for r in records_one]
-  train_one = [r for r in records_one if r["phase"] == "train"]
-  train_two = [r for r in records_two if r["phase"] == "train"]
-  assert len(train_one) == 2
+
+def _compare_warm_start(exp, params, records):
+  """The mesh's warm start takes the steps of one device: its first logged steps, before the
+  rounding differences grow, are those of one device's warm start (to 1e-5)."""
+  logged = [r for r in records if r["phase"] == "warm_start"]
+  assert len(logged) == 10 and logged[-1]["step"] == 80
+  short = dataclasses.replace(exp, config=exp.config.copy_and_resolve_references())
+  short.config.warm_start.steps = 16
+  _, _, one = warm_start_lib.warm_start(short, jax.tree.map(jnp.copy, params))  # one device
+  by_step = {r["step"]: r["loss"] for r in one}
+  compared = [r for r in logged if r["step"] in by_step]
+  assert [r["step"] for r in compared] == [8, 16]
+  for r in compared:
+    assert r["loss"] == pytest.approx(by_step[r["step"]], rel=1e-5)
+    assert r["expert_episodes"] == one[0]["expert_episodes"]
+
+
+def _one_device_iterations(exp, start):
+  """Iterations 1 and 2 from `start` on one device, as the loop runs them; their records (and
+  the final held-out evaluation) and the final state and fork threshold."""
+  config = exp.config
+  setup = loop.build_update(exp, start.params)
+  assert setup.placement.mesh is None
+  engine = rollout.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
+                                 translate.rollout_config(config))
+  state, records = setup.placement.place(start), []
+  threshold = iteration_lib.initial_fork_threshold(config)
+  for i in (1, 2):
+    state, record, _, threshold = iteration_lib.run_iteration(
+        exp, engine, setup.train_step, state, i, jax.random.key(config.seed), threshold,
+        setup.placement)
+    records.append(metrics.clean_record(record))
+  records.append(metrics.clean_record(evaluation.eval_record(exp, state.params, 2)))
+  return {"state": jax.tree.map(np.asarray, state), "threshold": threshold}, records
+
+
+def _compare(records, reference):
+  """The two-process run's records of iterations 1 and 2 are those of one device."""
+  train_two = [r for r in records if r["phase"] == "train"]
+  train_one = [r for r in reference if r["phase"] == "train"]
+  assert len(train_one) == len(train_two) == 2
   for a, b in zip(train_one, train_two):
     assert {k: b[k] for k in TREE_KEYS} == pytest.approx({k: a[k] for k in TREE_KEYS},
                                                          rel=1e-6, abs=1e-6)
     for key in UPDATE_KEYS:
       assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+    # One device holds all of the state; on the mesh each holds about an eighth (the
+    # embedding, whose odd vocabulary is not split over tensor, and the norms make the excess).
+    assert a["state_bytes_per_device"] == a["state_bytes"]
+    fraction = b["state_bytes_per_device"] / b["state_bytes"]
+    assert 1 / SHARDS <= fraction <= 1.1 / SHARDS, fraction
   assert max(r["grad_norm"] for r in train_one) > 1.0  # the update did move the parameters
-  evals = lambda records: [(r["stage"], r["success_rate"], r["return"], r["episode_length"])
-                           for r in records if r["phase"] == "eval"]
-  assert evals(records_two) == evals(records_one)
-  assert loop.summarize(records_two, two)["eval_end"] == loop.summarize(records_one,
-                                                                        one)["eval_end"]
-
-  # The final parameters and optimiser state, restored here in one process.
-  config = _load(config_path)
-  _, state_one, loop_one = loop.load_checkpoint(config, one)
-  _, state_two, loop_two = loop.load_checkpoint(config, two)
-  assert loop_one["iteration"] == loop_two["iteration"] == 2
-  assert loop_one["fork_threshold"] == pytest.approx(loop_two["fork_threshold"], rel=1e-6)
-  assert int(state_two.step) == 2
-  leaves_one, leaves_two = jax.tree.leaves(state_one), jax.tree.leaves(state_two)
-  assert len(leaves_one) == len(leaves_two) > 10
-  for a, b in zip(leaves_one, leaves_two):
-    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
-  # Far beyond that tolerance from the warm start's parameters (checkpoint 0).
-  checkpointer = checkpoint_lib.Checkpointer(os.path.join(two, "checkpoints"), create=False)
-  start, _ = checkpointer.restore(0, state_two)
-  checkpointer.close()
-  moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
-              for a, b in zip(jax.tree.leaves(start.params), jax.tree.leaves(state_two.params)))
-  assert moved > 1e-4
+  evals = lambda rs: [(r["stage"], r["success_rate"], r["return"], r["episode_length"])
+                      for r in rs if r["phase"] == "eval" and r["iteration"] == 2]
+  assert evals(records) == evals(reference) and len(evals(reference)) == 1
 
 
 def test_too_few_tasks_for_the_processes_are_named():
