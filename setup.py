@@ -21,7 +21,7 @@ FULL = [
 ]
 TEST = [
     "pytest>=8",
-    "pytest-xdist>=3.5",  # the suite runs on two workers, one test file each at a time
+    "pytest-xdist>=3.6",  # two workers, one test file each at a time, in the collected order
     "hypothesis>=6.100",
     # The PyTorch reference for parity tests; 2.13.0 is the CPU build the test machines keep on disk.
     "torch==2.13.0",

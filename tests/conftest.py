@@ -23,3 +23,12 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 # (JAX_NUM_CPU_DEVICES in the child's environment, as the mesh and multi-process tests do).
 if "JAX_NUM_CPU_DEVICES" not in os.environ:
   jax.config.update("jax_num_cpu_devices", 8)
+
+
+def pytest_collection_modifyitems(config, items):
+  """Files that hold a `slow` test run first, in their collected order otherwise: with the
+  README's `--dist loadfile --no-loadscope-reorder` the two workers start on the long files and
+  the many short ones fill in at the end, instead of one long file running alone last."""
+  del config
+  slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+  items.sort(key=lambda item: item.path not in slow_files)

@@ -27,6 +27,7 @@ SMALL = {
 
 @pytest.mark.parametrize("variant,family,template", [
     ("qwen2", "qwen2", "qwen2_5.jinja"), ("llama3.2", "llama3", "llama3_1.jinja")])
+@pytest.mark.slow
 @pytest.mark.parametrize("world", ["webshop", "alfworld", "swe"])
 def test_tiny_worlds_train_from_a_qwen2_or_llama3_checkpoint(tmp_path, world, variant, family,
                                                              template):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "colab"))
@@ -27,6 +28,7 @@ def test_split_cells_by_hand():
       ("markdown", "# Title\n\ntext"), ("code", "x = 1"), ("code", "print(x)")]
 
 
+@pytest.mark.slow
 def test_quickstart_script_runs_on_the_tiny_setting(tmp_path):
   env = dict(os.environ, QUICKSTART_TINY="1", QUICKSTART_WORKDIR=str(tmp_path))
   result = subprocess.run([sys.executable, os.path.join("colab", "quickstart.py")], cwd=ROOT,

@@ -116,6 +116,7 @@ def _compare(*args, **kwargs):
                         cwd=ROOT, check=False, **kwargs)
 
 
+@pytest.mark.slow
 def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_path):
   out = str(tmp_path / "out")
   # No warm start and one held-out task: four runs of two iterations, two at a time.
@@ -208,6 +209,7 @@ def test_claim_two_by_hand(tmp_path):
   assert "Claim 2" not in aggregate.markdown(aggregate.aggregate({"bpo": [metrics]}))
 
 
+@pytest.mark.slow
 def test_compare_measures_the_gradient_variance_at_the_kept_checkpoints(tmp_path):
   # One run, M = 4 draws keep the test fast; a measurement uses --grad_draws >= 16. Two
   # iterations with a checkpoint at each: checkpoints 0, 1, 2 (the run keeps them all).

@@ -26,7 +26,7 @@ from bpo_jax.training.estimator_registry import advantages_and_weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN = os.path.join(ROOT, "experiments", "run.py")
-ITERATIONS = 3
+ITERATIONS = 2
 
 
 def test_task_order_is_a_permutation_per_epoch_and_a_pure_function_of_position():
@@ -102,6 +102,7 @@ def _checkpoint_steps(workdir):
   return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
 
 
+@pytest.mark.slow
 def test_kill_and_resume_equals_uninterrupted_run(tmp_path):
   config_path = _config_file(tmp_path)
   straight, interrupted = str(tmp_path / "straight"), str(tmp_path / "interrupted")

@@ -54,6 +54,7 @@ def _leaves(runs, name):
   return [runs[k] for k in keys]
 
 
+@pytest.mark.slow
 def test_the_reference_runs_on_one_device_and_moves_the_parameters(runs):
   assert json.loads(str(runs["one/mesh"])) is None
   records = json.loads(str(runs["one/records"]))

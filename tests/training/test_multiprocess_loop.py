@@ -161,6 +161,7 @@ def _load(config_path):
   return module.get_config()
 
 
+@pytest.mark.slow
 def test_two_processes_on_a_mesh_train_the_quickstart_like_one_device(tmp_path):
   config_path = _config_file(tmp_path)
   two = str(tmp_path / "two")

@@ -148,6 +148,7 @@ def lora_kl_run(tmp_path_factory):
   return config_path, workdir, tmp_path
 
 
+@pytest.mark.slow
 def test_lora_checkpoints_hold_only_adapters_and_only_adapters_change(lora_kl_run):
   _, workdir, _ = lora_kl_run
   start, end = _raw_checkpoint(workdir, 0), _raw_checkpoint(workdir, 2)
@@ -238,6 +239,7 @@ def _hf_checkpoint(path, variant="qwen2", family="qwen2", template="qwen2_5.jinj
 
 @pytest.mark.parametrize("variant,family,template", [
     ("qwen2", "qwen2", "qwen2_5.jinja"), ("llama3.2", "llama3", "llama3_1.jinja")])
+@pytest.mark.slow
 def test_run_from_a_tiny_hf_checkpoint_trains_and_exports(tmp_path, variant, family, template):
   checkpoint = _hf_checkpoint(tmp_path / "hf", variant, family, template)
   config_path = _config_file(tmp_path, f"""
