@@ -61,3 +61,16 @@ def test_tiny_world_config_builds_its_text_and_its_experts_fit(name, tmp_path):
                  for a in episode.actions)
   finally:
     exp.close()
+
+
+@pytest.mark.parametrize("name, missing", [
+    ("webshop_qwen2_5", "'data_size' needs data_dir"),
+    ("alfworld_qwen2_5", "no ALFWorld data directory for split 'train' in data_path ''"),
+])
+def test_real_data_configs_validate_and_name_the_missing_data(name, missing):
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = importlib.import_module(f"experiments.configs.{name}").get_config()
+  config_lib.validate(config)
+  assert config.model.lora_rank > 0 and config.warm_start.num_trajectories == 0
+  with pytest.raises((ValueError, FileNotFoundError), match=missing):
+    experiment.make_tasks(config, "train", 2)
