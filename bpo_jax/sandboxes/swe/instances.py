@@ -46,28 +46,6 @@ _START, _END = ">>>>> Start Test Output", ">>>>> End Test Output"
 _HEX = re.compile(r"^[0-9a-fA-F]{7,40}$")
 
 
-def read_rows(path: str, what: str = "env.options.instances") -> list[dict[str, Any]]:
-  """The rows of a JSON list, a JSON object or a JSON-lines file.
-
-  Raises:
-    base.TaskInputError: the file is missing or is neither JSON nor JSON lines.
-  """
-  if not path:
-    raise base.TaskInputError(f"{what} is empty: give --config.{what}=<json or jsonl file>")
-  if not os.path.isfile(path):
-    raise base.TaskInputError(f"{what} = {path!r}: no such file")
-  with open(path, encoding="utf-8") as f:
-    text = f.read()
-  try:
-    data = json.loads(text)
-  except json.JSONDecodeError:
-    try:
-      data = [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as e:
-      raise base.TaskInputError(f"{what} = {path!r} is neither JSON nor JSON lines: {e}") from e
-  return data if isinstance(data, list) else [data]
-
-
 def eval_script_command(script: str) -> str:
   """The commands between an eval script's start and end markers (the tests it runs)."""
   lines = script.splitlines()
@@ -142,12 +120,12 @@ def load_tasks(path: str, repos_dir: str, specs_path: str | None = None,
     raise base.TaskInputError(f"env.options.repos_dir = {repos_dir!r}: no such directory")
   specs: Mapping[str, Any] = {}
   if specs_path:
-    rows = read_rows(specs_path, "env.options.specs")
+    rows = tasks_lib.read_rows(specs_path, "env.options.specs")
     specs = rows[0] if len(rows) == 1 else None
     if not isinstance(specs, dict):
       raise base.TaskInputError(f"env.options.specs = {specs_path!r}: must be a JSON object")
   tasks = []
-  for i, row in enumerate(read_rows(path)):
+  for i, row in enumerate(tasks_lib.read_rows(path)):
     if not isinstance(row, Mapping):
       raise base.TaskInputError(f"{path}: row {i} is not a JSON object")
     missing = [key for key in REAL_REQUIRED if key not in row]

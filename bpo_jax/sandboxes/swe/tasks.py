@@ -19,6 +19,7 @@ import random
 import subprocess
 from typing import Any, Mapping, Sequence
 
+from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes.swe import workspace as workspace_lib
 
 TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
@@ -148,6 +149,28 @@ def make_tasks(split: str, num: int, seed: int, **config) -> list[SweTask]:
   return [tasks[i % len(tasks)] for i in range(num)]
 
 
+def read_rows(path: str, what: str = "env.options.instances") -> list[dict[str, Any]]:
+  """The rows of a JSON list, a JSON object or a JSON-lines file.
+
+  Raises:
+    base.TaskInputError: the file is missing or is neither JSON nor JSON lines.
+  """
+  if not path:
+    raise base.TaskInputError(f"{what} is empty: give --config.{what}=<json or jsonl file>")
+  if not os.path.isfile(path):
+    raise base.TaskInputError(f"{what} = {path!r}: no such file")
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError:
+    try:
+      data = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+      raise base.TaskInputError(f"{what} = {path!r} is neither JSON nor JSON lines: {e}") from e
+  return data if isinstance(data, list) else [data]
+
+
 def load_swebench_instances(path: str, repos_dir: str,
                             instance_ids: Sequence[str] | None = None) -> list[SweTask]:
   """Tasks from real SWE-bench instance JSON (a list, one object, or JSON lines).
@@ -166,16 +189,7 @@ def load_swebench_instances(path: str, repos_dir: str,
     ValueError: malformed JSON or instance, or a requested id that is absent.
     FileNotFoundError: a repository clone is missing or lacks the base commit.
   """
-  with open(path, encoding="utf-8") as f:
-    text = f.read()
-  try:
-    data = json.loads(text)
-  except json.JSONDecodeError:
-    try:
-      data = [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path} is neither JSON nor JSON lines: {e}") from e
-  instances = [normalize_instance(i) for i in (data if isinstance(data, list) else [data])]
+  instances = [normalize_instance(i) for i in read_rows(path, "instances file")]
   if instance_ids is not None:
     by_id = {i["instance_id"]: i for i in instances}
     absent = [i for i in instance_ids if i not in by_id]
