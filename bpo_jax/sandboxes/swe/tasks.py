@@ -156,7 +156,7 @@ def read_rows(path: str, what: str = "env.options.instances") -> list[dict[str, 
     base.TaskInputError: the file is missing or is neither JSON nor JSON lines.
   """
   if not path:
-    raise base.TaskInputError(f"{what} is empty: give --config.{what}=<json or jsonl file>")
+    raise base.TaskInputError(f"{what} is empty: give a JSON or JSON-lines file")
   if not os.path.isfile(path):
     raise base.TaskInputError(f"{what} = {path!r}: no such file")
   with open(path, encoding="utf-8") as f:
