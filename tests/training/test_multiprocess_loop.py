@@ -59,26 +59,18 @@ UPDATE_KEYS = ("state_entropy_mean", "loss", "grad_norm", "approx_kl", "entropy"
 
 
 def _config_file(tmp_path):
-  # The tiny quickstart with a model whose matrices the mesh divides (hidden 32 over fsdp; 4
-  # heads, 2 KV heads and an MLP of 1024 over tensor) and a short warm start at a high learning
-  # rate, long enough for some trees of iteration 1 to succeed, so the update moves the
-  # parameters.
+  # mesh_worker.py's small quickstart (a model whose matrices the mesh divides, a short warm
+  # start at a high learning rate that lets some trees of iteration 1 succeed), keeping the
+  # checkpoints the kill and the resume leave.
   path = tmp_path / "small_quickstart.py"
-  path.write_text(textwrap.dedent("""
-      from experiments.configs import base
+  path.write_text(textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+      import mesh_worker
 
       def get_config():
-        config = base.tiny(base.rooms("bpo"), iterations=2)
-        m = config.model
-        m.hidden_size, m.intermediate_size, m.num_layers = 32, 1024, 2
-        m.num_heads, m.num_kv_heads, m.head_dim = 4, 2, 8
-        config.warm_start.steps = 80
-        config.warm_start.learning_rate = 1e-2
-        config.warm_start.num_trajectories = 16
-        config.warm_start.batch_size = 8
-        config.rollout.tasks_per_iteration = 16
+        config = mesh_worker.small_config()
         config.checkpoint.keep = 3
-        config.log.tensorboard = False
         return config
       """))
   return str(path)
