@@ -265,19 +265,21 @@ class WebShopSandbox:
   def _expert_route(self, shown: tuple[str, ...], task: WebShopTask
                     ) -> tuple[str | None, tuple[str, ...], str] | None:
     """(query to search or None to stay on the results `shown`, the results, the product to
-    open): a shown result that earns reward 1, else the instruction's search, else the
-    target's title search; None when not even that finds the target."""
-    for query, results in ((None, shown), *(
-        (q, tuple(self.catalogue.products[i].asin
-                  for i in self._index.search(q, self.search_return_n)))
-        for q in (instruction_query(task.instruction),))):
+    open): a shown result that earns reward 1, else one of the instruction's search, else the
+    target in its title's search; None when not even that finds the target."""
+    query = instruction_query(task.instruction)
+    for searched, results in ((None, shown), (query, self._search(query))):
       good = next((a for a in results if self._earns_full_reward(a, task)), None)
       if good is not None:
-        return query, results, good
+        return searched, results, good
     title = self._product(task.asin).title
-    results = tuple(self.catalogue.products[i].asin
-                    for i in self._index.search(title, self.search_return_n))
+    results = self._search(title)
     return (title, results, task.asin) if task.asin in results else None
+
+  def _search(self, query: str) -> tuple[str, ...]:
+    """The asins a search for `query` lists, best first."""
+    return tuple(self.catalogue.products[i].asin
+                 for i in self._index.search(query, self.search_return_n))
 
   def _earns_full_reward(self, asin: str, task: WebShopTask) -> bool:
     """Whether buying `asin` with the option values closest to the goal's earns reward 1."""
@@ -375,9 +377,7 @@ class WebShopSandbox:
         return None, "there is no search box on this page; click[Back to Search] first"
       if not arg:
         return None, "the search keywords are empty"
-      found = self._index.search(arg, self.search_return_n)
-      asins = tuple(self.catalogue.products[i].asin for i in found)
-      return ShopState(page="results", query=arg, results=asins, results_page=1,
+      return ShopState(page="results", query=arg, results=self._search(arg), results_page=1,
                        steps=state.steps), None
     _, buttons = self._render(state, self._task)
     by_key = {}
