@@ -22,6 +22,7 @@ from bpo_jax.sandboxes.webshop import (
     load_webshop_files, make_catalogue, make_sandbox, make_tasks, normalize_color,
     option_matches, split_goal_indices, title_nouns, type_reward)
 from bpo_jax.sandboxes.webshop import search as search_lib
+from bpo_jax.sandboxes.webshop import shop
 from bpo_jax.testing.tolerance import assert_close
 
 SHOP = {"num_products": 60, "catalogue_seed": 3}
@@ -605,3 +606,17 @@ def test_expert_actions_buy_the_target_from_any_state():
     assert step.done and step.reward == 1.0, (task.instruction, expert)
     assert sandbox.expert_actions() is None
   assert pages >= {"search", "results", "item"}
+
+
+def test_the_expert_searches_with_the_instruction_s_words():
+  assert shop.instruction_query(
+      "i need shampoo that is sulfate free and long lasting with scent: citrus, and size: 12 fl "
+      "oz, and price lower than 30.00 dollars") == (
+          "i need shampoo that is sulfate free and long lasting")
+  assert shop.instruction_query("a mug, and price lower than 20.00 dollars") == "a mug"
+  sandbox = make_sandbox(**SHOP)
+  for task in make_tasks("test", None, **SHOP):
+    sandbox.reset(task)
+    expert = sandbox.expert_actions()
+    # Every generated goal has a reward-1 product among its instruction's search results.
+    assert expert[0] == f"search[{shop.instruction_query(task.instruction)}]"
