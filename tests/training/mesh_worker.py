@@ -1,15 +1,18 @@
 """One process of eight CPU devices trains on several meshes (run by test_mesh_loop.py).
 
-    JAX_NUM_CPU_DEVICES=8 python tests/training/mesh_worker.py WORKDIR OUT.npz
+    JAX_NUM_CPU_DEVICES=8 python tests/training/mesh_worker.py WORKDIR OUT.npz CHECKPOINT
 
-A small quickstart runs its warm start once; then, from that same state, two iterations run on
-each mesh of `MESHES` with the loop's own placement and update (`loop.build_update`,
-`iteration.run_iteration`). OUT.npz holds, per mesh, the final train state (gathered to the
+CHECKPOINT is a small quickstart's warm start on one device, exported as a Hugging Face
+directory (`warm_started_checkpoint`, which the two-process test starts from too). From it, a
+few more warm-start steps run on one device (`from_checkpoint`), and then, from that same
+state, two iterations on each mesh of `MESHES` with the loop's own placement and update
+(`loop.build_update`, `iteration.run_iteration`). OUT.npz holds, per mesh, the final train state (gathered to the
 host), the iterations' metrics records and trees (JSON), and the bytes of the train state,
 whole and on the device that holds the most of it.
 """
 
 import dataclasses
+import fcntl
 import json
 import os
 import sys
@@ -48,12 +51,44 @@ def small_config():
   m = config.model
   m.hidden_size, m.intermediate_size, m.num_layers = 32, 1024, 2
   m.num_heads, m.num_kv_heads, m.head_dim = 4, 2, 8
-  config.warm_start.steps = 80
+  config.warm_start.steps = 160
   config.warm_start.learning_rate = 1e-2
   config.warm_start.num_trajectories = 16
   config.warm_start.batch_size = 8
   config.rollout.tasks_per_iteration = 16
   config.log.tensorboard = False
+  return config
+
+
+def warm_started_checkpoint(root: str) -> str:
+  """`small_config`'s warm start on one device (`loop.train` with no iterations), exported as a
+  Hugging Face directory `root/hf` that `model.checkpoint` loads. Made once per `root`: the first
+  caller builds it under a file lock, later ones (other test processes) wait and reuse it."""
+  hf = os.path.join(root, "hf")
+  os.makedirs(root, exist_ok=True)
+  with open(os.path.join(root, "lock"), "w", encoding="utf-8") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not os.path.isdir(hf):
+      config = small_config()
+      config.train.iterations = 0
+      config.scale.num_devices = 1
+      run = os.path.join(root, "run")
+      loop.train(config, run)
+      loop.export(config, run, hf)
+  return hf
+
+
+# The warm start a run from `warm_started_checkpoint` continues with: a few steps at a low
+# learning rate (a fresh Adam's first steps move every parameter by about the learning rate),
+# which give the policy-gradient steps Adam moments to continue, as in a run of its own.
+CONTINUED_WARM_START = {"steps": 8, "learning_rate": 1e-3}
+
+
+def from_checkpoint(config, checkpoint: str):
+  """`config` starting from `checkpoint` (its shape from the checkpoint's config.json) and
+  continuing its warm start for `CONTINUED_WARM_START`."""
+  config.model.checkpoint = checkpoint
+  config.warm_start.update(CONTINUED_WARM_START)
   return config
 
 
@@ -80,9 +115,9 @@ def with_mesh(config, data: int, fsdp: int, tensor: int, num_devices: int):
   return config
 
 
-def main(workdir: str, out_path: str):
+def main(workdir: str, out_path: str, checkpoint: str):
   clock = time.perf_counter()
-  config = small_config()
+  config = from_checkpoint(small_config(), checkpoint)
   config_lib.validate(config, "train", workdir)
   exp, state = experiment_lib.build_experiment(config, workdir)
   engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
@@ -118,4 +153,4 @@ def main(workdir: str, out_path: str):
 
 
 if __name__ == "__main__":
-  main(sys.argv[1], sys.argv[2])
+  main(sys.argv[1], sys.argv[2], sys.argv[3])

@@ -1,8 +1,8 @@
 """One process of eight CPU devices trains on the configured mesh like one device.
 
 `mesh_worker.py` runs, in a process of its own (the device count is fixed before JAX starts),
-a small quickstart's warm start and then two iterations from that state on each of three
-placements built by the loop's `build_update`: one device, a mesh fsdp 4 x tensor 2 and a mesh
+two iterations of a small quickstart from its warm-started checkpoint (`small_checkpoint`) on
+each of three placements built by the loop's `build_update`: one device, a mesh fsdp 4 x tensor 2 and a mesh
 data 2 x fsdp 2 x tensor 2. The trees must be equal, the metrics and the final parameters and
 optimiser state equal to 1e-5 (the gradient's sums run in another order), and each device must
 hold at most 1/(fsdp x tensor) of the train state plus 10% (the embedding, whose odd vocabulary
@@ -35,13 +35,13 @@ MESHES = {"fsdp4_tensor2": (8, {"data": 1, "fsdp": 4, "tensor": 2}),
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, small_checkpoint):
   tmp = tmp_path_factory.mktemp("mesh")
   out = tmp / "out.npz"
   env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_PLATFORMS": "cpu",
          "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
   result = subprocess.run([sys.executable, os.path.join(HERE, "mesh_worker.py"),
-                           str(tmp / "workdir"), str(out)], cwd=ROOT, env=env,
+                           str(tmp / "workdir"), str(out), small_checkpoint], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=TIMEOUT_S)
   assert result.returncode == 0, result.stderr[-4000:]
   data = np.load(out)
