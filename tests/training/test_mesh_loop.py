@@ -1,21 +1,50 @@
-"""One process of eight CPU devices trains on the configured mesh like one device.
+"""Training on a mesh gives what one device gives: one process of eight CPU devices, and two
+processes of four.
 
-`mesh_worker.py` runs, in a process of its own (the device count is fixed before JAX starts),
-two iterations of a small quickstart from its warm-started checkpoint (`small_checkpoint`) on
-each of three placements built by the loop's `build_update`: one device, a mesh fsdp 4 x tensor 2 and a mesh
-data 2 x fsdp 2 x tensor 2. The trees must be equal, the metrics and the final parameters and
-optimiser state equal to 1e-5 (the gradient's sums run in another order), and each device must
-hold at most 1/(fsdp x tensor) of the train state plus 10% (the embedding, whose odd vocabulary
-is not split over tensor, and the replicated norms make up the excess).
+One process: `mesh_worker.py` runs, in a process of its own (the device count is fixed before
+JAX starts), two iterations of a small quickstart from its warm-started checkpoint
+(`small_checkpoint`) on each of three placements built by the loop's `build_update`: one
+device, a mesh fsdp 4 x tensor 2 and a mesh data 2 x fsdp 2 x tensor 2. The trees must be
+equal, the metrics and the final parameters and optimiser state equal to 1e-5 (the gradient's
+sums run in another order), and each device must hold at most 1/(fsdp x tensor) of the train
+state plus 10% (the embedding, whose odd vocabulary is not split over tensor, and the replicated
+norms make up the excess).
+
+Two processes: `experiments/run.py` runs the same configuration in two processes of four fake
+CPU devices each (JAX distributed, Gloo on localhost), on the mesh fsdp 4 x tensor 2 over their
+eight devices, from the checkpoint as a pod run starts; a few warm-start steps continue it. The
+processes are killed (SIGKILL) once the checkpoint of iteration 1 is written and then resume
+from their joint checkpoint. Each process feeds its rows of every packed batch, of the warm
+start and of the update, to the sharded step, and grows the trees of half of the tasks with its
+own sandboxes. The reference is one device of this process: the warm start's steps from the
+same checkpoint, and the two iterations from the two-process run's warm-started state (its
+checkpoint 0) with the loop's own update and iteration. The same equalities and bounds hold.
 """
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import textwrap
+import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from bpo_jax import rollout
+from bpo_jax.training import evaluation
+from bpo_jax.training import experiment as experiment_lib
+from bpo_jax.training import iteration as iteration_lib
+from bpo_jax.training import loop
+from bpo_jax.training import metrics
+from bpo_jax.training import translate
+from bpo_jax.training import warm_start as warm_start_lib
+
+from tests.training import mesh_worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -107,3 +136,203 @@ def test_a_mesh_the_devices_cannot_form_is_refused_before_any_work(tmp_path, ove
   assert "Traceback" not in result.stderr
   assert expected in result.stderr, result.stderr[-2000:]
   assert not (tmp_path / "w").exists()  # nothing was started
+
+
+# Two processes of four devices each.
+
+RUN = os.path.join(ROOT, "experiments", "run.py")
+TWO_PROCESS_TIMEOUT_S = 420
+MESH = ("--config.scale.mesh.fsdp=4", "--config.scale.mesh.tensor=2")
+SHARDS = 8  # fsdp x tensor
+
+
+
+def _config_file(tmp_path, checkpoint: str):
+  # mesh_worker.py's small quickstart (a model whose matrices the mesh divides) from its
+  # warm-started checkpoint, its warm start continued (`mesh_worker.from_checkpoint`), keeping
+  # the checkpoints the kill and the resume leave.
+  path = tmp_path / "small_quickstart.py"
+  path.write_text(textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+      import mesh_worker
+
+      def get_config():
+        config = mesh_worker.from_checkpoint(mesh_worker.small_config(), {checkpoint!r})
+        config.checkpoint.keep = 3
+        return config
+      """))
+  return str(path)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _start(config_path, workdir, log_name, *flags, devices=1):
+  """Starts run.py on `devices` fake CPU devices; its stdout and stderr go to files (a full
+  pipe would stall a process while the other one waits for it in a collective)."""
+  env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "JAX_PLATFORMS": "cpu",
+         "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  logs = (f"{workdir}.{log_name}.out", f"{workdir}.{log_name}.err")
+  with open(logs[0], "w") as out, open(logs[1], "w") as err:
+    process = subprocess.Popen([sys.executable, RUN, f"--config={config_path}",
+                                f"--workdir={workdir}", *flags], cwd=ROOT, env=env,
+                               stdout=out, stderr=err, text=True)
+  return process, logs
+
+
+def _two_processes(config_path, workdir, log_name):
+  """Two processes of four devices each, training on the mesh fsdp 4 x tensor 2."""
+  port = _free_port()
+  return [_start(config_path, workdir, f"{log_name}{i}", *MESH,
+                 "--config.scale.distributed.num_processes=2",
+                 f"--config.scale.distributed.process_id={i}",
+                 f"--config.scale.distributed.coordinator_address=localhost:{port}", devices=4)
+          for i in range(2)]
+
+
+def _logs(started):
+  outputs = []
+  for _, logs in started:
+    with open(logs[0]) as out, open(logs[1]) as err:
+      outputs.append((out.read(), err.read()))
+  return outputs
+
+
+def _finish(started):
+  """(stdout, stderr) of each started process; fails if one exits non-zero or runs too long."""
+  try:
+    for process, _ in started:
+      process.wait(timeout=TWO_PROCESS_TIMEOUT_S)
+  except subprocess.TimeoutExpired:
+    for process, _ in started:
+      process.kill()
+    pytest.fail(f"a run did not finish in {TWO_PROCESS_TIMEOUT_S} s")
+  outputs = _logs(started)
+  for (process, _), (out, err) in zip(started, outputs):
+    assert process.returncode == 0, (out + err)[-4000:]
+  return outputs
+
+
+def _kill_after_checkpoint(started, checkpoints: str, step: int):
+  """SIGKILLs the processes as soon as checkpoint `step` is on disk (orbax renames its
+  directory into place once every process has written its shards)."""
+  deadline = time.monotonic() + TWO_PROCESS_TIMEOUT_S
+  while not os.path.isdir(os.path.join(checkpoints, str(step))):
+    for (process, _), (out, err) in zip(started, _logs(started)):
+      assert process.poll() is None, (out + err)[-4000:]
+    assert time.monotonic() < deadline, f"no checkpoint {step} in {TWO_PROCESS_TIMEOUT_S} s"
+    time.sleep(0.05)
+  for process, _ in started:
+    process.send_signal(signal.SIGKILL)
+  for process, _ in started:
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+
+
+def _load(config_path):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("small_quickstart", config_path)
+  module = importlib.util.module_from_spec(spec)
+  sys.path.insert(0, ROOT)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+@pytest.mark.slow
+def test_two_processes_on_a_mesh_train_the_quickstart_like_one_device(tmp_path,
+                                                                       small_checkpoint):
+  config_path = _config_file(tmp_path, small_checkpoint)
+  two = str(tmp_path / "two")
+  killed = _two_processes(config_path, two, "killed")
+  _kill_after_checkpoint(killed, os.path.join(two, "checkpoints"), 1)
+  # Killed between iterations: after checkpoint 1, before iteration 2's.
+  assert sorted(d for d in os.listdir(os.path.join(two, "checkpoints")) if d.isdigit()) == [
+      "0", "1"]
+  # Resumed by both processes from their joint checkpoint of iteration 1.
+  (out0, err0), (out1, _) = _finish(_two_processes(config_path, two, "resumed"))
+  assert "resumed from the checkpoint of iteration 1" in err0
+  # Process 0 prints the held-out successes; process 1 none of them.
+  assert out0.count("held-out success") == 3 and "held-out" not in out1
+
+  records = metrics.read_jsonl(os.path.join(two, "metrics.jsonl"))
+  assert [(r["phase"], r["iteration"]) for r in records if r["phase"] != "warm_start"] == [
+      ("eval", 0), ("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
+  config = _load(config_path)
+  config.scale.num_devices = 1  # the reference: one device of this process
+  exp, state = experiment_lib.build_experiment(config, two)
+  try:
+    _compare_warm_start(exp, state.params, records)
+    start, _, _ = loop.restore_checkpoint(exp, state, 0)
+    start_params = jax.tree.map(np.asarray, start.params)  # the update donates the state's
+    final, reference = _one_device_iterations(exp, start)
+    state_two, _, loop_two = loop.restore_checkpoint(exp, state)
+  finally:
+    exp.close()
+  _compare(records, reference)
+  assert loop_two["iteration"] == 2 and int(state_two.step) == 2
+  # The threshold is a quantile of the states' float32 entropies, which are compared at 1e-5.
+  assert loop_two["fork_threshold"] == pytest.approx(final["threshold"], rel=1e-5)
+  leaves_one, leaves_two = jax.tree.leaves(final["state"]), jax.tree.leaves(state_two)
+  assert len(leaves_one) == len(leaves_two) > 10
+  for a, b in zip(leaves_one, leaves_two):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+  # Far beyond that tolerance from the warm start's parameters.
+  moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+              for a, b in zip(jax.tree.leaves(start_params), jax.tree.leaves(state_two.params)))
+  assert moved > 1e-4
+
+
+def _compare_warm_start(exp, params, records):
+  """The mesh's warm start takes the steps of one device: each logged loss is one device's from
+  the same checkpoint (to 1e-5), on the same expert episodes."""
+  logged = [r for r in records if r["phase"] == "warm_start"]
+  _, _, one = warm_start_lib.warm_start(exp, jax.tree.map(jnp.copy, params))  # one device
+  assert [r["step"] for r in logged] == [r["step"] for r in one] == list(
+      range(1, mesh_worker.CONTINUED_WARM_START["steps"] + 1))
+  for a, b in zip(one, logged):
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    assert b["expert_episodes"] == a["expert_episodes"] == 16
+
+
+def _one_device_iterations(exp, start):
+  """Iterations 1 and 2 from `start` on one device, as the loop runs them; their records (and
+  the final held-out evaluation) and the final state and fork threshold."""
+  config = exp.config
+  setup = loop.build_update(exp, start.params)
+  assert setup.placement.mesh is None
+  engine = rollout.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
+                                 translate.rollout_config(config))
+  state, records = setup.placement.place(start), []
+  threshold = iteration_lib.initial_fork_threshold(config)
+  for i in (1, 2):
+    state, record, _, threshold = iteration_lib.run_iteration(
+        exp, engine, setup.train_step, state, i, jax.random.key(config.seed), threshold,
+        setup.placement)
+    records.append(metrics.clean_record(record))
+  records.append(metrics.clean_record(evaluation.eval_record(exp, state.params, 2)))
+  return {"state": jax.tree.map(np.asarray, state), "threshold": threshold}, records
+
+
+def _compare(records, reference):
+  """The two-process run's records of iterations 1 and 2 are those of one device."""
+  train_two = [r for r in records if r["phase"] == "train"]
+  train_one = [r for r in reference if r["phase"] == "train"]
+  assert len(train_one) == len(train_two) == 2
+  for a, b in zip(train_one, train_two):
+    assert {k: b[k] for k in TREE_KEYS} == pytest.approx({k: a[k] for k in TREE_KEYS},
+                                                         rel=1e-6, abs=1e-6)
+    for key in UPDATE_KEYS:
+      assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+    # One device holds all of the state; on the mesh each holds about an eighth (the
+    # embedding, whose odd vocabulary is not split over tensor, and the norms make the excess).
+    assert a["state_bytes_per_device"] == a["state_bytes"]
+    fraction = b["state_bytes_per_device"] / b["state_bytes"]
+    assert 1 / SHARDS <= fraction <= 1.1 / SHARDS, fraction
+  assert max(r["grad_norm"] for r in train_one) > 1.0  # the update did move the parameters
+  evals = lambda rs: [(r["stage"], r["success_rate"], r["return"], r["episode_length"])
+                      for r in rs if r["phase"] == "eval" and r["iteration"] == 2]
+  assert evals(records) == evals(reference) and len(evals(reference)) == 1
