@@ -7,4 +7,4 @@ from experiments.configs import base
 
 
 def get_config(arg=None):
-  return base.variant(base.rooms("grpo"), arg)
+  return base.variant(base.compared(base.rooms("grpo")), arg)
