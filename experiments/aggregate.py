@@ -5,8 +5,9 @@ so they are tested on hand-made metrics:
 
   read_run(workdir)        the three files (and gradient_variance.json when measured)
   run_metrics(run)         one run: final held-out success, env steps and policy tokens per task,
-                           policy updates, gradient-norm variance, the evaluation curve, and
-                           the gradient estimator's variance at its checkpoints
+                           policy updates, gradient-norm variance, the evaluation curve, the
+                           gradient estimator's variance at its checkpoints, and a tree
+                           method's prefix-explained share of return variance
   aggregate(per_method)    per method over seeds: means, 95% t-intervals, ratios to BPO's
                            compute, the mean curve with its band; claim 2's variance ratios to
                            GRPO's and RLOO's; and claim 3
@@ -97,7 +98,19 @@ def run_metrics(run: dict) -> dict:
                              else None),
       "curve": evaluation_curve(records, epochs),
       "gradient_variance": gradient_variance_metrics(run.get("gradient_variance")),
+      "prefix_explained_share": explained_share(train),
   }
+
+
+def explained_share(train: Sequence[dict]) -> float | None:
+  """The prefix-explained share of return variance in a tree method's iterations (their
+  `prefix_explained_share`, weighted by the trees it was measured on); None for a group method
+  or when no tree's returns differed."""
+  measured = [(r["prefix_explained_share"], r["variance_trees"]) for r in train
+              if r.get("variance_trees")]
+  if not measured:
+    return None
+  return sum(s * n for s, n in measured) / sum(n for _, n in measured)
 
 
 def gradient_variance_metrics(measured: dict | None) -> dict | None:
@@ -159,7 +172,14 @@ def method_summary(runs: Sequence[dict], confidence: float = 0.95) -> dict:
       "grad_norm_variance": t_interval(variances, confidence) if variances else None,
       "curve": mean_curve([r["curve"] for r in runs], confidence),
       "gradient_variance": _variance_summary(runs, confidence),
+      "prefix_explained_share": _optional_interval(
+          [r.get("prefix_explained_share") for r in runs], confidence),
   }
+
+
+def _optional_interval(values: Sequence[float | None], confidence: float) -> dict | None:
+  present = [v for v in values if v is not None]
+  return t_interval(present, confidence) if present else None
 
 
 def _variance_summary(runs: Sequence[dict], confidence: float) -> dict | None:
@@ -235,6 +255,12 @@ def markdown(results: dict) -> str:
                  f"{_fmt(m['env_steps_per_task'], 1)} | {_fmt(m['env_steps_ratio'], 2)} | "
                  f"{_fmt(m['tokens_per_task'], 0)} | {_fmt(m['tokens_ratio'], 2)} | "
                  f"{_fmt(m['updates'], 0)} | {_interval(m['grad_norm_variance'], 4)} |")
+  shares = {n: m["prefix_explained_share"] for n, m in results["methods"].items()
+            if m.get("prefix_explained_share")}
+  if shares:
+    lines += ["", "The share of the return's variance that the forks' sibling returns explain "
+              "(Var(E[G | s_f]) / Var(G) at each path's last fork, over the trees whose returns "
+              "differ): " + "; ".join(f"{n} {_interval(v)}" for n, v in shares.items()) + "."]
   lines += claim_two_lines(results)
   c = results["claim_3"]
   if c is not None:

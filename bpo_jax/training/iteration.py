@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bpo_jax import branching
+from bpo_jax import estimators
 from bpo_jax import packing
 from bpo_jax import rollout as rollout_lib
 from bpo_jax.training import distributed
@@ -62,6 +63,26 @@ def advantage_stats(advantages: np.ndarray, weights: np.ndarray, valid: np.ndarr
           "advantage_abs_max": float(np.abs(a).max()),
           "advantage_nonzero": float(np.mean(a != 0)),
           "weight_sum": float(w.sum())}
+
+
+_EXPLAINED_SHARES = jax.jit(jax.vmap(estimators.prefix_explained_variance, in_axes=(0, None)))
+
+
+def explained_share_stats(trees, leaf_returns, gamma: float) -> dict:
+  """How much of the return's variance BPO's sibling baselines remove in this iteration's trees.
+
+  `prefix_explained_share`: the mean over the trees whose leaves' returns differ of
+  `estimators.prefix_explained_variance`, Var(E[G | s_f]) / Var(G) with s_f each path's last
+  fork, estimated from sibling returns (law of total variance; docs/DESIGN.md §3); 0.0 when no
+  tree's returns differ. `variance_trees`: how many trees it is the mean over. `trees` are
+  stacked, `leaf_returns` the trees' leaf returns in the same order.
+  """
+  differ = np.asarray([np.ptp(r) > 0 if len(r) else False for r in leaf_returns])
+  if not differ.any():
+    return {"prefix_explained_share": 0.0, "variance_trees": 0}
+  shares = np.asarray(_EXPLAINED_SHARES(jax.tree.map(jnp.asarray, trees), float(gamma)))
+  return {"prefix_explained_share": float(shares[differ].mean()),
+          "variance_trees": int(differ.sum())}
 
 
 def initial_fork_threshold(config) -> dict:
@@ -181,6 +202,9 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
             "fork_threshold": threshold["threshold"]}
   record.update(rollout_stats(batch))
   record.update(advantage_stats(advantages, weights, np.asarray(trees.valid)))
+  if estimator_registry.get(config.rollout.estimator).topology == "tree":
+    record.update(explained_share_stats(trees, [r.leaf_returns() for r in batch.rollouts],
+                                        config.rollout.gamma))
   record.update(update_metrics)
   if "ref_kl" in update_metrics:
     record["kl_ref"] = record.pop("ref_kl")

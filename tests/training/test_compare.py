@@ -25,8 +25,10 @@ ROOMS_TINY = os.path.join(ROOT, "experiments", "configs", "rooms_bpo.py") + ":ti
 T_975_2 = 4.302653
 
 
-def _write_run(workdir, successes, env_steps, tokens, grad_norms, epochs=2, tasks=2):
-  """A run's files: evaluations at iterations 0, 1, 2 with `successes`, two train iterations."""
+def _write_run(workdir, successes, env_steps, tokens, grad_norms, epochs=2, tasks=2,
+               shares=None):
+  """A run's files: evaluations at iterations 0, 1, 2 with `successes`, two train iterations
+  (a tree method's with `shares`: (prefix-explained share, trees measured) per iteration)."""
   os.makedirs(workdir)
   with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
     json.dump({"train": {"epochs": epochs}, "rollout": {"tasks_per_iteration": tasks}}, f)
@@ -36,6 +38,8 @@ def _write_run(workdir, successes, env_steps, tokens, grad_norms, epochs=2, task
   for i in (1, 2):
     train = {"phase": "train", "iteration": i, "env_steps": env_steps[i - 1],
              "tokens_processed": tokens[i - 1], "grad_norm": grad_norms[i - 1], "skipped": 0.0}
+    if shares:
+      train["prefix_explained_share"], train["variance_trees"] = shares[i - 1]
     if i == 2:  # a resumed run logs iteration 2 again: the last record counts
       records.append(dict(train, env_steps=999))
     records.append(train)
@@ -54,7 +58,8 @@ def test_aggregation_of_hand_made_metrics(tmp_path):
   grpo = [[0.0, 0.25, 0.375], [0.125, 0.25, 0.375], [0.25, 0.25, 0.375]]
   per_method = {"bpo": [], "grpo": []}
   for s in range(3):
-    _write_run(tmp_path / f"bpo{s}", bpo[s], [10, 14], [100, 140 + 4 * s], [1.0, 3.0 + s])
+    _write_run(tmp_path / f"bpo{s}", bpo[s], [10, 14], [100, 140 + 4 * s], [1.0, 3.0 + s],
+               shares=[(0.25, 2), (0.5, 6)])
     _write_run(tmp_path / f"grpo{s}", grpo[s], [16, 16], [200, 200], [1.0, 2.0])
     per_method["bpo"].append(aggregate.run_metrics(aggregate.read_run(tmp_path / f"bpo{s}")))
     per_method["grpo"].append(aggregate.run_metrics(aggregate.read_run(tmp_path / f"grpo{s}")))
@@ -90,6 +95,12 @@ def test_aggregation_of_hand_made_metrics(tmp_path):
           "4 |") in table
   assert "| grpo | 3 | 0.375 [0.375, 0.375] | 8.0 | 1.33 | 100 | 1.64 | 4 |" in table
   assert "BPO first reaches it after 2 policy updates (50% fewer)" in table
+  # The explained share, weighted by the trees measured: (0.25 x 2 + 0.5 x 6) / 8; none for GRPO.
+  assert one["prefix_explained_share"] == 0.4375
+  assert per_method["grpo"][0]["prefix_explained_share"] is None
+  assert b["prefix_explained_share"] == {"mean": 0.4375, "low": 0.4375, "high": 0.4375, "n": 3}
+  assert g["prefix_explained_share"] is None
+  assert "differ): bpo 0.438 [0.438, 0.438]." in table
 
 
 def test_t_interval_and_first_reach():

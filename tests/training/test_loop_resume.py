@@ -20,6 +20,7 @@ import pytest
 
 from bpo_jax import tree as tree_lib
 from bpo_jax.training import experiment
+from bpo_jax.training import iteration
 from bpo_jax.training import loop
 from bpo_jax.training import metrics
 from bpo_jax.training.estimator_registry import advantages_and_weights
@@ -69,6 +70,29 @@ def test_advantages_and_weights_by_hand():
   adv, w = advantages_and_weights(_stack(group), estimator="rloo", gamma=1.0)
   np.testing.assert_allclose(adv, [[1 - 4, 2 - 3.5, 6 - 1.5, 0]], atol=1e-6)
   np.testing.assert_allclose(w, [[1 / 3, 1 / 3, 1 / 3, 0]], atol=1e-6)
+
+
+def test_explained_share_averages_the_trees_whose_returns_differ():
+  # estimators.prefix_explained_variance's example: path returns 1, 2, 4 (weights 1/2, 1/4,
+  # 1/4, variance 1.5) and last-fork means 2, 3, 3 (variance 0.5): 1/3.
+  fork = tree_lib.from_parents([-1, 0, 0, 1, 1], [0.0, 0.0, 1.0, 2.0, 4.0],
+                               terminal=[False, False, True, True, True])
+  # Two leaves of return 1 (nothing to explain): left out of the mean.
+  equal = tree_lib.from_parents([-1, 0, 0], [0.0, 1.0, 1.0], terminal=[False, True, True])
+  # One leaf: its return varies over nothing.
+  chain = tree_lib.from_parents([-1], [1.0], terminal=[True])
+  # Two leaves with returns 0 and 1 at a fork of the root: the fork's mean 0.5 is both paths'
+  # estimate of E[G], so it explains none of the variance.
+  root_fork = tree_lib.from_parents([-1, 0, 0], [0.0, 0.0, 1.0], terminal=[False, True, True])
+  capacity = 6
+  trees = tree_lib.stack_trees([tree_lib.pad_tree(t, capacity)
+                                for t in (fork, equal, chain, root_fork)])
+  returns = [[1.0, 2.0, 4.0], [1.0, 1.0], [1.0], [0.0, 1.0]]
+  stats = iteration.explained_share_stats(trees, returns, gamma=1.0)
+  assert stats["variance_trees"] == 2
+  assert stats["prefix_explained_share"] == pytest.approx((1 / 3 + 0) / 2, abs=1e-6)
+  assert iteration.explained_share_stats(trees, [[1.0], [1.0, 1.0], [1.0], []], 1.0) == {
+      "prefix_explained_share": 0.0, "variance_trees": 0}
 
 
 def _config_file(tmp_path):
