@@ -5,6 +5,9 @@ Every config file is `base.<world>()` with one estimator on top:
     rooms(estimator)      the built-in world (difficulty 1), a ~0.6M-parameter decoder, CPU
     textworld(estimator)  TextWorld games made by scripts/make_textworld_games.py
 
+and the rooms comparison (rooms_bpo.py and its baselines) adds `compared(config)`: its trees,
+iterations and evaluations.
+
 Matched compute, by construction. Every method gets the same budget of environment steps per
 tree (`rollout.max_env_steps`; per task with one tree per task): BPO grows its tree inside it
 (a fork is made only if the worst case of every live branch still fits), and a baseline

@@ -6,9 +6,9 @@ CHECKPOINT is a small quickstart's warm start on one device, exported as a Huggi
 directory (`warm_started_checkpoint`, which the two-process test starts from too). From it, a
 few more warm-start steps run on one device (`from_checkpoint`), and then, from that same
 state, two iterations on each mesh of `MESHES` with the loop's own placement and update
-(`loop.build_update`, `iteration.run_iteration`). OUT.npz holds, per mesh, the final train state (gathered to the
-host), the iterations' metrics records and trees (JSON), and the bytes of the train state,
-whole and on the device that holds the most of it.
+(`loop.build_update`, `iteration.run_iteration`). OUT.npz holds, per mesh, the final train
+state (gathered to the host), the iterations' metrics records and trees (JSON), and the bytes
+of the train state, whole and on the device that holds the most of it.
 """
 
 import dataclasses

@@ -56,8 +56,8 @@ TREE_KEYS = ("success", "tree_success", "return", "leaves", "nodes", "forks", "e
              "row_length", "fork_threshold", "state_bytes")
 # Numbers of float sums in another order (the update), or of parameters that differ by such
 # rounding (the entropies of iteration 2's states).
-UPDATE_KEYS = ("state_entropy_mean", "loss", "grad_norm", "approx_kl", "entropy", "clip_fraction", "advantage_mean",
-               "advantage_std")
+UPDATE_KEYS = ("state_entropy_mean", "loss", "grad_norm", "approx_kl", "entropy", "clip_fraction",
+               "advantage_mean", "advantage_std")
 # name -> (fsdp x tensor, the mesh's shape).
 MESHES = {"fsdp4_tensor2": (8, {"data": 1, "fsdp": 4, "tensor": 2}),
           "data2_fsdp2_tensor2": (4, {"data": 2, "fsdp": 2, "tensor": 2})}
