@@ -25,6 +25,28 @@ with the chat template, generation_config.json) that `transformers.AutoTokenizer
 is deterministic (the same texts give byte-identical files), and the files name no library
 version.
 
+Atomic strings: an environment can name strings of its text that a policy must copy whole, such
+as the product ids of a shop (`corpus.atomic_strings`). `train_bpe(texts, atomic=names)` gives
+each one token of its own, added after the learnt vocabulary (ids from the learnt size on, not
+special: `decode(..., skip_special_tokens=True)` keeps them). Why: a policy that clicks
+`click[B0B34SD43W]` must reproduce an id shown on the page. Byte-level BPE cuts such an id into
+k ~ 8 pieces, and the model has to copy all k in order, each copy one attention lookup that
+finds the right position (the piece after the one just written, within the right id) and
+returns its token: the reply is right with probability p^k if each lookup succeeds with p (0.9^8
+= 0.43). As one token e_i, the id is copied by one lookup, and the copy itself is easy with tied
+embeddings: attention moves e_i (through its value and output maps) into the residual stream,
+and the output logit of token j is <h, e_j>; for embeddings drawn at random with variance 1/d,
+<e_i, e_i> ~ 1 while <e_i, e_j> ~ N(0, 1/d) for j != i, so the id that was moved outscores every
+other (a margin of ~1 against noise of 1/sqrt(d) = 0.09 at d = 128), before any training of
+e_i, which is why ids seen only in held-out results pages are still copyable.
+
+An atomic string matches only as a whole word (`single_word`: no letter, digit or `_` touching it
+on either side), so a longer word that contains one still encodes by its bytes; the strings are
+cut out of the training texts before counting, so no merge spans one; and the round trip stays
+exact (an added token decodes to its own text, whitespace included). Their embedding rows cost
+`hidden_size` parameters each (128 x 200 ids = 26k for `webshop.py:cpu`), so `MAX_ATOMIC` bounds
+how many a tokenizer takes.
+
 Why the default of 1024 tokens: the quickstart's decoder has hidden size 128, so each embedding
 (input and output) costs 128 parameters a token next to the ~0.6M of its layers, and the corpus
 decides how many tokens are worth having. Measured on the configs' training tasks (mean tokens
@@ -33,7 +55,7 @@ SWE 930 / 632 / 626, ALFWorld 444 / 374 / 374, TextWorld 449 / 396 / 396; rooms 
 pairs at 464 tokens whatever the size. 512 leaves WebShop's and SWE's episodes a third longer;
 2048 shortens them by 7% at most, for twice the embedding parameters.
 
-    core = train_bpe(texts, vocab_size=1024)
+    core = train_bpe(texts, vocab_size=1024, atomic=["B0B34SD43W", "B07XKQ2R1M"])
     save_bpe(core, "workdir/tokenizer")
     tok = transformers.AutoTokenizer.from_pretrained("workdir/tokenizer")
     tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
@@ -51,6 +73,8 @@ from typing import Iterable, Mapping, Sequence
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (END_OF_TEXT, IM_START, IM_END)
 DEFAULT_VOCAB_SIZE = 1024
+# Most atomic strings a tokenizer adds (see the module docstring).
+MAX_ATOMIC = 4096
 # Special tokens and byte symbols come before any merge.
 MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
 
@@ -73,22 +97,55 @@ def chatml_text(messages: Sequence[Mapping[str, str]], add_generation_prompt: bo
   return text + (f"{IM_START}assistant\n" if add_generation_prompt else "")
 
 
-def _text_pieces(texts: Iterable[str]) -> Iterable[str]:
-  """The stretches of each text between special tokens (BPE learns no merges across them)."""
+def _split_pattern(atomic: Sequence[str]) -> re.Pattern:
+  """Special tokens anywhere, atomic strings where they stand as whole words (longest first)."""
+  parts = [_SPECIAL_PATTERN.pattern]
+  if atomic:
+    names = "|".join(re.escape(a) for a in sorted(atomic, key=lambda a: (-len(a), a)))
+    parts.append(rf"(?<!\w)(?:{names})(?!\w)")
+  return re.compile("|".join(parts))
+
+
+def _text_pieces(texts: Iterable[str], atomic: Sequence[str] = ()) -> Iterable[str]:
+  """The stretches of each text between special tokens and atomic strings (BPE learns no
+  merges across them)."""
+  pattern = _split_pattern(atomic)
   for text in texts:
     if not isinstance(text, str):
       raise TypeError(f"training texts must be str, got {type(text).__name__}")
-    yield from (piece for piece in _SPECIAL_PATTERN.split(text) if piece)
+    yield from (piece for piece in pattern.split(text) if piece)
+
+
+def check_atomic(atomic: Iterable[str]) -> list[str]:
+  """The atomic strings in their order, repeats dropped.
+
+  Raises:
+    ValueError: more than `MAX_ATOMIC`, or a string that is empty, is not str, has whitespace
+      at either end or holds a special token.
+  """
+  out = list(dict.fromkeys(atomic))
+  for name in out:
+    if not isinstance(name, str) or not name or name != name.strip():
+      raise ValueError(f"an atomic string must be non-empty text without whitespace at its "
+                       f"ends, got {name!r}")
+    if _SPECIAL_PATTERN.search(name):
+      raise ValueError(f"an atomic string must not hold a special token, got {name!r}")
+  if len(out) > MAX_ATOMIC:
+    raise ValueError(f"{len(out)} atomic strings, more than MAX_ATOMIC = {MAX_ATOMIC}")
+  return out
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
-              min_frequency: int = 2):
+              min_frequency: int = 2, atomic: Iterable[str] = ()):
   """A byte-level BPE `tokenizers.Tokenizer` learnt from `texts` (see the module docstring).
 
-  Special tokens in the texts are cut out before counting, so no merge spans one.
+  Special tokens and the `atomic` strings in the texts are cut out before counting, so no merge
+  spans one. `vocab_size` bounds the learnt vocabulary; each atomic string then gets a token of
+  its own after it (one that is already a learnt token keeps its id), in the order given.
 
   Raises:
-    ValueError: `vocab_size` below `MIN_VOCAB_SIZE` (259) or `min_frequency` below 1.
+    ValueError: `vocab_size` below `MIN_VOCAB_SIZE` (259), `min_frequency` below 1, or atomic
+      strings that `check_atomic` refuses.
   """
   import tokenizers  # pylint: disable=g-import-not-at-top
   from tokenizers import decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
@@ -103,7 +160,12 @@ def train_bpe(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
   trainer = trainers.BpeTrainer(
       vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),
       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-  core.train_from_iterator(_text_pieces(texts), trainer=trainer)
+  atomic = check_atomic(atomic)
+  core.train_from_iterator(_text_pieces(texts, atomic), trainer=trainer)
+  if atomic:
+    core.add_tokens([tokenizers.AddedToken(name, single_word=True, lstrip=False, rstrip=False,
+                                           normalized=False, special=False)
+                     for name in atomic])
   return core
 
 

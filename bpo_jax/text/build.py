@@ -6,8 +6,10 @@
 * With `checkpoint=DIR` (a Hugging Face model directory), the checkpoint's own tokenizer files,
   chat template and generation_config.json are used.
 * Otherwise a byte-level BPE tokenizer is trained on the environment's text (`corpus.py`,
-  `bpe.py`) and saved to `<workdir>/tokenizer`; a run that resumes finds it there and loads it
-  (it is never retrained, so the ids stay those the checkpoints were trained with).
+  `bpe.py`), with one token for each string the environment names as atomic (its
+  `atomic_strings`, e.g. a shop's product ids; none when it names more than `bpe.MAX_ATOMIC`),
+  and saved to `<workdir>/tokenizer`; a run that resumes finds it there and loads it (it is
+  never retrained, so the ids stay those the checkpoints were trained with).
 
 The system turn is the environment's `SYSTEM_PROMPT` (its action syntax; `system_prompt=""`
 leaves the system turn out). A directory whose tokenizer cannot serve the chat format (no
@@ -26,6 +28,7 @@ With several processes, one trains and saves while the others wait, then all loa
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any, Mapping, Sequence
 
@@ -125,15 +128,22 @@ def ensure_bpe_tokenizer(env_name: str, workdir: str, tasks: Sequence[Any],
                          max_tasks: int = corpus.DEFAULT_MAX_TASKS) -> str:
   """`<workdir>/tokenizer`, trained on `tasks`' episodes and saved there unless it exists.
 
-  An existing tokenizer is kept as it is (a resumed run): `vocab_size` and the tasks then do
-  not matter. Returns the directory.
+  The environment's atomic strings (`corpus.atomic_strings`) get a token each after the
+  `vocab_size` learnt ones, unless there are more than `bpe.MAX_ATOMIC` of them (then none, and
+  a warning says so). An existing tokenizer is kept as it is (a resumed run): `vocab_size` and
+  the tasks then do not matter. Returns the directory.
   """
   directory = os.path.join(workdir, TOKENIZER_DIR)
   if os.path.isfile(os.path.join(directory, "tokenizer.json")):
     return directory
   texts = corpus.environment_texts(env_name, tasks, env_options, system_prompt=system_prompt,
                                    max_tasks=max_tasks)
-  bpe.save_bpe(bpe.train_bpe(texts, vocab_size), directory)
+  atomic = list(dict.fromkeys(corpus.atomic_strings(env_name, env_options)))
+  if len(atomic) > bpe.MAX_ATOMIC:
+    logging.warning("%s names %d atomic strings, more than bpe.MAX_ATOMIC = %d: the tokenizer "
+                    "keeps none of them whole", env_name, len(atomic), bpe.MAX_ATOMIC)
+    atomic = []
+  bpe.save_bpe(bpe.train_bpe(texts, vocab_size, atomic=atomic), directory)
   return directory
 
 

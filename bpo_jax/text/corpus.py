@@ -11,7 +11,14 @@ in turn.
 The texts are a pure function of the tasks and options (sandboxes are deterministic), so the
 tokenizer trained on them is too.
 
+An environment may also name the strings of its text that a policy has to copy whole (a shop's
+product ids): a module-level `atomic_strings(**options) -> Sequence[str]`, read by
+`atomic_strings` here, whose strings the tokenizer keeps as one token each (`bpe.py`). They are
+names fixed by the environment's options, the same for every split (a shop's catalogue, not its
+goals).
+
     texts = environment_texts("rooms", rooms.make_tasks("train", 64, seed=0))
+    names = atomic_strings("webshop", {"num_products": 200})   # the 200 product ids
 """
 
 from __future__ import annotations
@@ -105,3 +112,16 @@ def environment_texts(env_name: str, tasks: Sequence[Any],
   finally:
     sandbox.close()
   return texts
+
+
+def atomic_strings(env_name: str, env_options: Mapping[str, Any] | None = None) -> list[str]:
+  """The strings environment `env_name` names to be kept whole by a from-scratch tokenizer: its
+  module's `atomic_strings(**options)`, in its order; [] for an environment without one."""
+  hook = getattr(registry.get_environment(env_name), "atomic_strings", None)
+  if hook is None:
+    return []
+  names = list(hook(**dict(env_options or {})))
+  bad = next((n for n in names if not isinstance(n, str)), None)
+  if bad is not None:
+    raise TypeError(f"{env_name}.atomic_strings must return str, got {type(bad).__name__}")
+  return names

@@ -130,3 +130,65 @@ def test_save_replaces_a_directory_and_leaves_no_staging(saved, tmp_path):
   assert sorted(os.listdir(directory)) == ["generation_config.json", "tokenizer.json",
                                            "tokenizer_config.json"]
   assert os.listdir(tmp_path) == ["tokenizer"]
+
+
+NAMES = ["B0B34SD43W", "B07XKQ2R1M", "ROOM-7"]
+
+
+@pytest.fixture(scope="module")
+def atomic_saved(rooms_texts, tmp_path_factory):
+  texts = rooms_texts + [f"click[{n}] [SEP] {n} [SEP] go" for n in NAMES] * 5
+  directory = str(tmp_path_factory.mktemp("bpe_atomic") / "tokenizer")
+  core = bpe.train_bpe(texts, vocab_size=400, atomic=NAMES + NAMES[:1])
+  bpe.save_bpe(core, directory)
+  return core, directory
+
+
+def test_atomic_strings_are_one_token_each_after_the_learnt_ones(atomic_saved):
+  import transformers  # pylint: disable=g-import-not-at-top
+  core, directory = atomic_saved
+  tok = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+  assert len(tok) == core.get_vocab_size() == 403  # repeats dropped
+  assert [tok.convert_tokens_to_ids(n) for n in NAMES] == [400, 401, 402]
+  assert [tok.convert_tokens_to_ids(t) for t in bpe.SPECIAL_TOKENS] == [0, 1, 2]
+  for name, i in zip(NAMES, (400, 401, 402)):
+    assert tok.encode(name, add_special_tokens=False) == [i]
+    ids = tok.encode(f"click[{name}]", add_special_tokens=False)
+    assert ids == tok.encode("click[", add_special_tokens=False) + [i] + tok.encode(
+        "]", add_special_tokens=False)
+    assert tok.encode(f"x [SEP] {name} [SEP]", add_special_tokens=False).count(i) == 1
+    # Not special: a decoded reply keeps it.
+    assert tok.decode(ids, skip_special_tokens=True) == f"click[{name}]"
+    # Only as a whole word: inside a longer word it encodes by its bytes.
+    for longer in (f"x{name}", f"{name}9", f"_{name}", f"é{name}"):
+      ids = tok.encode(longer, add_special_tokens=False)
+      assert i not in ids and tok.decode(ids) == longer
+  for text in TRICKY + [f" {NAMES[0]}{NAMES[1]} {NAMES[2]}\n{NAMES[0]}!"]:
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids == core.encode(text, add_special_tokens=False).ids
+    assert tok.decode(ids) == text, repr(text)
+  with open(os.path.join(directory, "tokenizer_config.json")) as f:
+    assert json.load(f) == bpe.tokenizer_config()
+
+
+def test_atomic_strings_are_cut_out_before_counting():
+  # The same merges as on the texts without the name: none spans or enters it.
+  name = "B0B34SD43W"
+  with_name = bpe.train_bpe([f"<|im_end|>\nab {name}, ab {name}<|im_end|>\n"] * 50, 300,
+                            atomic=[name])
+  without = bpe.train_bpe(["<|im_end|>\nab <|im_end|>, ab <|im_end|>\n"] * 50, 300)
+  learnt = {t: i for t, i in with_name.get_vocab().items() if t != name}
+  assert learnt == without.get_vocab()
+  assert with_name.get_vocab()[name] == without.get_vocab_size()
+
+
+def test_atomic_strings_are_checked(monkeypatch):
+  texts = ["the cat sat on the mat"] * 10
+  for bad in ("", " B0B34SD43W", "B0B34SD43W\n", "a<|im_end|>b"):
+    with pytest.raises(ValueError, match="an atomic string must"):
+      bpe.train_bpe(texts, 300, atomic=[bad])
+  monkeypatch.setattr(bpe, "MAX_ATOMIC", 2)
+  with pytest.raises(ValueError, match="3 atomic strings, more than MAX_ATOMIC = 2"):
+    bpe.train_bpe(texts, 300, atomic=NAMES)
+  # Without atomic strings the tokenizer is the plain BPE, byte for byte.
+  assert bpe.train_bpe(texts, 300, atomic=()).to_str() == bpe.train_bpe(texts, 300).to_str()

@@ -122,3 +122,60 @@ def test_unusable_checkpoints_get_one_line(qwen_checkpoint, tmp_path):
   (broken / "tokenizer.json").write_text("{not json")
   assert _one_line_error(checkpoint=str(broken)).startswith(
       f"{broken}: the tokenizer does not load (")
+
+
+# webshop.py:cpu's shop.
+WEBSHOP_CPU = {"num_products": 200, "catalogue_seed": 0, "goals_per_product": 2, "max_steps": 6,
+               "results_per_page": 3}
+
+
+def test_webshop_product_ids_are_one_token_each(tmp_path):
+  """Every product id of the generated shop is one token of the from-scratch tokenizer (the
+  plain BPE cuts them into 9.3 tokens on average), clicks and results pages round-trip exactly
+  through the saved tokenizer and the chat format."""
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bpo_jax.sandboxes import webshop  # pylint: disable=g-import-not-at-top
+  from bpo_jax.text import bpe  # pylint: disable=g-import-not-at-top
+  tasks = webshop.make_tasks("train", 64, seed=0, **WEBSHOP_CPU)
+  tok, fmt = build.build_text("webshop", str(tmp_path), tasks, env_options=WEBSHOP_CPU,
+                              max_observation_tokens=128)
+  asins = corpus.atomic_strings("webshop", WEBSHOP_CPU)
+  catalogue, _ = webshop.get_shop(**{k: v for k, v in WEBSHOP_CPU.items()
+                                     if k not in ("max_steps", "results_per_page")})
+  assert asins == [p.asin for p in catalogue.products] and len(set(asins)) == 200
+  assert fmt.vocab_size == bpe.DEFAULT_VOCAB_SIZE + 200
+  loaded = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "tokenizer"),
+                                                      local_files_only=True)
+  ids = [loaded.encode(a, add_special_tokens=False) for a in asins]
+  assert ids == [[bpe.DEFAULT_VOCAB_SIZE + i] for i in range(200)]
+  sandbox = webshop.make_sandbox(**WEBSHOP_CPU)
+  for asin, (i,) in zip(asins, ids):
+    action = fmt.action_tokens(f"click[{asin}]")
+    assert action.count(i) == 1 and len(action) == 5  # click, [, the id, ], end of turn
+    assert fmt.decode_action(action) == f"click[{asin}]"
+    # The results page that lists it, as the policy sees it.
+    sandbox.reset(tasks[0])
+    page = sandbox.step(f"search[{catalogue.by_asin[asin].title}]").observation
+    assert asin in page
+    body = loaded.encode(page, add_special_tokens=False)
+    assert i in body and loaded.decode(body) == page
+    assert i in fmt.observation_tokens(page)
+  # 1024 learnt tokens besides the ids; the plain BPE of the same texts cuts them in 5-10.
+  assert sum(t not in set(asins) for t in tok.get_vocab()) == bpe.DEFAULT_VOCAB_SIZE
+  plain = bpe.train_bpe(corpus.environment_texts("webshop", tasks, WEBSHOP_CPU), 1024)
+  pieces = [len(plain.encode(a).ids) for a in asins]
+  assert 5 <= min(pieces) and max(pieces) <= 10 and sum(pieces) / 200 > 8
+
+
+def test_too_many_atomic_strings_leave_the_plain_bpe(tmp_path, monkeypatch, caplog):
+  from bpo_jax.sandboxes import webshop  # pylint: disable=g-import-not-at-top
+  from bpo_jax.text import bpe  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(bpe, "MAX_ATOMIC", 199)
+  tasks = webshop.make_tasks("train", 8, seed=0, **WEBSHOP_CPU)
+  with caplog.at_level("WARNING"):
+    tok, _ = build.build_text("webshop", str(tmp_path), tasks, env_options=WEBSHOP_CPU)
+  assert "webshop names 200 atomic strings, more than bpe.MAX_ATOMIC = 199" in caplog.text
+  assert len(tok) <= bpe.DEFAULT_VOCAB_SIZE
+  assert len(tok.encode(tasks[0].asin, add_special_tokens=False)) > 1
+  # Environments without the hook name none.
+  assert corpus.atomic_strings("rooms") == []

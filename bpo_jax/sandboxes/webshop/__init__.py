@@ -1,6 +1,7 @@
 """A WebShop-compatible shop (Yao et al., 2022) as a snapshot-able sandbox.
 
-`make_sandbox(**config)` and `make_tasks(split, num, seed, **config)` are the entry points; see
+`make_sandbox(**config)` and `make_tasks(split, num, seed, **config)` are the entry points, and
+`atomic_strings(**config)` names the product ids a from-scratch tokenizer keeps whole; see
 `shop.py` for pages and actions, `reward.py` for the reward, `catalogue.py` for the data,
 `released.py` for WebShop's released files, `search.py` and `index_cache.py` for the search
 index, and `actions.py` for the action syntax a language model is told and the parser of its
@@ -16,4 +17,4 @@ from bpo_jax.sandboxes.webshop.reward import (
     purchase_reward, title_nouns, type_reward)
 from bpo_jax.sandboxes.webshop.search import ProductIndex
 from bpo_jax.sandboxes.webshop.shop import (
-    ShopState, WebShopSandbox, get_shop, make_sandbox, make_tasks)
+    ShopState, WebShopSandbox, atomic_strings, get_shop, make_sandbox, make_tasks)

@@ -577,6 +577,18 @@ def make_sandbox(**config: Any) -> WebShopSandbox:
   return WebShopSandbox(catalogue, index, **sandbox_config)
 
 
+def atomic_strings(**config: Any) -> list[str]:
+  """The product ids (asins) of the shop `config` builds, in catalogue order: the strings a
+  from-scratch tokenizer keeps as one token each (`bpo_jax.text.corpus.atomic_strings`), since
+  a policy clicks a product by copying its id from the results page. They name the catalogue's
+  products, the same for every split, not the goals. Sandbox-only options are ignored.
+  """
+  for k in _SANDBOX_KEYS:
+    config.pop(k, None)
+  catalogue, _ = get_shop(**config)
+  return [p.asin for p in catalogue.products]
+
+
 def make_tasks(split: str, num: int | None, seed: int = 0, **config: Any) -> list[WebShopTask]:
   """`num` goals of a split (`train`, `eval`, `test`), drawn without replacement by `seed`.
 
