@@ -17,6 +17,13 @@ positions equal slot indices, and appended tokens go to the next free slots. Eve
 is written to the cache, so the cache always holds exactly the row's prompt, generations and
 observations, and `next_logits` is ready for the next `generate`.
 
+On a mesh: parameters laid out on a device mesh (`params_mesh`; the training loop reshards them
+to `sharding.SAMPLING_RULES`, split over "tensor") decode on that mesh. `Sampler.init_state`
+and `Sampler.take_rows` given the mesh lay the DecodeState out by `sharding.cache_shardings`
+(rows over "data" and "fsdp", KV heads over "tensor"); the compiled calls keep that layout by
+propagation, and a fork's gather is one compiled program whose output is laid out the same, so
+the cache never leaves the devices.
+
 Keys: `generate` takes one PRNG key for the whole batch (split once per decode step), or one
 key per row (typed keys of shape [B], or raw keys [B, 2]): row b's token at decode step s is then
 drawn with `fold_in(keys[b], s)`, so what a row samples does not depend on the other rows of the
@@ -62,6 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bpo_jax import sharding
 from bpo_jax.models.config import ModelConfig
 from bpo_jax.models.decoder import check_attend_length
 from bpo_jax.models.decoder import forward
@@ -139,6 +147,32 @@ def init_decode_state(config: ModelConfig, batch_size: int, max_length: int,
   """Empty rows (length 0) with `max_length` cache slots each."""
   return DecodeState(cache=KVCache.init(config, batch_size, max_length, dtype),
                      next_logits=jnp.zeros((batch_size, config.vocab_size), jnp.float32))
+
+
+def params_mesh(state) -> Optional[jax.sharding.Mesh]:
+  """The mesh of more than one device that the parameters `state` are laid out on, or None
+  (one device, or host arrays): where a `Sampler` given them decodes."""
+  for leaf in jax.tree.leaves(state):
+    layout = getattr(leaf, "sharding", None)
+    if isinstance(layout, jax.sharding.NamedSharding) and layout.mesh.size > 1:
+      return layout.mesh
+  return None
+
+
+def _on_mesh(out, mesh: jax.sharding.Mesh):
+  """A DecodeState / KVCache constrained to the layout of `sharding.cache_shardings`."""
+  return jax.lax.with_sharding_constraint(out, sharding.cache_shardings(out, mesh))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _init_on_mesh(config: ModelConfig, batch_size: int, max_length: int,
+                  mesh: jax.sharding.Mesh) -> "DecodeState":
+  return _on_mesh(init_decode_state(config, batch_size, max_length), mesh)
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _take_rows_on_mesh(tree, rows: jax.Array, mesh: jax.sharding.Mesh):
+  return _on_mesh(take_rows(tree, rows), mesh)
 
 
 def take_rows(tree, rows):
@@ -471,8 +505,21 @@ class Sampler:
       self._unembedding = (embedding, _transpose_jit(embedding))
     return self._unembedding[1]
 
-  def init_state(self, batch_size: int) -> DecodeState:
-    return init_decode_state(self.config, batch_size, self.max_length)
+  def init_state(self, batch_size: int, mesh: Optional[jax.sharding.Mesh] = None
+                 ) -> DecodeState:
+    """Empty rows; on `mesh` (the parameters', `params_mesh`) laid out by
+    `sharding.cache_shardings`, made on the devices that hold them."""
+    if mesh is None:
+      return init_decode_state(self.config, batch_size, self.max_length)
+    return _init_on_mesh(self.config, batch_size, self.max_length, mesh)
+
+  def take_rows(self, decode_state: DecodeState, rows: Sequence[int],
+                mesh: Optional[jax.sharding.Mesh] = None) -> DecodeState:
+    """`take_rows` (fork, drop or reorder rows); on `mesh` one compiled gather whose output
+    keeps the cache layout (rows over the batch axes), so the fork stays on the devices."""
+    if mesh is None:
+      return take_rows(decode_state, rows)
+    return _take_rows_on_mesh(decode_state, jnp.asarray(rows, jnp.int32), mesh)
 
   def _check_tokens(self, tokens: np.ndarray):
     if tokens.size and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):

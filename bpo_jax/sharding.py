@@ -20,7 +20,10 @@ in `explain`), so e.g. 4 KV heads on an 8-way tensor axis still compile.
 
 Sampling and training can use different layouts (decode wants tensor parallelism and a batch
 spread over "data" and "fsdp" with parameters gathered; the update wants FSDP): `reshard` moves a
-pytree between them with one `jax.device_put`.
+pytree between them with one `jax.device_put`, `make_reshard` as one compiled program. With
+several processes each decodes its own rows on its own devices (`process_submesh`): in the
+sampling layout the parameters are split over "tensor" alone, so every process's devices hold
+them whole when each tensor group lies within one process.
 """
 
 from __future__ import annotations
@@ -134,6 +137,42 @@ def make_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] |
   if devices == list(jax.devices()):
     return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types)
   return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=axis_types)
+
+
+def process_submesh(mesh: Mesh, process_index: int | None = None) -> Mesh:
+  """The devices of `mesh` that one process (default: this one) owns, as a mesh of the same
+  axes (`process_grid`): where that process decodes its rows. A mesh of one process is returned
+  as it is. Raises ValueError when a tensor group spans processes."""
+  process_index = jax.process_index() if process_index is None else process_index
+  grid = process_grid(np.asarray(mesh.devices), process_index)
+  if grid.size == mesh.size:
+    return mesh
+  return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def process_grid(devices: np.ndarray, process_index: int) -> np.ndarray:
+  """The devices of a [data, fsdp, tensor] grid that process `process_index` owns, as a
+  [1, n / tensor, tensor] grid (the whole grid when they are all its own).
+
+  The devices keep the grid's order and their place on the "tensor" axis, so an array laid out
+  by `SAMPLING_RULES` on the grid's mesh (split over "tensor" only) has on each of them the
+  shard it has on the sub-mesh: each process's devices hold the parameters whole. Example:
+  devices 0..7 of processes 0 0 0 0 1 1 1 1 in a (1, 4, 2) grid give process 1 the grid
+  [[[4, 5], [6, 7]]]. Raises ValueError when a tensor group (a row of the last axis) holds
+  devices of several processes, or none of the grid's devices is the process's.
+  """
+  if all(d.process_index == process_index for d in devices.flat):
+    return devices
+  tensor = devices.shape[-1]
+  groups = devices.reshape(-1, tensor)
+  owners = [{d.process_index for d in group} for group in groups]
+  if any(len(o) > 1 for o in owners):
+    raise ValueError(f"the tensor axis ({tensor} devices) spans processes; sampling runs on "
+                     "each process's devices, so it must divide them")
+  mine = [group for group, o in zip(groups, owners) if o == {process_index}]
+  if not mine:
+    raise ValueError(f"process {process_index} holds no device of the mesh")
+  return np.asarray(mine).reshape(1, len(mine), tensor)
 
 
 def _axis_size(mesh: Mesh, axes) -> int:

@@ -1,5 +1,7 @@
 """Sharding on 8 fake CPU devices: rules, optimizer-state layout, sharded ≡ unsharded update,
-no recompilation across steps."""
+no recompilation across steps, each process's devices for sampling, decoding on a mesh."""
+
+import collections
 
 from flax import nnx
 import jax
@@ -10,6 +12,7 @@ import optax
 import pytest
 
 from bpo_jax import packing
+from bpo_jax import sampling
 from bpo_jax import sharding
 from bpo_jax.models import Decoder, ModelConfig
 from bpo_jax.testing.tolerance import assert_close
@@ -168,3 +171,70 @@ def test_make_reshard_moves_like_reshard_in_one_program():
     assert a.sharding.is_equivalent_to(want, a.ndim) and b.sharding.is_equivalent_to(want, b.ndim)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(source))
     np.testing.assert_array_equal(np.asarray(b), np.asarray(source))
+
+
+def _device_grid(shape, per_process):
+  """A grid of stand-in devices 0..n-1, `per_process` consecutive ones to a process."""
+  device = collections.namedtuple("Device", "id process_index")
+  grid = np.empty(shape, object)
+  for i in range(grid.size):
+    grid.flat[i] = device(i, i // per_process)
+  return grid
+
+
+def _ids(grid):
+  return np.vectorize(lambda d: d.id)(grid).tolist()
+
+
+def test_process_grid_gives_each_process_its_tensor_groups():
+  two = _device_grid((1, 4, 2), per_process=4)  # fsdp 4 x tensor 2 over two processes
+  assert _ids(sharding.process_grid(two, 0)) == [[[0, 1], [2, 3]]]
+  assert _ids(sharding.process_grid(two, 1)) == [[[4, 5], [6, 7]]]
+  # data 2 x fsdp 2 x tensor 2: the data axis spans the processes.
+  assert _ids(sharding.process_grid(_device_grid((2, 2, 2), 4), 1)) == [[[4, 5], [6, 7]]]
+  # One process owns the grid: it is the grid.
+  assert sharding.process_grid(two, 0).shape == (1, 2, 2)
+  assert _ids(sharding.process_grid(_device_grid((2, 2, 2), 8), 0)) == _ids(
+      _device_grid((2, 2, 2), 8))
+  with pytest.raises(ValueError, match="tensor axis \\(8 devices\\) spans processes"):
+    sharding.process_grid(_device_grid((1, 1, 8), 4), 0)
+  with pytest.raises(ValueError, match="process 2 holds no device"):
+    sharding.process_grid(two, 2)
+  mesh = _mesh(1, 4, 2)  # every device is this process's
+  assert sharding.process_submesh(mesh) is mesh
+
+
+def test_sampling_on_a_mesh_keeps_the_cache_laid_out_and_decodes_like_one_device():
+  mesh = _mesh(1, 4, 2)
+  graphdef, params = nnx.split(Decoder(CONFIG, rngs=nnx.Rngs(0)))
+  on_mesh = sharding.make_reshard(
+      sharding.param_shardings(params, mesh, sharding.SAMPLING_RULES))(params)
+  assert sampling.params_mesh(params) is None and sampling.params_mesh(on_mesh) == mesh
+  sampler = sampling.Sampler(graphdef, CONFIG, max_length=32)
+  prompts = {b: list(range(1, 3 + b)) for b in range(8)}
+  keys = jax.random.split(jax.random.key(3), 8)
+  draw = sampling.SamplingParams(temperature=1.0, max_new_tokens=5)
+  outputs = {}
+  for name, state, where in (("one", params, None), ("mesh", on_mesh, mesh)):
+    decode_state = sampler.append(state, sampler.init_state(8, where), prompts)
+    decode_state, first = sampler.generate(state, decode_state, keys, draw)
+    # The fork: rows 5 and 2, four copies each.
+    decode_state = sampler.take_rows(decode_state, [5] * 4 + [2] * 4, where)
+    decode_state, second = sampler.generate(state, decode_state, keys, draw)
+    outputs[name] = (first, second, decode_state)
+  decode_state = outputs["mesh"][2]
+  # After every call the rows are over fsdp (every leaf: cache, lengths, next-token logits)
+  # and the 2 KV heads over tensor.
+  cache, want = decode_state.cache, sharding.cache_shardings(decode_state.cache, mesh)
+  for leaf, laid_out in zip(jax.tree.leaves(cache), jax.tree.leaves(want)):
+    assert leaf.sharding.is_equivalent_to(laid_out, leaf.ndim)
+  assert cache.keys[0].sharding.is_equivalent_to(
+      NamedSharding(mesh, P("fsdp", "tensor", None, None)), 4)
+  assert decode_state.next_logits.sharding.spec[0] == "fsdp"
+  for one, on in zip(outputs["one"][:2], outputs["mesh"][:2]):
+    np.testing.assert_array_equal(np.asarray(on.tokens), np.asarray(one.tokens))
+    # log-softmax of logits of magnitude < 1: a few roundings in a tensor-parallel order.
+    assert_close(np.asarray(on.logprobs), np.asarray(one.logprobs), steps=16,
+                 magnitude=float(np.abs(np.asarray(one.logprobs)).max()))
+  np.testing.assert_array_equal(np.asarray(outputs["mesh"][2].lengths),
+                                np.asarray(outputs["one"][2].lengths))

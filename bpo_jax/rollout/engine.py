@@ -7,13 +7,16 @@ runs these phases for all live branches of all tasks together:
    (`policies`, `top_k_after`), forks charged to the budgets as they are decided (`budget`);
 2. fork: each forking state is snapshotted once and restored into the new branches, and the
    cache rows are gathered on the batch axis so that a new branch starts from a copy of its
-   source's row (`sampling.take_rows`): the prefix is never replayed;
+   source's row (`Sampler.take_rows`): the prefix is never replayed;
 3. decode: one jitted `generate` call samples an action for every row (the batch padded to a
    size from `batch_buckets`, so compiles stay bounded); each action becomes a node;
 4. step: every branch's action goes to the sandbox pool in one `step_many` call;
 5. record: outcomes, cuts (the turn limit; a cache with no room for the next observation and
    action) and failures go on the nodes; the observations of the branches that go on are
    prefilled in one `append` call.
+
+Parameters laid out on a mesh (`sampling.params_mesh`) decode there: the rows' KV cache is made
+and forked in the layout of `sharding.cache_shardings` (rows over "data" and "fsdp").
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class _Call:
   new_branch_id: Callable[[int], Hashable]
   threshold: float
   clock: _Clock
+  mesh: Any = None               # the parameters' mesh, where the rows' cache lives
   turns: int = 0
   device_row_tokens: int = 0     # rows x decode steps the device ran, padding included
 
@@ -118,6 +122,7 @@ class RolloutEngine:
       A `RolloutBatch` with one `TaskRollout` per task, in order.
     """
     call = self._start(tasks, key, threshold, task_ids)
+    call.mesh = sampling.params_mesh(params)
     live = self._reset(call, tasks)
     decode_state = self._prefill(call, params, live)
     while live:
@@ -138,7 +143,8 @@ class RolloutEngine:
     return RolloutBatch(rollouts=[tree.result() for tree in call.trees], compute=total,
                         phase_seconds=call.clock.seconds,
                         device_row_tokens=call.device_row_tokens, turns=call.turns,
-                        threshold=call.threshold)
+                        threshold=call.threshold,
+                        decode_devices=1 if call.mesh is None else call.mesh.size)
 
   # --------------------------------------------------------------------------- the phases
 
@@ -211,7 +217,7 @@ class RolloutEngine:
     """The backbones' prompts in one call, row i for `live[i]`."""
     decode_state = None
     if live:
-      decode_state = self.sampler.init_state(self.config.batch_size(len(live)))
+      decode_state = self.sampler.init_state(self.config.batch_size(len(live)), call.mesh)
       rows = {}
       for row, branch in enumerate(live):
         branch.row = row
@@ -280,7 +286,7 @@ class RolloutEngine:
     batch = self.config.batch_size(len(live))
     sources = sources + [sources[0]] * (batch - len(sources))
     if batch != decode_state.batch_size or sources[:len(live)] != list(range(len(live))):
-      decode_state = sampling.take_rows(decode_state, sources)
+      decode_state = self.sampler.take_rows(decode_state, sources, call.mesh)
     for row, branch in enumerate(live):
       branch.row = row
     decode_state = call.policy.before_decode(params, decode_state, live, call.trees)

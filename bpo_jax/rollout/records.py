@@ -172,12 +172,13 @@ class RolloutBatch:
   device_row_tokens: int  # rows x decode steps the device ran, padding included
   turns: int
   threshold: float        # the entropy threshold the rule used
+  decode_devices: int = 1  # devices the rows were decoded on (the parameters' mesh)
 
   @classmethod
   def concatenate(cls, batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
     """One batch of the parts' rollouts in order (e.g. each process's share of the tasks).
 
-    Compute counters and device row-tokens add up; the wall time of each phase and the turns
+    Compute counters, device row-tokens and decode devices add up; the wall time of each phase and the turns
     are the largest part's (the parts ran side by side). The parts must share the threshold.
     """
     batches = list(batches)
@@ -195,7 +196,8 @@ class RolloutBatch:
                phase_seconds={k: max(b.phase_seconds.get(k, 0.0) for b in batches)
                               for k in batches[0].phase_seconds},
                device_row_tokens=sum(b.device_row_tokens for b in batches),
-               turns=max(b.turns for b in batches), threshold=batches[0].threshold)
+               turns=max(b.turns for b in batches), threshold=batches[0].threshold,
+               decode_devices=sum(b.decode_devices for b in batches))
 
   def stacked_trees(self) -> tree_lib.RolloutTree:
     return tree_lib.stack_trees([r.tree for r in self.rollouts])

@@ -127,6 +127,27 @@ def local_copy(tree) -> Any:
   return jax.tree.map(jax.numpy.asarray, to_host(tree))
 
 
+def local_view(tree, shardings):
+  """Global arrays that every process holds whole on its own devices (replicated over the mesh
+  axes that span processes; `sharding.process_submesh`), as arrays of `shardings` on this
+  process's sub-mesh: the same device buffers, no copy and no traffic between processes.
+
+  Each device's shard of a leaf must be the one its new sharding places there (true for the
+  sampling layout on `sharding.process_submesh`); `jax` checks the shapes.
+  """
+
+  def view(x, sharding):
+    by_device = {shard.device: shard.data for shard in x.addressable_shards}
+    devices = sharding.addressable_devices
+    missing = [d for d in devices if d not in by_device]
+    if missing:
+      raise ValueError(f"this process holds no shard on {missing} of the sub-mesh")
+    return jax.make_array_from_single_device_arrays(
+        x.shape, sharding, [by_device[d] for d in sorted(devices, key=lambda d: d.id)])
+
+  return jax.tree.map(view, tree, shardings)
+
+
 def process_rows(row_sharding, num_rows: int, process_index: int | None = None) -> range:
   """The rows of a `[num_rows, ...]` batch that `process_index`'s devices hold.
 

@@ -17,7 +17,8 @@ from bpo_jax.training import translate
 def evaluate_policy(exp: experiment_lib.Experiment, params, tasks: Sequence[Any],
                     key: jax.Array, confidence: float) -> dict:
   """Success rate on `tasks`, one episode each at `eval.temperature` (0: greedy), with its
-  Wilson interval; also the mean return and episode length.
+  Wilson interval; also the mean return and episode length. `params`: the whole policy (a LoRA
+  run's base joined, `Experiment.full_params`), laid out where it is to decode.
 
   With several processes each plays its share of the tasks (under their global indices) and
   the outcomes are gathered, so every process returns the same record.
@@ -26,7 +27,7 @@ def evaluate_policy(exp: experiment_lib.Experiment, params, tasks: Sequence[Any]
                                      translate.rollout_config(exp.config, evaluation=True))
   start = time.perf_counter()
   share = distributed.process_share(len(tasks))
-  batch = engine.rollout(exp.full_params(params), list(tasks)[share.start:share.stop], key, task_ids=share)
+  batch = engine.rollout(params, list(tasks)[share.start:share.stop], key, task_ids=share)
   outcomes = [(bool(r.node_success[r.leaves()].any()), float(r.leaf_returns().sum()),
                int(r.tree.valid.sum())) for r in batch.rollouts]
   parts = distributed.allgather_objects((outcomes, batch.compute.failed_branches))
@@ -44,7 +45,7 @@ def evaluate_policy(exp: experiment_lib.Experiment, params, tasks: Sequence[Any]
 def eval_record(exp: experiment_lib.Experiment, params, iteration: int,
                 stage: str = "train") -> dict:
   """A held-out evaluation record; `stage` is "init" (the untrained model), "warm_start" or
-  "train". `params` are whole on this process (`Placement.local`)."""
+  "train". `params`: the whole policy where it decodes (`iteration.policy_for_sampling`)."""
   config = exp.config
   key = jax.random.fold_in(jax.random.key(config.seed + 1), iteration)
   result = evaluate_policy(exp, params, exp.eval_tasks[:config.eval.num_tasks], key,

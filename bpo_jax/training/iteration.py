@@ -49,6 +49,7 @@ def rollout_stats(batch: rollout_lib.RolloutBatch) -> dict:
   out["fork_rate"] = batch.compute.forks / max(decisions, 1)
   out.update(batch.compute.as_dict())
   out["unique_tokens"] = int(sum(r.tokens.num_unique_tokens() for r in batch.rollouts))
+  out["decode_devices"] = batch.decode_devices
   out.update({f"time/rollout_{k}": v for k, v in batch.phase_seconds.items()})
   return out
 
@@ -134,6 +135,14 @@ def iteration_tasks(exp: experiment_lib.Experiment, iteration: int) -> list:
   return [exp.train_tasks[p] for p in positions for _ in range(r.trees_per_task)]
 
 
+def policy_for_sampling(exp: experiment_lib.Experiment, placement: placement_lib.Placement,
+                        params):
+  """The whole policy of the train state's `params` (a LoRA run's frozen base joined) in the
+  sampling layout on this process's devices (`Placement.for_sampling`): what rollouts and
+  evaluations decode with."""
+  return placement.for_sampling(exp.full_params(params))
+
+
 def grow(engine: rollout_lib.RolloutEngine, params, tasks: list, key: jax.Array,
          threshold: float) -> rollout_lib.RolloutBatch:
   """The trees (or groups) of `tasks` sampled with `key`; with several processes each grows its
@@ -185,8 +194,10 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   start = time.perf_counter()
   tasks = iteration_tasks(exp, iteration)
   key = jax.random.fold_in(root_key, iteration)
-  batch = grow(engine, exp.full_params(placement.local(state.params)), tasks, key,
-               threshold["threshold"])
+  policy = policy_for_sampling(exp, placement, state.params)
+  batch = grow(engine, policy, tasks, key, threshold["threshold"])
+  sample_bytes = placement_lib.state_bytes(policy)
+  del policy
   times["time/rollout"] = time.perf_counter() - start
 
   start = time.perf_counter()
@@ -210,6 +221,7 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
     record["kl_ref"] = record.pop("ref_kl")
   record["grad_norm_variance"] = update_metrics["micro_grad_norm_var"]
   record["state_bytes"], record["state_bytes_per_device"] = placement_lib.state_bytes(state)
+  record["sample_bytes"], record["sample_bytes_per_device"] = sample_bytes
   record.update(times)
   if record["skipped"]:
     logging.warning("iteration %d: non-finite loss or gradient (loss %s); update skipped",

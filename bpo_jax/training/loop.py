@@ -56,11 +56,12 @@ iteration's tasks (and of the held-out tasks) with its own sandboxes, and
 `distributed.allgather_objects` then gives every process the whole batch: the estimator, the
 packing, the fork threshold and the metrics are computed identically everywhere, and each
 process feeds its own rows of the packed batch (`distributed.global_batch`). Rollouts and
-evaluations still use a whole copy of the parameters on each process's first device, gathered
-through host memory. The warm start runs on the mesh like the update (each process feeding its
-rows of every supervised batch). Process 0 alone
-writes the tokenizer, config.json, metrics.jsonl, TensorBoard and summary.json; checkpoints are
-written and restored by all processes together.
+evaluations sample on the same devices: once per iteration the parameters move device to device
+from the training layout to the sampling layout, and each process decodes its trees' rows on its
+own devices (`Placement.for_sampling`). The warm start runs on the mesh like the update (each
+process feeding its rows of every supervised batch). Process 0 alone writes the tokenizer,
+config.json, metrics.jsonl, TensorBoard and summary.json; checkpoints are written and restored by
+all processes together.
 
 Metrics per iteration (JSONL, TensorBoard, progress bar): success and return of the leaves,
 advantage statistics, the update's loss, gradient norm, variance of the micro-batch gradient
@@ -281,8 +282,8 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
       history.append(writer.write(record))
       final = iteration == config.train.iterations
       if (config.eval.every and iteration % config.eval.every == 0) or final:
-        history.append(writer.write(evaluation.eval_record(exp, placement.local(state.params),
-                                                           iteration)))
+        history.append(writer.write(evaluation.eval_record(
+            exp, iteration_lib.policy_for_sampling(exp, placement, state.params), iteration)))
       if iteration % config.checkpoint.every == 0 or final:
         checkpointer.save(iteration, _checkpoint_tree(state, use_ref, ref),
                           _loop_state(iteration, root_key, config, history, threshold))
@@ -301,7 +302,8 @@ def _start(exp: experiment_lib.Experiment, params, tx,
   """A run's iteration 0: held-out evaluation of the untrained model, the warm start, and a
   held-out evaluation after it. `params` are laid out by `placement`, and so is the train state
   returned with the records so far."""
-  history = [evaluation.eval_record(exp, placement.local(params), 0, "init")]
+  history = [evaluation.eval_record(
+      exp, iteration_lib.policy_for_sampling(exp, placement, params), 0, "init")]
   params, sft_opt_state, warm_start_records = warm_start_lib.warm_start(exp, params, placement)
   history += warm_start_records
   state = placement.init_state(tx, params)
@@ -315,7 +317,8 @@ def _start(exp: experiment_lib.Experiment, params, tx,
       and jax.tree.structure(sft_opt_state) == jax.tree.structure(state.opt_state)):
     state = update_lib.TrainState(step=state.step, params=state.params, opt_state=sft_opt_state)
   if warm_start_records:  # without a warm start the untrained model's evaluation stands
-    history.append(evaluation.eval_record(exp, placement.local(state.params), 0, "warm_start"))
+    history.append(evaluation.eval_record(
+        exp, iteration_lib.policy_for_sampling(exp, placement, state.params), 0, "warm_start"))
   return state, history
 
 
@@ -408,7 +411,7 @@ def evaluate(config, workdir: str) -> dict:
   config_lib.validate(config, "eval", workdir)
   exp, state, loop = load_checkpoint(config, workdir)
   try:
-    record = evaluation.eval_record(exp, state.params, loop["iteration"])
+    record = evaluation.eval_record(exp, exp.full_params(state.params), loop["iteration"])
   finally:
     exp.close()
   record = metrics_lib.clean_record(record)

@@ -5,6 +5,12 @@ first `scale.num_devices` of one process) form the `scale.mesh` mesh (data x fsd
 the train state is laid out on it by the partition rules of `bpo_jax.sharding`, and the rows of
 the packed batch are split over its batch axes, each process feeding the rows its devices hold.
 A mesh of one device is the unsharded case: the state stays on the default device.
+
+Rollouts and evaluations sample on the same devices (`Placement.for_sampling`): once per
+iteration the parameters are moved from the training layout to the sampling layout
+(`sharding.SAMPLING_RULES`: gathered over "fsdp", split over "tensor") by one compiled program,
+device to device, and each process decodes its rows on its own devices
+(`sharding.process_submesh`), which then hold the parameters whole.
 """
 
 from __future__ import annotations
@@ -86,6 +92,8 @@ class Placement:
   mesh: Any = None
   state_sharding: Any = None
   row_sharding: Any = None
+  # The compiled moves to the sampling layout, by the parameters' tree structure.
+  _to_sampling: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   @classmethod
   def create(cls, config, state) -> "Placement":
@@ -94,6 +102,11 @@ class Placement:
     if len(devices) == 1 and jax.process_count() == 1:
       return cls()
     mesh = sharding.make_mesh(translate.mesh_config(config), devices)
+    try:
+      sharding.process_submesh(mesh)  # each process samples on its own devices
+    except ValueError as error:
+      raise config_lib.ConfigError([f"scale.mesh.tensor = {config.scale.mesh.tensor}: "
+                                    f"{error}"]) from None
     placement = cls(mesh=mesh, row_sharding=sharding.batch_sharding(mesh))
     return dataclasses.replace(placement, state_sharding=placement.shardings_of(state))
 
@@ -151,8 +164,36 @@ class Placement:
                         self.state_sharding)
 
   def local(self, tree):
-    """The arrays whole on this process's first device (for rollouts and evaluations)."""
+    """The arrays whole on this process's first device (a restored checkpoint's, for export)."""
     return tree if self.mesh is None else distributed.local_copy(tree)
+
+  @property
+  def sample_mesh(self):
+    """Where this process samples: its devices of the mesh (`sharding.process_submesh`);
+    None unsharded."""
+    return None if self.mesh is None else sharding.process_submesh(self.mesh)
+
+  def for_sampling(self, params):
+    """The policy's parameters (all of them: a LoRA run's base joined, `Experiment.full_params`)
+    in the sampling layout on this process's devices, for rollouts and evaluations.
+
+    Laid out on the mesh, they are moved to `sharding.SAMPLING_RULES` on the whole mesh by one
+    compiled program (`sharding.make_reshard`, the dry run's "reshard"), device to device, and
+    with several processes seen as arrays of this process's sub-mesh (`distributed.local_view`:
+    the same buffers). Unsharded they are returned as they are.
+    """
+    if self.mesh is None:
+      return params
+    structure = jax.tree.structure(params)
+    if structure not in self._to_sampling:
+      shardings = sharding.param_shardings(params, self.mesh, sharding.SAMPLING_RULES)
+      self._to_sampling[structure] = sharding.make_reshard(shardings)
+    moved = self._to_sampling[structure](params)
+    sub_mesh = self.sample_mesh
+    if sub_mesh is self.mesh:
+      return moved
+    return distributed.local_view(
+        moved, sharding.param_shardings(params, sub_mesh, sharding.SAMPLING_RULES))
 
   def feed(self, packed: packing.PackedBatch):
     """The update's batch: the packed global batch whole, or this process's rows of it."""

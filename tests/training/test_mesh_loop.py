@@ -53,10 +53,11 @@ TIMEOUT_S = 600
 # Counts that depend only on the trees (they must be equal, not close).
 TREE_KEYS = ("success", "tree_success", "return", "leaves", "nodes", "forks", "env_steps",
              "tokens_processed", "tokens_decoded", "unique_tokens", "num_action_tokens",
-             "row_length", "fork_threshold", "state_bytes")
-# Numbers of float sums in another order (the update), or of parameters that differ by such
+             "row_length", "state_bytes", "sample_bytes")
+# Numbers of float sums in another order (the update; the tensor-parallel logits of the states'
+# entropies, whose quantile is the fork threshold), or of parameters that differ by such
 # rounding (the entropies of iteration 2's states).
-UPDATE_KEYS = ("state_entropy_mean", "loss", "grad_norm", "approx_kl", "entropy", "clip_fraction",
+UPDATE_KEYS = ("state_entropy_mean", "fork_threshold", "loss", "grad_norm", "approx_kl", "entropy", "clip_fraction",
                "advantage_mean", "advantage_std")
 # name -> (fsdp x tensor, the mesh's shape).
 MESHES = {"fsdp4_tensor2": (8, {"data": 1, "fsdp": 4, "tensor": 2}),
@@ -112,6 +113,13 @@ def test_a_mesh_trains_like_one_device(runs, name):
   # The train state is laid out by the partition rules: each device holds about 1/shards.
   fraction = mesh[-1]["state_bytes_per_device"] / mesh[-1]["state_bytes"]
   assert 1 / shards <= fraction <= 1.1 / shards, fraction
+  # The trees were decoded on the mesh's eight devices, the parameters in the sampling layout
+  # (split over tensor 2 alone) beside the train state.
+  for record in mesh:
+    assert record["decode_devices"] == 8
+    fraction = record["sample_bytes_per_device"] / record["sample_bytes"]
+    assert 1 / 2 <= fraction <= 1.1 / 2, fraction
+  assert [r["decode_devices"] for r in one] == [1, 1]
 
 
 @pytest.mark.parametrize("overrides, expected", [
@@ -274,8 +282,8 @@ def test_two_processes_on_a_mesh_train_the_quickstart_like_one_device(tmp_path,
     exp.close()
   _compare(records, reference)
   assert loop_two["iteration"] == 2 and int(state_two.step) == 2
-  # The threshold is a quantile of the states' float32 entropies, which are compared at 1e-5.
-  assert loop_two["fork_threshold"] == pytest.approx(final["threshold"], rel=1e-5)
+  # The threshold is a quantile of the states' float32 entropies, compared as they are.
+  assert loop_two["fork_threshold"] == pytest.approx(final["threshold"], rel=1e-5, abs=1e-6)
   leaves_one, leaves_two = jax.tree.leaves(final["state"]), jax.tree.leaves(state_two)
   assert len(leaves_one) == len(leaves_two) > 10
   for a, b in zip(leaves_one, leaves_two):
@@ -332,6 +340,10 @@ def _compare(records, reference):
     assert a["state_bytes_per_device"] == a["state_bytes"]
     fraction = b["state_bytes_per_device"] / b["state_bytes"]
     assert 1 / SHARDS <= fraction <= 1.1 / SHARDS, fraction
+    # Each process decoded its trees on its four devices, the parameters split over tensor 2.
+    assert (a["decode_devices"], b["decode_devices"]) == (1, 8)
+    fraction = b["sample_bytes_per_device"] / b["sample_bytes"]
+    assert 1 / 2 <= fraction <= 1.1 / 2, fraction
   assert max(r["grad_norm"] for r in train_one) > 1.0  # the update did move the parameters
   evals = lambda rs: [(r["stage"], r["success_rate"], r["return"], r["episode_length"])
                       for r in rs if r["phase"] == "eval" and r["iteration"] == 2]
