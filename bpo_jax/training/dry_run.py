@@ -14,9 +14,13 @@ the builders the run uses:
     whole cache, parameters in the sampling layout (`SAMPLING_RULES`) and the KV cache laid out
     by `cache_shardings`;
   * "reshard": the parameters moved from the training to the sampling layout as one program
-    (`sharding.make_reshard`, the jitted form of `sharding.reshard`),
+    (`sharding.make_reshard`, the jitted form of `sharding.reshard`, which
+    `Placement.for_sampling` runs every iteration),
 
-with `jax.ShapeDtypeStruct` inputs carrying their shardings, and reads
+With several hosts the loop runs "sample" on each host's own chips (`sharding.process_submesh`)
+with its share of the rows: per chip the same parameter shards and, up to the padding of the
+batch bucket, the same rows as the global program compiled here. All three are compiled with
+`jax.ShapeDtypeStruct` inputs carrying their shardings; the dry run reads
 `compiled.memory_analysis()`, which describes one device's share of the SPMD program:
 
     per-device bytes = arguments + outputs + temporaries + generated code - aliased

@@ -69,7 +69,9 @@ norms, approximate KL to the sampling policy, the k3 KL to the reference (`kl_re
 `train.kl_coef > 0`), token entropy, whether the step was skipped, and
 the rollout's compute counters (tokens, env steps, snapshots, restores, failed branches) with
 the wall time of each phase (`time/...`), and the bytes of the train state, whole
-(`state_bytes`) and on the device holding the most of it (`state_bytes_per_device`).
+(`state_bytes`) and on the device holding the most of it (`state_bytes_per_device`), the same of
+the parameters in the sampling layout (`sample_bytes`, `sample_bytes_per_device`) and the
+devices the trees were decoded on (`decode_devices`, summed over the processes).
 """
 
 from __future__ import annotations
