@@ -2,6 +2,7 @@
 no recompilation across steps, each process's devices for sampling, decoding on a mesh."""
 
 import collections
+import dataclasses
 
 from flax import nnx
 import jax
@@ -14,8 +15,9 @@ import pytest
 from bpo_jax import packing
 from bpo_jax import sampling
 from bpo_jax import sharding
-from bpo_jax.models import Decoder, ModelConfig
+from bpo_jax.models import Decoder, ModelConfig, lora
 from bpo_jax.testing.tolerance import assert_close
+from bpo_jax.training import placement as placement_lib
 from bpo_jax.training import update
 
 CONFIG = ModelConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -238,3 +240,46 @@ def test_sampling_on_a_mesh_keeps_the_cache_laid_out_and_decodes_like_one_device
                  magnitude=float(np.abs(np.asarray(one.logprobs)).max()))
   np.testing.assert_array_equal(np.asarray(outputs["mesh"][2].lengths),
                                 np.asarray(outputs["one"][2].lengths))
+
+
+def test_a_lora_base_laid_out_by_the_rules_gives_the_update_of_one_device():
+  lora_config = dataclasses.replace(CONFIG, lora_rank=2, lora_alpha=4.0)
+  graphdef, params = nnx.split(Decoder(lora_config, rngs=nnx.Rngs(2)))
+  adapters, base = lora.split_lora(params)
+  # B = 0 at initialisation: give the adapters values so that the gradient reaches A too.
+  adapters = jax.tree.map(lambda x: x + 0.01, adapters)
+  tx = optax.sgd(0.1, momentum=0.9)
+  state = update.TrainState(step=jnp.zeros((), jnp.int32), params=adapters,
+                            opt_state=tx.init(adapters))
+  mesh = _mesh(1, 4, 2)
+  placement = placement_lib.Placement(mesh=mesh, row_sharding=sharding.batch_sharding(mesh))
+  placement = dataclasses.replace(placement, state_sharding=placement.shardings_of(state))
+  placed = placement.place_frozen(base)
+  # The base is laid out like trainable parameters (matrices over fsdp 4 x tensor 2, biases
+  # over tensor, norms replicated), and a device holds just its shards.
+  rules = sharding.param_shardings(base, mesh)
+  expected = 0
+  for leaf, want in zip(jax.tree.leaves(placed), jax.tree.leaves(rules)):
+    assert leaf.sharding.is_equivalent_to(want, leaf.ndim)
+    split = [mesh.shape[a] for axes in want.spec if axes
+             for a in ((axes,) if isinstance(axes, str) else axes)]
+    expected += leaf.nbytes // int(np.prod(split))
+  whole, per_device = placement_lib.state_bytes(placed)
+  assert per_device == expected < whole / 7
+  config = update.UpdateConfig(num_micro_batches=2)
+  sharded_step = update.make_train_step(graphdef, tx, config,
+                                        state_sharding=placement.state_sharding,
+                                        batch_sharding=placement.row_sharding)
+  plain_step = update.make_train_step(graphdef, tx, config)
+  batch = _batch(np.random.default_rng(1))
+  on_mesh, m_mesh = sharded_step(placement.place(state), placement.feed(batch), None, None,
+                                 placed)
+  one, m_one = plain_step(jax.tree.map(jnp.array, state), batch, None, None, base)
+  assert_close(m_mesh["loss"], m_one["loss"], steps=64)
+  assert float(m_one["grad_norm"]) > 0
+  for a, b in zip(jax.tree.leaves(on_mesh.params), jax.tree.leaves(one.params)):
+    assert_close(a, b, steps=64)
+  # The sampling layout of the joined model (base and adapters) is split over tensor alone.
+  joined = placement.for_sampling(nnx.merge_state(on_mesh.params, placed))
+  q = joined["layers"][0]["attn"]["q_kernel"][...]
+  assert q.sharding.is_equivalent_to(NamedSharding(mesh, P(None, "tensor", None)), 3)

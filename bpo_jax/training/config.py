@@ -527,8 +527,8 @@ def validate(config, mode: str = "train", workdir: str | None = None) -> None:
   if m.lora_rank and not m.lora_alpha > 0:
     problems.append(f"model.lora_alpha = {m.lora_alpha!r}: must be > 0")
   if m.lora_rank and config.scale.distributed.num_processes > 1:
-    problems.append(f"model.lora_rank = {m.lora_rank}: LoRA runs in one process (the frozen "
-                    "base is not laid out over several processes' devices yet)")
+    problems.append(f"model.lora_rank = {m.lora_rank}: LoRA runs in one process (on any mesh "
+                    "of its devices); several processes are not yet checked against one")
   if m.checkpoint and not os.path.isdir(m.checkpoint):
     problems.append(f"model.checkpoint = {m.checkpoint!r}: no such directory")
   if mode in ("eval", "export"):

@@ -76,6 +76,7 @@ devices the trees were decoded on (`decode_devices`, summed over the processes).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -243,6 +244,7 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
            stop_after: int | None) -> dict:
   config, workdir = exp.config, exp.workdir
   tx, local_state, placement, train_step = build_update(exp, state.params)
+  exp = dataclasses.replace(exp, frozen=placement.place_frozen(exp.frozen))
   use_ref = config.train.kl_coef > 0
   engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
                                      translate.rollout_config(config))

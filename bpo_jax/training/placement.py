@@ -156,6 +156,16 @@ class Placement:
       return jax.tree.map(jnp.asarray, params)
     return distributed.put_global(jax.tree.map(np.asarray, params), self.state_sharding.params)
 
+  def place_frozen(self, frozen):
+    """A LoRA run's frozen base (every process builds it alike from its source) laid out by the
+    partition rules like trainable parameters, so the update and the warm start read it from
+    the devices that hold its shards instead of taking a whole copy on every device at every
+    step; None (no frozen base) and the unsharded case are returned as they are."""
+    if self.mesh is None or frozen is None:
+      return frozen
+    return distributed.put_global(jax.tree.map(np.asarray, frozen),
+                                  sharding.param_shardings(frozen, self.mesh))
+
   def abstract(self, state):
     """Shape, dtype (and, sharded, the layout) of each leaf: what a checkpoint restores into."""
     if self.mesh is None:
