@@ -30,15 +30,16 @@ as the product ids of a shop (`corpus.atomic_strings`). `train_bpe(texts, atomic
 each one token of its own, added after the learnt vocabulary (ids from the learnt size on, not
 special: `decode(..., skip_special_tokens=True)` keeps them). Why: a policy that clicks
 `click[B0B34SD43W]` must reproduce an id shown on the page. Byte-level BPE cuts such an id into
-k ~ 8 pieces, and the model has to copy all k in order, each copy one attention lookup that
-finds the right position (the piece after the one just written, within the right id) and
-returns its token: the reply is right with probability p^k if each lookup succeeds with p (0.9^8
-= 0.43). As one token e_i, the id is copied by one lookup, and the copy itself is easy with tied
-embeddings: attention moves e_i (through its value and output maps) into the residual stream,
-and the output logit of token j is <h, e_j>; for embeddings drawn at random with variance 1/d,
-<e_i, e_i> ~ 1 while <e_i, e_j> ~ N(0, 1/d) for j != i, so the id that was moved outscores every
-other (a margin of ~1 against noise of 1/sqrt(d) = 0.09 at d = 128), before any training of
-e_i, which is why ids seen only in held-out results pages are still copyable.
+k pieces (5-10, 9.3 on average, in `webshop.py:cpu`'s shop), and the model has to copy all k in
+order, each copy one attention lookup that finds the right position (the piece after the one
+just written, within the right id) and returns its token: the reply is right with probability
+p^k if each lookup succeeds with p (0.9^9 = 0.39). As one token e_i, the id is copied by one
+lookup, and the copy itself is easy with tied embeddings: attention moves e_i (through its value
+and output maps) into the residual stream, and the output logit of token j is <h, e_j>; for
+embeddings drawn independently with variance s^2 per coordinate, <e_i, e_i> ~ d s^2 while
+<e_i, e_j> (j != i) has standard deviation sqrt(d) s^2, so the id that was moved outscores the
+others by sqrt(d) standard deviations (11 at d = 128) without id-specific training: a copy rule
+learnt on some ids carries over to ids the demonstrations never click.
 
 An atomic string matches only as a whole word (`single_word`: no letter, digit or `_` touching it
 on either side), so a longer word that contains one still encodes by its bytes; the strings are
