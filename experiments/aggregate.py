@@ -11,6 +11,7 @@ so they are tested on hand-made metrics:
   aggregate(per_method)    per method over seeds: means, 95% t-intervals, ratios to BPO's
                            compute, the mean curve with its band; claim 2's variance ratios to
                            GRPO's and RLOO's; and claim 3
+  shared_variance(...)     claim 2 with every method at one run's parameters (--grad_params)
   markdown(results)        the tables
 
 Per task means per training task of an iteration: a run's total over its iterations divided by
@@ -221,14 +222,35 @@ def aggregate(per_method: dict[str, Sequence[dict]], confidence: float = 0.95,
   for m in methods.values():
     m["env_steps_ratio"] = _ratio(m["env_steps_per_task"], ref and ref["env_steps_per_task"])
     m["tokens_ratio"] = _ratio(m["tokens_per_task"], ref and ref["tokens_per_task"])
-    v = m["gradient_variance"]
+  _variance_ratios({n: m["gradient_variance"] for n, m in methods.items()})
+  return {"confidence": confidence, "reference": reference, "methods": methods,
+          "claim_3": claim_three(methods, reference)}
+
+
+def _variance_ratios(variances: dict[str, dict | None]) -> None:
+  """Adds to each method's claim-2 summary its ratio to GRPO's and RLOO's mean variance."""
+  for v in variances.values():
     for baseline in VARIANCE_BASELINES:
-      b = methods.get(baseline, {}).get("gradient_variance")
+      b = variances.get(baseline)
       if v is not None:
         v[f"ratio_to_{baseline}"] = _ratio(v["variance"]["mean"],
                                            b and b["variance"]["mean"])
-  return {"confidence": confidence, "reference": reference, "methods": methods,
-          "claim_3": claim_three(methods, reference)}
+
+
+def shared_variance(per_method: dict[str, Sequence[dict]], params_of: str,
+                    confidence: float = 0.95) -> dict:
+  """Claim 2 with every method measured at the same parameters, those of `params_of`'s run of
+  each seed (`compare.py --grad_params`): `{"confidence", "params_of", "methods": {name:
+  {"gradient_variance": summary with ratios}}}` from each method's gradient_variance.json
+  contents over the seeds; the form `claim_two_lines` reads."""
+  methods = {}
+  for name, measured in per_method.items():
+    runs = [{"gradient_variance": gradient_variance_metrics(m)} for m in measured]
+    summary = _variance_summary(runs, confidence)
+    if summary is not None:
+      methods[name] = {"gradient_variance": summary}
+  _variance_ratios({n: m["gradient_variance"] for n, m in methods.items()})
+  return {"confidence": confidence, "params_of": params_of, "methods": methods}
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -281,11 +303,13 @@ def claim_two_lines(results: dict) -> list[str]:
     return []
   pct = f"{results['confidence']:.0%}"
   draws = min(v["draws"] for v in methods.values())
+  where = (f"of {results['params_of'].upper()}'s run of each seed, every method at the same "
+           "parameters" if results.get("params_of") else "of each run")
   lines = ["", f"Claim 2: the gradient estimator's variance at fixed parameters, "
            f"E‖g − ḡ‖² over {draws} independent draws of an iteration's trees or groups for the "
-           "same tasks, at the first, middle and last kept checkpoints (mean over them, then "
-           f"over seeds with its {pct} t-interval), with the env steps and policy tokens per "
-           "task each draw spent.", "",
+           f"same tasks, at the first, middle and last kept checkpoints {where} (mean over "
+           f"them, then over seeds with its {pct} t-interval), with the env steps and policy "
+           "tokens per task each draw spent.", "",
            "| method | seeds | E‖g − ḡ‖² | × GRPO | × RLOO | ‖ḡ‖² | env steps / task of the draws "
            "| policy tokens / task of the draws |", "|---|---|---|---|---|---|---|---|"]
   for name, v in methods.items():
@@ -305,7 +329,8 @@ def plots(results: dict, out: str) -> list[str]:
   """PNG plots into `out`: held-out success against env steps, policy tokens and policy
   updates (the mean over seeds with its t-interval band), each method's gradient-norm
   variance (mean and interval over seeds) and, when measured, its gradient estimator's variance
-  at fixed parameters (the same). Returns the files' names."""
+  at fixed parameters (the same; at one run's parameters with `claim_2_shared`). Returns the
+  files' names."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -328,11 +353,13 @@ def plots(results: dict, out: str) -> list[str]:
   spread = {n: m["grad_norm_variance"] for n, m in methods.items()}
   names.append(_bar_plot(plt, out, "grad_norm_variance.png", spread,
                          "grad-norm variance across iterations"))
-  measured = {n: m["gradient_variance"]["variance"] for n, m in methods.items()
-              if m.get("gradient_variance")}
+  shared = results.get("claim_2_shared")
+  measured = {n: m["gradient_variance"]["variance"]
+              for n, m in (shared or results)["methods"].items() if m.get("gradient_variance")}
   if measured:
+    where = f" ({shared['params_of'].upper()}'s)" if shared else ""
     names.append(_bar_plot(plt, out, "gradient_variance.png", measured,
-                           "E||g - mean g||² at fixed parameters"))
+                           f"E||g - mean g||² at fixed parameters{where}"))
   return names
 
 

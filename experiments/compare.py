@@ -30,6 +30,15 @@ call with the same M and checkpoints reuses; the table adds E||g - mean g||^2 pe
 ratio to GRPO's and RLOO's, and the env steps per task the draws spent. The runs are measured
 one after another in this process.
 
+With `--grad_params=EST` as well, every method of `--estimators` is measured at the checkpoints
+of EST's run of the same seed, so the variances compare estimators at identical parameters
+rather than each at its own run's: only EST's runs are trained, the other methods' directories
+hold just their gradient_variance.json (with "params_of": EST), and results.md gives the claim-2
+table of these shared-parameter measurements beside EST's runs.
+
+    python experiments/compare.py --config=experiments/configs/rooms_bpo.py --seeds=3 \
+        --grad_draws=16 --grad_params=bpo --out=results/rooms_bpo_claim2
+
 Bad flags or configurations: one line, exit status 2; a run that fails (or whose measurement
 fails) is reported with its log's last line (the error), the others are still aggregated, exit
 status 1.
@@ -75,6 +84,9 @@ def _define_flags():
       "at fixed parameters (claim 2; >= 16 for a measurement); 0 = off.")
   _FLAGS["grad_checkpoints"] = flags.DEFINE_integer(
       "grad_checkpoints", 3, "Checkpoints per run it is measured at: first, middle, last kept.")
+  _FLAGS["grad_params"] = flags.DEFINE_string(
+      "grad_params", "", "With --grad_draws: measure every method at the checkpoints of this "
+      "estimator's run of each seed (the same parameters for all); only its runs are trained.")
 
 
 EXIT_INVALID = 2
@@ -272,18 +284,33 @@ def train_all(runs, jobs: int) -> list[Run]:
   return failed
 
 
-def write_results(runs, out: str, spec: str) -> dict:
-  """Aggregates the finished runs into OUT/results.json, results.md and the plots."""
+def write_results(runs, out: str, spec: str, params_of: str | None = None) -> dict:
+  """Aggregates the finished runs into OUT/results.json, results.md and the plots; with
+  `params_of`, claim 2 from the shared-parameter measurements (`results["claim_2_shared"]`)."""
   per_method: dict[str, list[dict]] = {}
+  shared: dict[str, list[dict]] = {}
   for run, c in runs:
     per_method.setdefault(run.estimator, [])
     if finished(run, c.train.iterations):
       per_method[run.estimator].append(aggregate.run_metrics(aggregate.read_run(run.workdir)))
+    path = os.path.join(run.workdir, GRADIENT_VARIANCE_JSON)
+    if params_of and os.path.exists(path):
+      with open(path, encoding="utf-8") as f:
+        measured = json.load(f)
+      if measured.get("params_of") == params_of:
+        shared.setdefault(run.estimator, []).append(measured)
+  if params_of:  # the methods' own rows hold no variance measured at their own parameters
+    for summaries in per_method.values():
+      for m in summaries:
+        m["gradient_variance"] = None
   results = aggregate.aggregate(per_method)
   results["config"] = spec
+  table = aggregate.markdown(results)
+  if params_of:
+    results["claim_2_shared"] = aggregate.shared_variance(shared, params_of)
+    table += "\n".join(aggregate.claim_two_lines(results["claim_2_shared"])) + "\n"
   with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
     json.dump(results, f, indent=2, sort_keys=True)
-  table = aggregate.markdown(results)
   with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
     f.write(f"# {spec}\n\n{table}")
   results["plots"] = aggregate.plots(results, out)
@@ -294,32 +321,39 @@ def write_results(runs, out: str, spec: str) -> dict:
 GRADIENT_VARIANCE_JSON = "gradient_variance.json"
 
 
-def measure_gradient_variance(runs, draws: int, count: int) -> list[Run]:
+def measure_gradient_variance(runs, draws: int, count: int,
+                              params_of: str | None = None) -> list[Run]:
   """Each finished run's gradient variance at `count` of its checkpoints (module docstring),
-  saved beside its metrics; returns the runs it failed for."""
+  saved beside its metrics; with `params_of`, every run's method at the checkpoints of
+  `params_of`'s run of the same seed. Returns the runs it failed for."""
   from bpo_jax.training import gradient_variance  # pylint: disable=g-import-not-at-top
+  sources = {(r.estimator, r.seed): (r, c) for r, c in runs}
   failed = []
   for run, c in runs:
-    if not finished(run, c.train.iterations):
+    source, source_config = sources[(params_of or run.estimator, run.seed)]
+    if not finished(source, source_config.train.iterations):
       continue
+    os.makedirs(run.workdir, exist_ok=True)
     path = os.path.join(run.workdir, GRADIENT_VARIANCE_JSON)
     start = time.perf_counter()
     try:
-      steps = gradient_variance.spread(gradient_variance.kept_steps(run.workdir), count)
+      steps = gradient_variance.spread(gradient_variance.kept_steps(source.workdir), count)
       if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
           saved = json.load(f)
-        if saved["draws"] == draws and [r["step"] for r in saved["checkpoints"]] == steps:
+        if (saved["draws"] == draws and [r["step"] for r in saved["checkpoints"]] == steps
+            and saved.get("params_of") == params_of):
           print(f"{run.estimator} seed {run.seed}: gradient variance measured, skipped")
           continue
-      results = gradient_variance.checkpoint_gradient_variance(c, run.workdir, steps, draws)
+      results = gradient_variance.checkpoint_gradient_variance(c, source.workdir, steps, draws)
     except Exception as error:  # pylint: disable=broad-except
       failed.append(run)
       print(f"error: {run.estimator} seed {run.seed}: gradient variance failed: "
             f"{type(error).__name__}: {' '.join(str(error).split())}", file=sys.stderr)
       continue
     with open(path + ".tmp", "w", encoding="utf-8") as f:
-      json.dump({"draws": draws, "checkpoints": results}, f, indent=2, sort_keys=True)
+      json.dump({"draws": draws, "checkpoints": results, "params_of": params_of}, f, indent=2,
+                sort_keys=True)
     os.replace(path + ".tmp", path)
     print(f"{run.estimator} seed {run.seed}: gradient variance at checkpoints {steps} "
           f"({draws} draws) in {time.perf_counter() - start:.0f} s")
@@ -339,12 +373,17 @@ def main(argv):
     _fail(f"--grad_checkpoints={count}: must be >= 1")
   spec = _config_arg(sys.argv)
   out = _FLAGS["out"].value or os.path.join("results", config_name(spec))
+  params_of = _FLAGS["grad_params"].value or None
+  if params_of and (not draws or params_of not in _FLAGS["estimators"].value):
+    _fail(f"--grad_params={params_of}: needs --grad_draws and one of --estimators "
+          f"({','.join(_FLAGS['estimators'].value)})")
   runs = plan(_FLAGS["config"].value, _FLAGS["estimators"].value, _FLAGS["seeds"].value, out)
   os.makedirs(out, exist_ok=True)
-  failed = train_all(runs, jobs)
+  failed = train_all([(r, c) for r, c in runs if r.estimator == (params_of or r.estimator)],
+                     jobs)
   if draws:
-    failed += measure_gradient_variance(runs, draws, count)
-  write_results(runs, out, spec)
+    failed += measure_gradient_variance(runs, draws, count, params_of)
+  write_results(runs, out, spec, params_of)
   if failed:
     sys.exit(1)
 

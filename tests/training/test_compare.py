@@ -220,6 +220,28 @@ def test_claim_two_by_hand(tmp_path):
   assert "Claim 2" not in aggregate.markdown(aggregate.aggregate({"bpo": [metrics]}))
 
 
+def test_claim_two_at_shared_parameters_by_hand(tmp_path):
+  # Every method at BPO's checkpoints: BPO (1, 3) and (2, 4) → 2.5; GRPO (4, 6) and (6, 8) →
+  # 6; RLOO (10, 10) twice → 10: the same numbers as at each run's own, from the files alone.
+  measured = {}
+  for name, seeds in (("bpo", [(1, 3), (2, 4)]), ("grpo", [(4, 6), (6, 8)]),
+                      ("rloo", [(10, 10), (10, 10)])):
+    measured[name] = []
+    for s, variances in enumerate(seeds):
+      workdir = tmp_path / f"{name}{s}"
+      os.makedirs(workdir)
+      _write_gradient_variance(workdir, variances)
+      with open(workdir / aggregate.GRADIENT_VARIANCE_JSON, encoding="utf-8") as f:
+        measured[name].append(json.load(f))
+  shared = aggregate.shared_variance(measured, "bpo")
+  b = shared["methods"]["bpo"]["gradient_variance"]
+  assert b["variance"]["mean"] == 2.5 and b["seeds"] == 2
+  assert b["ratio_to_grpo"] == 2.5 / 6 and b["ratio_to_rloo"] == 2.5 / 10
+  lines = "\n".join(aggregate.claim_two_lines(shared))
+  assert "kept checkpoints of BPO's run of each seed, every method at the same parameters" in lines
+  assert "| bpo | 2 | 2.5000 [" in lines and "| 0.42 | 0.25 | 0.5000 | 7.0 | 60 |" in lines
+
+
 @pytest.mark.slow
 def test_compare_measures_the_gradient_variance_at_the_kept_checkpoints(tmp_path):
   # One run, M = 4 draws keep the test fast; a measurement uses --grad_draws >= 16. Two
@@ -249,9 +271,38 @@ def test_compare_measures_the_gradient_variance_at_the_kept_checkpoints(tmp_path
   assert "grpo seed 0: gradient variance measured, skipped" in second.stdout
 
 
+@pytest.mark.slow
+def test_compare_measures_every_method_at_one_runs_parameters(tmp_path):
+  # --grad_params=bpo: only BPO's run trains; GRPO is measured at its checkpoints 0 and 1.
+  out = str(tmp_path / "out")
+  result = _compare(f"--config={ROOMS_TINY}", "--seeds=1", "--estimators=bpo,grpo",
+                    f"--out={out}", "--config.warm_start.num_trajectories=0",
+                    "--config.eval.num_tasks=1", "--config.train.iterations=1",
+                    "--config.checkpoint.every=1", "--grad_draws=2", "--grad_params=bpo")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "grpo seed 0: gradient variance at checkpoints [0, 1] (2 draws)" in result.stdout
+  assert os.path.exists(os.path.join(out, "runs", "bpo", "seed0", "summary.json"))
+  assert os.listdir(os.path.join(out, "runs", "grpo", "seed0")) == ["gradient_variance.json"]
+  results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
+  assert list(results["methods"]) == ["bpo"]
+  assert results["methods"]["bpo"]["gradient_variance"] is None
+  shared = results["claim_2_shared"]
+  assert shared["params_of"] == "bpo" and sorted(shared["methods"]) == ["bpo", "grpo"]
+  for name in ("bpo", "grpo"):
+    saved = json.load(open(os.path.join(out, "runs", name, "seed0", "gradient_variance.json"),
+                           encoding="utf-8"))
+    assert saved["params_of"] == "bpo" and [p["step"] for p in saved["checkpoints"]] == [0, 1]
+    v = shared["methods"][name]["gradient_variance"]
+    assert v["variance"]["mean"] == pytest.approx(
+        sum(p["variance"] for p in saved["checkpoints"]) / 2, rel=1e-12)
+  assert "every method at the same parameters" in open(os.path.join(out, "results.md"),
+                                                       encoding="utf-8").read()
+
+
 @pytest.mark.parametrize("flag, message", [
     ("--grad_draws=1", "error: --grad_draws=1: must be 0 (off) or >= 2"),
     ("--grad_checkpoints=0", "error: --grad_checkpoints=0: must be >= 1"),
+    ("--grad_params=bpo", "error: --grad_params=bpo: needs --grad_draws and one of"),
 ])
 def test_bad_gradient_variance_flags_one_line_exit_2(tmp_path, flag, message):
   result = _compare(f"--config={ROOMS_TINY}", f"--out={tmp_path / 'out'}", flag)
