@@ -188,18 +188,32 @@ def _write_gradient_variance(workdir, variances, env_steps=(6.0, 8.0)):
     json.dump({"draws": 16, "checkpoints": points}, f)
 
 
-def test_claim_two_by_hand(tmp_path):
-  # Per run, the mean over its checkpoints: BPO seeds (1, 3) → 2 and (2, 4) → 3, mean 2.5;
-  # GRPO (4, 6) → 5 and (6, 8) → 7, mean 6; RLOO (10, 10) twice → 10. Ratios 2.5/6, 2.5/10.
-  per_method = {}
-  for name, seeds in (("bpo", [(1, 3), (2, 4)]), ("grpo", [(4, 6), (6, 8)]),
-                      ("rloo", [(10, 10), (10, 10)])):
-    per_method[name] = []
+# Per method, each seed's variances at two checkpoints. Per seed, the mean over its checkpoints:
+# BPO (1, 3) → 2 and (2, 4) → 3, mean 2.5; GRPO (4, 6) → 5 and (6, 8) → 7, mean 6; RLOO
+# (10, 10) twice → 10. Ratios 2.5/6, 2.5/10.
+HAND_VARIANCES = (("bpo", [(1, 3), (2, 4)]), ("grpo", [(4, 6), (6, 8)]),
+                  ("rloo", [(10, 10), (10, 10)]))
+
+
+def _measured_workdirs(tmp_path, with_runs: bool) -> dict:
+  """{method: [workdir per seed]}, each holding `HAND_VARIANCES`' gradient_variance.json, and
+  with `with_runs` a finished run's files too."""
+  workdirs = {}
+  for name, seeds in HAND_VARIANCES:
+    workdirs[name] = []
     for s, variances in enumerate(seeds):
       workdir = tmp_path / f"{name}{s}"
-      _write_run(workdir, [0.0, 0.25, 0.5], [10, 14], [100, 140], [1.0, 3.0])
+      if with_runs:
+        _write_run(workdir, [0.0, 0.25, 0.5], [10, 14], [100, 140], [1.0, 3.0])
+      os.makedirs(workdir, exist_ok=True)
       _write_gradient_variance(workdir, variances)
-      per_method[name].append(aggregate.run_metrics(aggregate.read_run(workdir)))
+      workdirs[name].append(workdir)
+  return workdirs
+
+
+def test_claim_two_by_hand(tmp_path):
+  per_method = {name: [aggregate.run_metrics(aggregate.read_run(w)) for w in workdirs]
+                for name, workdirs in _measured_workdirs(tmp_path, with_runs=True).items()}
   one = per_method["bpo"][0]["gradient_variance"]
   assert one["variance"] == 2.0 and one["steps"] == [0, 2] and one["per_checkpoint"] == [1, 3]
   assert one["env_steps_per_task"] == 7.0 and one["draws"] == 16
@@ -221,18 +235,11 @@ def test_claim_two_by_hand(tmp_path):
 
 
 def test_claim_two_at_shared_parameters_by_hand(tmp_path):
-  # Every method at BPO's checkpoints: BPO (1, 3) and (2, 4) → 2.5; GRPO (4, 6) and (6, 8) →
-  # 6; RLOO (10, 10) twice → 10: the same numbers as at each run's own, from the files alone.
-  measured = {}
-  for name, seeds in (("bpo", [(1, 3), (2, 4)]), ("grpo", [(4, 6), (6, 8)]),
-                      ("rloo", [(10, 10), (10, 10)])):
-    measured[name] = []
-    for s, variances in enumerate(seeds):
-      workdir = tmp_path / f"{name}{s}"
-      os.makedirs(workdir)
-      _write_gradient_variance(workdir, variances)
-      with open(workdir / aggregate.GRADIENT_VARIANCE_JSON, encoding="utf-8") as f:
-        measured[name].append(json.load(f))
+  # Every method at BPO's checkpoints, from the measurement files alone (no run of its own):
+  # the same numbers as `HAND_VARIANCES` gives at each run's own.
+  measured = {name: [json.loads((w / aggregate.GRADIENT_VARIANCE_JSON).read_text("utf-8"))
+                     for w in workdirs]
+              for name, workdirs in _measured_workdirs(tmp_path, with_runs=False).items()}
   shared = aggregate.shared_variance(measured, "bpo")
   b = shared["methods"]["bpo"]["gradient_variance"]
   assert b["variance"]["mean"] == 2.5 and b["seeds"] == 2
