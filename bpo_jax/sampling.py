@@ -166,7 +166,7 @@ def _on_mesh(out, mesh: jax.sharding.Mesh):
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _init_on_mesh(config: ModelConfig, batch_size: int, max_length: int,
-                  mesh: jax.sharding.Mesh) -> "DecodeState":
+                  mesh: jax.sharding.Mesh) -> DecodeState:
   return _on_mesh(init_decode_state(config, batch_size, max_length), mesh)
 
 

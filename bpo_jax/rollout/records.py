@@ -178,8 +178,9 @@ class RolloutBatch:
   def concatenate(cls, batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
     """One batch of the parts' rollouts in order (e.g. each process's share of the tasks).
 
-    Compute counters, device row-tokens and decode devices add up; the wall time of each phase and the turns
-    are the largest part's (the parts ran side by side). The parts must share the threshold.
+    Compute counters, device row-tokens and decode devices add up; the wall time of each phase
+    and the turns are the largest part's (the parts ran side by side). The parts must share the
+    threshold.
     """
     batches = list(batches)
     if not batches:

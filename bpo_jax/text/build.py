@@ -138,10 +138,10 @@ def ensure_bpe_tokenizer(env_name: str, workdir: str, tasks: Sequence[Any],
     return directory
   texts = corpus.environment_texts(env_name, tasks, env_options, system_prompt=system_prompt,
                                    max_tasks=max_tasks)
-  atomic = list(dict.fromkeys(corpus.atomic_strings(env_name, env_options)))
-  if len(atomic) > bpe.MAX_ATOMIC:
+  atomic = corpus.atomic_strings(env_name, env_options)
+  if len(set(atomic)) > bpe.MAX_ATOMIC:
     logging.warning("%s names %d atomic strings, more than bpe.MAX_ATOMIC = %d: the tokenizer "
-                    "keeps none of them whole", env_name, len(atomic), bpe.MAX_ATOMIC)
+                    "keeps none of them whole", env_name, len(set(atomic)), bpe.MAX_ATOMIC)
     atomic = []
   bpe.save_bpe(bpe.train_bpe(texts, vocab_size, atomic=atomic), directory)
   return directory

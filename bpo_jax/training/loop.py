@@ -286,8 +286,7 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
       history.append(writer.write(record))
       final = iteration == config.train.iterations
       if (config.eval.every and iteration % config.eval.every == 0) or final:
-        history.append(writer.write(evaluation.eval_record(
-            exp, iteration_lib.policy_for_sampling(exp, placement, state.params), iteration)))
+        history.append(writer.write(_evaluate(exp, placement, state.params, iteration)))
       if iteration % config.checkpoint.every == 0 or final:
         checkpointer.save(iteration, _checkpoint_tree(state, use_ref, ref),
                           _loop_state(iteration, root_key, config, history, threshold))
@@ -306,8 +305,7 @@ def _start(exp: experiment_lib.Experiment, params, tx,
   """A run's iteration 0: held-out evaluation of the untrained model, the warm start, and a
   held-out evaluation after it. `params` are laid out by `placement`, and so is the train state
   returned with the records so far."""
-  history = [evaluation.eval_record(
-      exp, iteration_lib.policy_for_sampling(exp, placement, params), 0, "init")]
+  history = [_evaluate(exp, placement, params, 0, "init")]
   params, sft_opt_state, warm_start_records = warm_start_lib.warm_start(exp, params, placement)
   history += warm_start_records
   state = placement.init_state(tx, params)
@@ -321,9 +319,16 @@ def _start(exp: experiment_lib.Experiment, params, tx,
       and jax.tree.structure(sft_opt_state) == jax.tree.structure(state.opt_state)):
     state = update_lib.TrainState(step=state.step, params=state.params, opt_state=sft_opt_state)
   if warm_start_records:  # without a warm start the untrained model's evaluation stands
-    history.append(evaluation.eval_record(
-        exp, iteration_lib.policy_for_sampling(exp, placement, state.params), 0, "warm_start"))
+    history.append(_evaluate(exp, placement, state.params, 0, "warm_start"))
   return state, history
+
+
+def _evaluate(exp: experiment_lib.Experiment, placement: placement_lib.Placement, params,
+              iteration: int, stage: str = "train") -> dict:
+  """The held-out evaluation record of the train state's `params`, sampled where rollouts
+  sample (`iteration.policy_for_sampling`)."""
+  return evaluation.eval_record(exp, iteration_lib.policy_for_sampling(exp, placement, params),
+                                iteration, stage)
 
 
 def _checkpoint_tree(state, use_ref: bool, ref=None):

@@ -92,7 +92,8 @@ class Placement:
   mesh: Any = None
   state_sharding: Any = None
   row_sharding: Any = None
-  # The compiled moves to the sampling layout, by the parameters' tree structure.
+  # By the parameters' tree structure: the compiled move to the sampling layout on the whole
+  # mesh, and that layout on this process's sub-mesh (None when the sub-mesh is the mesh).
   _to_sampling: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   @classmethod
@@ -197,13 +198,13 @@ class Placement:
     structure = jax.tree.structure(params)
     if structure not in self._to_sampling:
       shardings = sharding.param_shardings(params, self.mesh, sharding.SAMPLING_RULES)
-      self._to_sampling[structure] = sharding.make_reshard(shardings)
-    moved = self._to_sampling[structure](params)
-    sub_mesh = self.sample_mesh
-    if sub_mesh is self.mesh:
-      return moved
-    return distributed.local_view(
-        moved, sharding.param_shardings(params, sub_mesh, sharding.SAMPLING_RULES))
+      sub_mesh = self.sample_mesh
+      local = (None if sub_mesh is self.mesh
+               else sharding.param_shardings(params, sub_mesh, sharding.SAMPLING_RULES))
+      self._to_sampling[structure] = (sharding.make_reshard(shardings), local)
+    move, local = self._to_sampling[structure]
+    moved = move(params)
+    return moved if local is None else distributed.local_view(moved, local)
 
   def feed(self, packed: packing.PackedBatch):
     """The update's batch: the packed global batch whole, or this process's rows of it."""

@@ -1,23 +1,23 @@
 """Training on a mesh gives what one device gives: one process of eight CPU devices, and two
 processes of four.
 
-One process: `mesh_worker.py` runs, in a process of its own (the device count is fixed before
-JAX starts), two iterations of a small quickstart from its warm-started checkpoint
-(`small_checkpoint`) on each of three placements built by the loop's `build_update`: one
-device, a mesh fsdp 4 x tensor 2 and a mesh data 2 x fsdp 2 x tensor 2. The trees must be
-equal, the metrics and the final parameters and optimiser state equal to 1e-5 (the gradient's
-sums run in another order), and each device must hold at most 1/(fsdp x tensor) of the train
-state plus 10% (the embedding, whose odd vocabulary is not split over tensor, and the replicated
-norms make up the excess).
+One process: `mesh_worker.py` runs, in a process of its own (the device count is fixed before JAX
+starts), two iterations of a small quickstart from its warm-started checkpoint (`small_checkpoint`)
+on each of three placements built by the loop's `build_update`: one device, a mesh fsdp 4 x tensor 2
+and a mesh data 2 x fsdp 2 x tensor 2, the trees decoded on the placement's devices. The trees must
+be equal, the metrics and the final parameters and optimiser state equal to 1e-5 (the gradient's
+sums run in another order), and each device must hold at most 1/(fsdp x tensor) of the train state
+plus 10% (the embedding, whose odd vocabulary is not split over tensor, and the replicated norms
+make up the excess).
 
-Two processes: `experiments/run.py` runs the same configuration in two processes of four fake
-CPU devices each (JAX distributed, Gloo on localhost), on the mesh fsdp 4 x tensor 2 over their
-eight devices, from the checkpoint as a pod run starts; a few warm-start steps continue it. The
-processes are killed (SIGKILL) once the checkpoint of iteration 1 is written and then resume
-from their joint checkpoint. Each process feeds its rows of every packed batch, of the warm
-start and of the update, to the sharded step, and grows the trees of half of the tasks with its
-own sandboxes. The reference is one device of this process: the warm start's steps from the
-same checkpoint, and the two iterations from the two-process run's warm-started state (its
+Two processes: `experiments/run.py` runs the same configuration in two processes of four fake CPU
+devices each (JAX distributed, Gloo on localhost), on the mesh fsdp 4 x tensor 2 over their eight
+devices, from the checkpoint as a pod run starts; a few warm-start steps continue it. The processes
+are killed (SIGKILL) once the checkpoint of iteration 1 is written and then resume from their joint
+checkpoint. Each process feeds its rows of every packed batch, of the warm start and of the update,
+to the sharded step, and grows the trees of half of the tasks with its own sandboxes, decoding them
+on its own four devices. The reference is one device of this process: the warm start's steps from
+the same checkpoint, and the two iterations from the two-process run's warm-started state (its
 checkpoint 0) with the loop's own update and iteration. The same equalities and bounds hold.
 """
 
