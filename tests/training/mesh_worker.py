@@ -35,8 +35,8 @@ from bpo_jax.training import update as update_lib
 from bpo_jax.training import warm_start as warm_start_lib
 
 # name -> (scale.mesh data, fsdp, tensor; scale.num_devices). "one": the unsharded reference.
-MESHES = {"one": (1, -1, 1, 1), "fsdp4_tensor2": (1, 4, 2, 0),
-          "data2_fsdp2_tensor2": (2, 2, 2, 0)}
+# (fsdp 4 x tensor 2 is the two-process test's mesh, over two processes' devices.)
+MESHES = {"one": (1, -1, 1, 1), "data2_fsdp2_tensor2": (2, 2, 2, 0)}
 ITERATIONS = 2
 
 

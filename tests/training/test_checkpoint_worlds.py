@@ -1,5 +1,7 @@
-"""WebShop, ALFWorld and SWE each train two iterations from a tiny random Qwen2 and Llama 3.2
-checkpoint (its own BPE tokenizer with the family's chat template) through `run.py`.
+"""WebShop, ALFWorld and SWE each train two iterations from a tiny random HF checkpoint (its own
+BPE tokenizer with the family's chat template) through `run.py`: WebShop from a Qwen2 one,
+ALFWorld and SWE from Llama 3.2 ones (both families train and export on rooms in
+test_reference_lora_export.py; the worlds differ in their text, not in the family's code).
 
 SWE's budgets are cut for the test (3 turns, observations, actions, context): its packed rows
 otherwise reach ~8k tokens, whose dense attention takes ~12 GiB on a CPU; a path of 3 turns is
@@ -25,10 +27,13 @@ SMALL = {
 }
 
 
-@pytest.mark.parametrize("variant,family,template", [
-    ("qwen2", "qwen2", "qwen2_5.jinja"), ("llama3.2", "llama3", "llama3_1.jinja")])
+QWEN2 = ("qwen2", "qwen2", "qwen2_5.jinja")
+LLAMA3 = ("llama3.2", "llama3", "llama3_1.jinja")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("world", ["webshop", "alfworld", "swe"])
+@pytest.mark.parametrize("world,variant,family,template", [
+    ("webshop", *QWEN2), ("alfworld", *LLAMA3), ("swe", *LLAMA3)])
 def test_tiny_worlds_train_from_a_qwen2_or_llama3_checkpoint(tmp_path, world, variant, family,
                                                              template):
   checkpoint = _hf_checkpoint(tmp_path / "hf", variant, family, template)
