@@ -74,3 +74,41 @@ def test_real_data_configs_validate_and_name_the_missing_data(name, missing):
   assert config.model.lora_rank > 0 and config.warm_start.num_trajectories == 0
   with pytest.raises((ValueError, FileNotFoundError), match=missing):
     experiment.make_tasks(config, "train", 2)
+
+
+def test_alfworld_cpu_matches_compute_and_its_budgets_hold_the_expert(tmp_path):
+  """`alfworld.py:cpu`: the quickstart's model, a baseline group of 4 whole episodes in BPO's
+  env-step budget, BPO's comparison settings; on its generated games (a handful, in a fresh
+  cache) the expert wins within the turn limit, its episodes fit the context and the tree, and
+  the first observation is not cut (its last sentence is the task)."""
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
+  from experiments.configs import alfworld, base  # pylint: disable=g-import-not-at-top
+  config = alfworld.get_config("cpu")
+  config_lib.validate(config)
+  default = config_lib.default_config().model
+  assert (config.model.hidden_size, config.model.num_layers) == (default.hidden_size, 3)
+  assert config.rollout.max_env_steps == 4 * config.env.max_turns == 32
+  r = config.rollout
+  assert (r.siblings_fork, r.entropy_threshold, r.max_leaves) == (True, 0.0, 8)
+  grpo = base.with_estimator(alfworld.get_config("cpu"), "grpo")
+  assert translate.rollout_config(grpo).episodes_per_group == 4
+  assert config.eval.num_tasks == config.env.num_eval_tasks == 40
+  config.env.options.cache_dir = str(tmp_path / "games")
+  config.env.num_train_tasks, config.env.num_eval_tasks, config.eval.num_tasks = 6, 2, 2
+  config.scale.num_devices = 1
+  exp, _ = experiment.build_experiment(config, str(tmp_path / "run"))
+  try:
+    bound = exp.fmt.path_token_bound(config.env.max_turns, config.rollout.max_action_tokens)
+    assert bound <= config.model.max_length <= config.rollout.max_tree_tokens
+    episodes = warm_start.expert_episodes(exp, exp.train_tasks)
+    assert len(episodes) == 6
+    for episode in episodes:
+      assert episode.done and episode.success and 3 <= len(episode.actions) <= 8
+      assert episode.tokens.num_unique_tokens() <= bound
+      assert max(len(exp.fmt.action_tokens(a)) for a in episode.actions) <= r.max_action_tokens
+      first = episode.first_observation.strip()
+      assert exp.fmt.observation_text(first, first=True) == first
+      assert first.split("\n")[-1].startswith("Your task is to: ")
+  finally:
+    exp.close()
