@@ -39,6 +39,12 @@ table of these shared-parameter measurements beside EST's runs.
     python experiments/compare.py --config=experiments/configs/rooms_bpo.py --seeds=3 \
         --grad_draws=16 --grad_params=bpo --out=results/rooms_bpo_claim2
 
+With `--grad_params_from=DIR` as well, EST's runs are those of another comparison's directory
+(DIR/runs/EST/seedS, finished, each with its saved config): nothing is trained, and every
+method of `--estimators` is measured at their checkpoints with this call's configuration, e.g.
+another env-step budget (`--config.rollout.max_env_steps=24`) at the same parameters. The
+table's rows are DIR's runs of EST.
+
 Bad flags or configurations: one line, exit status 2; a run that fails (or whose measurement
 fails) is reported with its log's last line (the error), the others are still aggregated, exit
 status 1.
@@ -64,6 +70,7 @@ from ml_collections import config_flags
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import estimator_registry
 from experiments import aggregate
+from experiments import json_config
 from experiments.configs import base
 
 # The flags, defined when run as a command (importing the module for its functions defines none).
@@ -87,6 +94,9 @@ def _define_flags():
   _FLAGS["grad_params"] = flags.DEFINE_string(
       "grad_params", "", "With --grad_draws: measure every method at the checkpoints of this "
       "estimator's run of each seed (the same parameters for all); only its runs are trained.")
+  _FLAGS["grad_params_from"] = flags.DEFINE_string(
+      "grad_params_from", "", "With --grad_params: the comparison directory whose finished "
+      "runs of that estimator are measured at (nothing is trained).")
 
 
 EXIT_INVALID = 2
@@ -284,15 +294,18 @@ def train_all(runs, jobs: int) -> list[Run]:
   return failed
 
 
-def write_results(runs, out: str, spec: str, params_of: str | None = None) -> dict:
-  """Aggregates the finished runs into OUT/results.json, results.md and the plots; with
-  `params_of`, claim 2 from the shared-parameter measurements (`results["claim_2_shared"]`)."""
+def write_results(runs, out: str, spec: str, params_of: str | None = None,
+                  trained=None) -> dict:
+  """Aggregates the finished runs of `trained` (default `runs`) into OUT/results.json,
+  results.md and the plots; with `params_of`, claim 2 from the shared-parameter measurements of
+  `runs` (`results["claim_2_shared"]`)."""
   per_method: dict[str, list[dict]] = {}
   shared: dict[str, list[dict]] = {}
-  for run, c in runs:
+  for run, c in trained or runs:
     per_method.setdefault(run.estimator, [])
     if finished(run, c.train.iterations):
       per_method[run.estimator].append(aggregate.run_metrics(aggregate.read_run(run.workdir)))
+  for run, _ in runs:
     path = os.path.join(run.workdir, GRADIENT_VARIANCE_JSON)
     if params_of and os.path.exists(path):
       with open(path, encoding="utf-8") as f:
@@ -321,13 +334,29 @@ def write_results(runs, out: str, spec: str, params_of: str | None = None) -> di
 GRADIENT_VARIANCE_JSON = "gradient_variance.json"
 
 
-def measure_gradient_variance(runs, draws: int, count: int,
-                              params_of: str | None = None) -> list[Run]:
+def source_runs(directory: str, estimator: str, seeds: int):
+  """`estimator`'s finished runs of seeds 0..N-1 in another comparison's `directory`, with
+  their saved configurations; exits 2 if one is missing or unfinished."""
+  out = []
+  for seed in range(seeds):
+    run = Run(estimator, seed, os.path.join(directory, "runs", estimator, f"seed{seed}"))
+    if not os.path.exists(run.config_path):
+      _fail(f"--grad_params_from={directory}: no run {run.config_path}")
+    c = json_config.get_config(run.config_path)
+    if not finished(run, c.train.iterations):
+      _fail(f"--grad_params_from={directory}: {run.workdir} is not a finished run")
+    out.append((run, c))
+  return out
+
+
+def measure_gradient_variance(runs, draws: int, count: int, params_of: str | None = None,
+                              sources=None, params_from: str | None = None) -> list[Run]:
   """Each finished run's gradient variance at `count` of its checkpoints (module docstring),
   saved beside its metrics; with `params_of`, every run's method at the checkpoints of
-  `params_of`'s run of the same seed. Returns the runs it failed for."""
+  `params_of`'s run of the same seed, among `sources` (default `runs`; the runs of
+  `params_from` with --grad_params_from). Returns the runs it failed for."""
   from bpo_jax.training import gradient_variance  # pylint: disable=g-import-not-at-top
-  sources = {(r.estimator, r.seed): (r, c) for r, c in runs}
+  sources = {(r.estimator, r.seed): (r, c) for r, c in (sources or runs)}
   failed = []
   for run, c in runs:
     source, source_config = sources[(params_of or run.estimator, run.seed)]
@@ -342,7 +371,8 @@ def measure_gradient_variance(runs, draws: int, count: int,
         with open(path, encoding="utf-8") as f:
           saved = json.load(f)
         if (saved["draws"] == draws and [r["step"] for r in saved["checkpoints"]] == steps
-            and saved.get("params_of") == params_of):
+            and saved.get("params_of") == params_of
+            and saved.get("params_from") == params_from):
           print(f"{run.estimator} seed {run.seed}: gradient variance measured, skipped")
           continue
       results = gradient_variance.checkpoint_gradient_variance(c, source.workdir, steps, draws)
@@ -352,8 +382,8 @@ def measure_gradient_variance(runs, draws: int, count: int,
             f"{type(error).__name__}: {' '.join(str(error).split())}", file=sys.stderr)
       continue
     with open(path + ".tmp", "w", encoding="utf-8") as f:
-      json.dump({"draws": draws, "checkpoints": results, "params_of": params_of}, f, indent=2,
-                sort_keys=True)
+      json.dump({"draws": draws, "checkpoints": results, "params_of": params_of,
+                 "params_from": params_from}, f, indent=2, sort_keys=True)
     os.replace(path + ".tmp", path)
     print(f"{run.estimator} seed {run.seed}: gradient variance at checkpoints {steps} "
           f"({draws} draws) in {time.perf_counter() - start:.0f} s")
@@ -377,13 +407,17 @@ def main(argv):
   if params_of and (not draws or params_of not in _FLAGS["estimators"].value):
     _fail(f"--grad_params={params_of}: needs --grad_draws and one of --estimators "
           f"({','.join(_FLAGS['estimators'].value)})")
+  params_from = _FLAGS["grad_params_from"].value or None
+  if params_from and not params_of:
+    _fail(f"--grad_params_from={params_from}: needs --grad_params")
   runs = plan(_FLAGS["config"].value, _FLAGS["estimators"].value, _FLAGS["seeds"].value, out)
+  sources = source_runs(params_from, params_of, _FLAGS["seeds"].value) if params_from else None
   os.makedirs(out, exist_ok=True)
-  failed = train_all([(r, c) for r, c in runs if r.estimator == (params_of or r.estimator)],
-                     jobs)
+  failed = [] if sources else train_all(
+      [(r, c) for r, c in runs if r.estimator == (params_of or r.estimator)], jobs)
   if draws:
-    failed += measure_gradient_variance(runs, draws, count, params_of)
-  write_results(runs, out, spec, params_of)
+    failed += measure_gradient_variance(runs, draws, count, params_of, sources, params_from)
+  write_results(runs, out, spec, params_of, trained=sources)
   if failed:
     sys.exit(1)
 

@@ -282,10 +282,11 @@ def test_compare_measures_the_gradient_variance_at_the_kept_checkpoints(tmp_path
 def test_compare_measures_every_method_at_one_runs_parameters(tmp_path):
   # --grad_params=bpo: only BPO's run trains; GRPO is measured at its checkpoints 0 and 1.
   out = str(tmp_path / "out")
-  result = _compare(f"--config={ROOMS_TINY}", "--seeds=1", "--estimators=bpo,grpo",
-                    f"--out={out}", "--config.warm_start.num_trajectories=0",
-                    "--config.eval.num_tasks=1", "--config.train.iterations=1",
-                    "--config.checkpoint.every=1", "--grad_draws=2", "--grad_params=bpo")
+  args = [f"--config={ROOMS_TINY}", "--seeds=1", "--estimators=bpo,grpo", f"--out={out}",
+          "--config.warm_start.num_trajectories=0", "--config.eval.num_tasks=1",
+          "--config.train.iterations=1", "--config.checkpoint.every=1", "--grad_draws=2",
+          "--grad_params=bpo"]
+  result = _compare(*args)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "grpo seed 0: gradient variance at checkpoints [0, 1] (2 draws)" in result.stdout
   assert os.path.exists(os.path.join(out, "runs", "bpo", "seed0", "summary.json"))
@@ -304,15 +305,36 @@ def test_compare_measures_every_method_at_one_runs_parameters(tmp_path):
         sum(p["variance"] for p in saved["checkpoints"]) / 2, rel=1e-12)
   assert "every method at the same parameters" in open(os.path.join(out, "results.md"),
                                                        encoding="utf-8").read()
+  # Measured again at the checkpoints of that directory's BPO run (--grad_params_from): nothing
+  # trains, and the same configuration gives the same variances to the last bit.
+  again = str(tmp_path / "again")
+  result = _compare(*args[:3], f"--out={again}", *args[4:], f"--grad_params_from={out}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "trained in" not in result.stdout
+  assert sorted(os.listdir(os.path.join(again, "runs", "bpo", "seed0"))) == [
+      "gradient_variance.json"]
+  rerun = json.load(open(os.path.join(again, "results.json"), encoding="utf-8"))
+  assert rerun["claim_2_shared"]["methods"] == shared["methods"]
+  assert list(rerun["methods"]) == ["bpo"]  # the table's rows: the other directory's runs
 
 
 @pytest.mark.parametrize("flag, message", [
     ("--grad_draws=1", "error: --grad_draws=1: must be 0 (off) or >= 2"),
     ("--grad_checkpoints=0", "error: --grad_checkpoints=0: must be >= 1"),
     ("--grad_params=bpo", "error: --grad_params=bpo: needs --grad_draws and one of"),
+    ("--grad_params_from=results", "error: --grad_params_from=results: needs --grad_params"),
 ])
 def test_bad_gradient_variance_flags_one_line_exit_2(tmp_path, flag, message):
   result = _compare(f"--config={ROOMS_TINY}", f"--out={tmp_path / 'out'}", flag)
   assert result.returncode == 2
   assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
+  assert not (tmp_path / "out").exists()
+
+
+def test_grad_params_from_a_directory_without_the_runs_exits_2(tmp_path):
+  result = _compare(f"--config={ROOMS_TINY}", f"--out={tmp_path / 'out'}", "--grad_draws=2",
+                    "--grad_params=bpo", f"--grad_params_from={tmp_path / 'none'}")
+  assert result.returncode == 2
+  assert result.stderr.startswith(f"error: --grad_params_from={tmp_path / 'none'}: no run ")
+  assert len(result.stderr.strip().splitlines()) == 1
   assert not (tmp_path / "out").exists()
