@@ -348,5 +348,5 @@ def test_experiment_config_files_are_valid(name):
   assert config.rollout.max_env_steps == budget
   if estimator != "bpo":
     assert config.rollout.group_size == 0
-    # Rooms: 20 env steps of 5-turn episodes; TextWorld: 16 of 8-turn episodes.
+    # Rooms: 24 env steps of 5-turn episodes (4 whole ones); TextWorld: 16 of 8-turn episodes.
     assert config_lib.group_episodes(config) == {"rooms": 4, "textworld": 2}[world]
