@@ -17,8 +17,8 @@ in about 5-12 commands.
 128, 3 layers) on a CPU, for the comparison of BPO against GRPO, RLOO and GiGPO
 (docs/RESULTS.md): generated games of two task types (pick and place, examine in light) with 2-5
 distractors that the expert solves in at most 8 commands (3-5 in practice), 8 turns,
-observations cut at 128 tokens (the longest opening description, which ends with the task, takes
-120), actions of up to 16 tokens, 40 held-out games. Every method has 32 env steps per task, so a
+observations cut at 128 tokens (the opening description ends with the task; at most 120 tokens
+over 120 of the games), actions of up to 16 tokens, 40 held-out games. Every method has 32 env steps per task, so a
 baseline rolls 4 whole episodes; BPO forks on siblings at every decision the budget allows, up to
 8 leaves (`base.compared`). A warm start of 128 expert episodes over 400 steps (chosen on training
 tasks it does not demonstrate, docs/RESULTS.md), then 10 iterations of 6 tasks, evaluated and
