@@ -18,6 +18,12 @@ runs left; on one accelerator use --jobs=1). Its output goes to OUT/runs/EST/see
 resumable: a finished one (summary.json holding all of its iterations) is skipped, an unfinished
 one resumes from its latest checkpoint; a finished one whose saved config differs is an error.
 
+With `--share_warm_start`, a seed's warm start is trained once, by its first estimator's run,
+and the seed's other runs start from that run's checkpoint 0 (parameters, Adam moments, the
+iteration-0 evaluations) and tokenizer, each as soon as it is written; the warm start does not
+read the estimator, so every run computes what it would have alone, bit for bit (the test), in
+a fraction of the time when the warm start is most of a run.
+
 Then OUT (default results/<config name>, e.g. results/rooms_bpo_tiny) receives results.json
 (per method over seeds, `aggregate.aggregate`), results.md (the table and claim 3) and the
 plots of `aggregate.plots`.
@@ -50,12 +56,13 @@ fails) is reported with its log's last line (the error), the others are still ag
 status 1.
 """
 
-import concurrent.futures
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,6 +93,9 @@ def _define_flags():
   _FLAGS["out"] = flags.DEFINE_string("out", None,
                                       "Output directory (default results/<config name>).")
   _FLAGS["jobs"] = flags.DEFINE_integer("jobs", 0, "Runs at once; 0 = the machine's cores.")
+  _FLAGS["share_warm_start"] = flags.DEFINE_bool(
+      "share_warm_start", False, "Train each seed's warm start once, in the first estimator's "
+      "run; the seed's other runs start from its checkpoint 0 and tokenizer.")
   _FLAGS["grad_draws"] = flags.DEFINE_integer(
       "grad_draws", 0, "Independent draws per checkpoint for the gradient estimator's variance "
       "at fixed parameters (claim 2; >= 16 for a measurement); 0 = off.")
@@ -268,8 +278,45 @@ def default_jobs(pending: int) -> int:
   return max(1, min(pending, cores or 1))
 
 
-def train_all(runs, jobs: int) -> list[Run]:
-  """Trains the unfinished runs, `jobs` at a time; returns the runs that failed."""
+def warm_start_leads(runs) -> dict:
+  """`--share_warm_start`: run -> the run whose warm start it starts from, the first run of its
+  seed (in `--estimators` order) for every other run of that seed."""
+  first, leads = {}, {}
+  for run, _ in runs:
+    lead = first.setdefault(run.seed, run)
+    if lead is not run:
+      leads[run] = lead
+  return leads
+
+
+def _checkpoint_zero(run: Run) -> str:
+  # Orbax writes a checkpoint under a temporary name and renames it into place when complete.
+  return os.path.join(run.workdir, "checkpoints", "0")
+
+
+def start_from_lead(run: Run, lead: Run) -> None:
+  """Gives `run` the parameters, Adam moments and loop state (the iteration-0 evaluations and
+  the warm start's records) of `lead`'s checkpoint 0, and its tokenizer, so that run.py
+  resumes from there. The warm start does not read the estimator: with the same seed and
+  settings each run would compute the same checkpoint 0 (tests/training/test_compare.py checks
+  this bit for bit). Nothing is copied into a run that already has checkpoints."""
+  if os.path.isdir(os.path.join(run.workdir, "checkpoints")):
+    return
+  os.makedirs(run.workdir, exist_ok=True)
+  tokenizer = os.path.join(lead.workdir, "tokenizer")
+  if os.path.isdir(tokenizer):
+    shutil.copytree(tokenizer, os.path.join(run.workdir, "tokenizer"), dirs_exist_ok=True)
+  staging = os.path.join(run.workdir, "checkpoints.partial")
+  shutil.rmtree(staging, ignore_errors=True)
+  shutil.copytree(_checkpoint_zero(lead), os.path.join(staging, "0"))
+  os.replace(staging, os.path.join(run.workdir, "checkpoints"))
+
+
+def train_all(runs, jobs: int, leads: dict | None = None) -> list[Run]:
+  """Trains the unfinished runs, `jobs` at a time; returns the runs that failed. With `leads`
+  (`warm_start_leads`), a run waits until its lead has written checkpoint 0 and starts from it
+  (`start_from_lead`); meanwhile the others go first. A run whose lead fails first fails."""
+  leads = leads or {}
   pending = []
   for r, c in runs:
     if finished(r, c.train.iterations):
@@ -280,17 +327,48 @@ def train_all(runs, jobs: int) -> list[Run]:
   env = dict(os.environ)
   if jobs > 1:  # several runs share the accelerator's memory
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-  failed = []
-  with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-    futures = [pool.submit(train, r, c, env) for r, c in pending]
-    for future in concurrent.futures.as_completed(futures):
-      run, status, seconds = future.result()
-      if status == 0:
-        print(f"{run.estimator} seed {run.seed}: trained in {seconds:.0f} s")
-      else:
-        failed.append(run)
-        print(f"error: {run.estimator} seed {run.seed} failed (exit {status}): "
-              f"{_last_line(run.log_path)}", file=sys.stderr)
+  failed, lock = [], threading.Condition()
+
+  def next_run():
+    """The first pending run that can start, None when none is left; waits while none can."""
+    with lock:
+      while pending:
+        for i, (run, config) in enumerate(pending):
+          lead = leads.get(run)
+          if lead in failed and not os.path.isdir(os.path.join(run.workdir, "checkpoints")):
+            del pending[i]
+            failed.append(run)
+            print(f"error: {run.estimator} seed {run.seed} not started: the run of its warm "
+                  f"start ({lead.estimator} seed {lead.seed}) failed", file=sys.stderr)
+            break
+          if lead is None or os.path.isdir(_checkpoint_zero(lead)) or os.path.isdir(
+              os.path.join(run.workdir, "checkpoints")):
+            del pending[i]
+            return run, config
+        else:
+          lock.wait(timeout=2.0)  # a lead's checkpoint 0 appears on disk while it runs
+      return None
+
+  def worker():
+    while (item := next_run()) is not None:
+      run, config = item
+      if run in leads:
+        start_from_lead(run, leads[run])
+      run, status, seconds = train(run, config, env)
+      with lock:
+        if status == 0:
+          print(f"{run.estimator} seed {run.seed}: trained in {seconds:.0f} s", flush=True)
+        else:
+          failed.append(run)
+          print(f"error: {run.estimator} seed {run.seed} failed (exit {status}): "
+                f"{_last_line(run.log_path)}", file=sys.stderr, flush=True)
+        lock.notify_all()
+
+  threads = [threading.Thread(target=worker) for _ in range(min(jobs, len(pending)))]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
   return failed
 
 
@@ -413,8 +491,9 @@ def main(argv):
   runs = plan(_FLAGS["config"].value, _FLAGS["estimators"].value, _FLAGS["seeds"].value, out)
   sources = source_runs(params_from, params_of, _FLAGS["seeds"].value) if params_from else None
   os.makedirs(out, exist_ok=True)
-  failed = [] if sources else train_all(
-      [(r, c) for r, c in runs if r.estimator == (params_of or r.estimator)], jobs)
+  trained = [(r, c) for r, c in runs if r.estimator == (params_of or r.estimator)]
+  leads = warm_start_leads(trained) if _FLAGS["share_warm_start"].value else None
+  failed = [] if sources else train_all(trained, jobs, leads)
   if draws:
     failed += measure_gradient_variance(runs, draws, count, params_of, sources, params_from)
   write_results(runs, out, spec, params_of, trained=sources)

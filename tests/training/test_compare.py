@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 from experiments import aggregate  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments import compare  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bpo_jax.training import metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 COMPARE = os.path.join(ROOT, "experiments", "compare.py")
 ROOMS_TINY = os.path.join(ROOT, "experiments", "configs", "rooms_bpo.py") + ":tiny"
@@ -127,15 +128,35 @@ def _compare(*args, **kwargs):
                         cwd=ROOT, check=False, **kwargs)
 
 
+def _check_the_shared_warm_start(tmp_path, run):
+  """`run` (started from its seed's BPO checkpoint 0) logs what it logs with its own warm
+  start: every record the same, the same floats, not close ones."""
+  with open(run + ".log", encoding="utf-8") as f:
+    assert "resumed from the checkpoint of iteration 0" in f.read()
+  own = str(tmp_path / "own")
+  alone = subprocess.run([sys.executable, compare.RUN_PY,
+                          f"--config={compare.JSON_CONFIG_PY}:{run}.json", f"--workdir={own}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+  assert alone.returncode == 0, alone.stderr[-2000:]
+  untimed = lambda workdir: [{k: v for k, v in r.items() if not k.startswith("time/")}
+                             for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
+  records = untimed(run)
+  phases = [r["phase"] for r in records]
+  assert phases.count("warm_start") >= 1 and phases.count("train") == 2
+  assert records == untimed(own)
+
+
 @pytest.mark.slow
 def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_path):
   out = str(tmp_path / "out")
-  # No warm start and one held-out task: four runs of two iterations, two at a time.
+  # One held-out task: four runs of two iterations, two at a time; each seed's warm start is
+  # trained by BPO's run, GRPO's starts from its checkpoint 0.
   args = [f"--config={ROOMS_TINY}", "--seeds=2", "--estimators=bpo,grpo", f"--out={out}",
-          "--jobs=2", "--config.warm_start.num_trajectories=0", "--config.eval.num_tasks=1"]
+          "--jobs=2", "--share_warm_start", "--config.eval.num_tasks=1"]
   first = _compare(*args)
   assert first.returncode == 0, first.stderr[-2000:]
   assert first.stdout.count("trained in") == 4
+  _check_the_shared_warm_start(tmp_path, os.path.join(out, "runs", "grpo", "seed1"))
   results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
   assert set(results["methods"]) == {"bpo", "grpo"}
   for m in results["methods"].values():
