@@ -107,14 +107,51 @@ def textworld(estimator: str = "bpo",
 VARIANTS = ("tiny",)
 
 
-def variant(config: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
+def variant(config: ml_collections.ConfigDict, arg: str | None,
+            others: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
   """`config` as a config file's argument asks (`--config=FILE:ARG`; ml_collections passes ARG
-  to `get_config`): none or "" as it is, "tiny" its `tiny` version."""
+  to `get_config`): none or "" as it is, "tiny" its `tiny` version; `others` are the file's own
+  arguments, named in the error."""
   if not arg:
     return config
   if arg == "tiny":
     return tiny(config)
-  raise ValueError(f"unknown config argument {arg!r}: one of {', '.join(VARIANTS)}, or none")
+  raise ValueError(f"unknown config argument {arg!r}: one of "
+                   f"{', '.join(VARIANTS + tuple(others))}, or none")
+
+
+def rooms_comparison(estimator: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """The configuration of rooms_<estimator>.py: the comparison at difficulty 1
+  (`compared(rooms(estimator))`), with ARG "d2" the one at difficulty 2 (`rooms_d2`), with
+  "tiny" the former's tiny version."""
+  if arg == "d2":
+    return rooms_d2(estimator)
+  return variant(compared(rooms(estimator)), arg, others=("d2",))
+
+
+# Rooms at difficulty 2: three rooms, a one-way door into a dead end, a distractor object;
+# shortest solutions of 3-6 steps. 7 turns leave the longest one a spare step.
+ROOMS_D2_TURNS = 7
+WARM_START_D2 = 32
+
+
+def rooms_d2(estimator: str = "bpo") -> ml_collections.ConfigDict:
+  """The comparison where the warm start leaves room (`rooms_bpo.py:d2`): difficulty 2,
+  `ROOMS_D2_TURNS` turns, the env-step budget of four whole episodes
+  (`matched_budget(4, ROOMS_D2_TURNS)`), BPO's trees as in `compared`. A warm start of
+  WARM_START_D2 expert episodes over 200 steps, chosen on training tasks no warm-start episode
+  demonstrates (docs/RESULTS.md), then 20 iterations of 16 tasks, held-out success every 5,
+  checkpoints at 0, 10 and 20 (the gradient-variance checkpoints)."""
+  config = compared(rooms(estimator))
+  config.env.options.difficulty = 2
+  config.env.max_turns = ROOMS_D2_TURNS
+  config.model.max_length = 448
+  config.rollout.max_env_steps = matched_budget(4, ROOMS_D2_TURNS)
+  config.warm_start.num_trajectories = WARM_START_D2
+  config.train.iterations = 20
+  config.eval.every = 5
+  config.checkpoint.every = 10
+  return config
 
 
 def tiny(config: ml_collections.ConfigDict, iterations: int = 2) -> ml_collections.ConfigDict:

@@ -20,7 +20,9 @@ from test_reference_lora_export import ROOT, RUN, _hf_checkpoint  # pylint: disa
 # Per world, overrides that keep a CPU run small (the rest is the config's `:tiny`).
 SMALL = {
     "webshop": [],
-    "alfworld": [],
+    # The games a run plays (2 iterations of 2 tasks; 2 held-out), generated at the start.
+    "alfworld": ["--config.env.num_train_tasks=4", "--config.env.num_eval_tasks=2",
+                 "--config.eval.num_tasks=2"],
     "swe": ["--config.env.max_turns=3", "--config.env.max_observation_tokens=128",
             "--config.rollout.max_action_tokens=64", "--config.model.max_length=1536",
             "--config.rollout.max_tree_tokens=2048"],
