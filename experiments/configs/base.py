@@ -6,7 +6,8 @@ Every config file is `base.<world>()` with one estimator on top:
     textworld(estimator)  TextWorld games made by scripts/make_textworld_games.py
 
 and the rooms comparison (rooms_bpo.py and its baselines) adds `compared(config)`: its trees,
-iterations and evaluations.
+iterations and evaluations; `rooms_d2(estimator)` (`rooms_bpo.py:d2`) is that comparison at
+difficulty 2, where the warm start leaves room.
 
 Matched compute, by construction. Every method gets the same budget of environment steps per
 tree (`rollout.max_env_steps`; per task with one tree per task): BPO grows its tree inside it
