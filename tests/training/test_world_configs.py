@@ -112,3 +112,28 @@ def test_alfworld_cpu_matches_compute_and_its_budgets_hold_the_expert(tmp_path):
       assert first.split("\n")[-1].startswith("Your task is to: ")
   finally:
     exp.close()
+
+
+def test_rooms_d2_holds_every_expert_and_four_whole_episodes():
+  """`rooms_bpo.py:d2`: difficulty 2 with turns for every expert solution of both splits (3-6
+  steps, one spare turn for the longest), a baseline group of exactly the 4 whole episodes
+  `matched_budget` holds, BPO's comparison settings, and its baselines' config files alike."""
+  from bpo_jax.sandboxes import rooms  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
+  from experiments.configs import base, rooms_bpo, rooms_rloo  # pylint: disable=g-import-not-at-top
+  config = rooms_bpo.get_config("d2")
+  config_lib.validate(config)
+  assert config.env.options.difficulty == 2 and config.env.max_turns == 7
+  assert config.rollout.max_env_steps == 4 * 7 + 6 == 34
+  r = config.rollout
+  assert (r.siblings_fork, r.entropy_threshold, r.max_leaves) == (True, 0.0, 8)
+  rloo = base.with_estimator(rooms_bpo.get_config("d2"), "rloo")
+  assert translate.rollout_config(rloo).episodes_per_group == 4
+  assert config_lib.to_plain(rloo) == config_lib.to_plain(rooms_rloo.get_config("d2"))
+  for split, num in (("train", config.env.num_train_tasks), ("test", config.env.num_eval_tasks)):
+    lengths = {len(rooms.expert_actions(t))
+               for t in rooms.make_tasks(split, num=num, seed=config.env.task_seed, difficulty=2)}
+    assert min(lengths) >= 3 and max(lengths) <= config.env.max_turns - 1, (split, lengths)
+  with pytest.raises(ValueError, match="one of tiny, d2, or none"):
+    rooms_bpo.get_config("d3")
