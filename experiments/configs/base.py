@@ -22,7 +22,11 @@ Both charge the worst case, but not alike: a group reserves N whole episodes onc
 while BPO's forks reserve every live branch's rest of the turns at each decision, so at a budget
 of N whole episodes its trees spend about 10% fewer env steps and 15% fewer tokens than a group
 (docs/RESULTS.md, the rooms sweeps). `matched_budget` gives the budget the slack that no whole
-episode can use, which BPO's trees can.
+episode can use, which BPO's trees can. How much slack matches depends on how often episodes end
+before the turn limit, so each world's budget is chosen on training tasks: at difficulty 1 most
+episodes succeed early and the slack brings BPO's spend to a group's; at difficulty 2 most run
+to the limit, a group spends nearly all of its budget, and four whole episodes with no slack
+match.
 """
 
 import ml_collections
@@ -134,12 +138,18 @@ def rooms_comparison(estimator: str, arg: str | None = None) -> ml_collections.C
 # shortest solutions of 3-6 steps. 7 turns leave the longest one a spare step.
 ROOMS_D2_TURNS = 7
 WARM_START_D2 = 32
+# Four whole episodes and no slack: here most episodes run to the turn limit, so a group spends
+# nearly all of its 28 steps. Chosen on training tasks, at checkpoint 20 of the first d2 sweep's
+# BPO run of seed 0 (8 draws of the next iteration's 16 tasks, `compare.py --grad_params_from`):
+# at 28 BPO spent 24.0 env steps and 952 tokens per task, GRPO 23.7 and 974; that sweep ran at
+# `matched_budget(4, 7)` = 34, where BPO's own runs spent 31.0 against the groups' 25.0-25.6.
+ROOMS_D2_ENV_STEPS = 4 * ROOMS_D2_TURNS
 
 
 def rooms_d2(estimator: str = "bpo") -> ml_collections.ConfigDict:
   """The comparison where the warm start leaves room (`rooms_bpo.py:d2`): difficulty 2,
-  `ROOMS_D2_TURNS` turns, the env-step budget of four whole episodes
-  (`matched_budget(4, ROOMS_D2_TURNS)`), BPO's trees as in `compared`. A warm start of
+  `ROOMS_D2_TURNS` turns, the env-step budget of four whole episodes (`ROOMS_D2_ENV_STEPS`),
+  BPO's trees as in `compared`. A warm start of
   WARM_START_D2 expert episodes over 200 steps, chosen on training tasks no warm-start episode
   demonstrates (docs/RESULTS.md), then 20 iterations of 16 tasks, held-out success every 5,
   checkpoints at 0, 10 and 20 (the gradient-variance checkpoints)."""
@@ -147,7 +157,7 @@ def rooms_d2(estimator: str = "bpo") -> ml_collections.ConfigDict:
   config.env.options.difficulty = 2
   config.env.max_turns = ROOMS_D2_TURNS
   config.model.max_length = 448
-  config.rollout.max_env_steps = matched_budget(4, ROOMS_D2_TURNS)
+  config.rollout.max_env_steps = ROOMS_D2_ENV_STEPS
   config.warm_start.num_trajectories = WARM_START_D2
   config.train.iterations = 20
   config.eval.every = 5

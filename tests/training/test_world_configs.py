@@ -116,8 +116,8 @@ def test_alfworld_cpu_matches_compute_and_its_budgets_hold_the_expert(tmp_path):
 
 def test_rooms_d2_holds_every_expert_and_four_whole_episodes():
   """`rooms_bpo.py:d2`: difficulty 2 with turns for every expert solution of both splits (3-6
-  steps, one spare turn for the longest), a baseline group of exactly the 4 whole episodes
-  `matched_budget` holds, BPO's comparison settings, and its baselines' config files alike."""
+  steps, one spare turn for the longest), a budget of exactly 4 whole episodes (a baseline's
+  group), BPO's comparison settings, and its baselines' config files alike."""
   from bpo_jax.sandboxes import rooms  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
@@ -125,7 +125,7 @@ def test_rooms_d2_holds_every_expert_and_four_whole_episodes():
   config = rooms_bpo.get_config("d2")
   config_lib.validate(config)
   assert config.env.options.difficulty == 2 and config.env.max_turns == 7
-  assert config.rollout.max_env_steps == 4 * 7 + 6 == 34
+  assert config.rollout.max_env_steps == 4 * 7 == 28
   r = config.rollout
   assert (r.siblings_fork, r.entropy_threshold, r.max_leaves) == (True, 0.0, 8)
   rloo = base.with_estimator(rooms_bpo.get_config("d2"), "rloo")
