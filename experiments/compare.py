@@ -312,10 +312,30 @@ def start_from_lead(run: Run, lead: Run) -> None:
   os.replace(staging, os.path.join(run.workdir, "checkpoints"))
 
 
+def pick(ready: list[bool], lead: list[bool], jobs: int) -> int | None:
+  """The index of the pending run to start next, None if none is ready: the first ready one in
+  plan order (seed by seed), except that while fewer than `jobs` other ready runs wait, the first
+  lead (a run others wait on for its checkpoint 0) goes first, so that its warm start is done
+  before the lanes run dry.
+
+  Example: pick([True, False, True], [False, False, True], 2) == 2 (one other ready run, two
+  lanes); pick([True, True, True], [False, False, True], 2) == 0.
+  """
+  ready_at = [i for i, r in enumerate(ready) if r]
+  if not ready_at:
+    return None
+  others = [i for i in ready_at if not lead[i]]
+  leads_ready = [i for i in ready_at if lead[i]]
+  if len(others) < jobs and leads_ready:
+    return leads_ready[0]
+  return ready_at[0]
+
+
 def train_all(runs, jobs: int, leads: dict | None = None) -> list[Run]:
   """Trains the unfinished runs, `jobs` at a time; returns the runs that failed. With `leads`
   (`warm_start_leads`), a run waits until its lead has written checkpoint 0 and starts from it
-  (`start_from_lead`); meanwhile the others go first. A run whose lead fails first fails."""
+  (`start_from_lead`); meanwhile the others go first, in the order of `pick`. A run whose lead
+  fails first fails."""
   leads = leads or {}
   pending = []
   for r, c in runs:
@@ -330,10 +350,10 @@ def train_all(runs, jobs: int, leads: dict | None = None) -> list[Run]:
   failed, lock = [], threading.Condition()
 
   def next_run():
-    """The first pending run that can start, None when none is left; waits while none can."""
+    """The pending run to start next (`pick`), None when none is left; waits while none can."""
     with lock:
       while pending:
-        for i, (run, config) in enumerate(pending):
+        for i, (run, _) in enumerate(pending):
           lead = leads.get(run)
           if lead in failed and not os.path.isdir(os.path.join(run.workdir, "checkpoints")):
             del pending[i]
@@ -341,11 +361,13 @@ def train_all(runs, jobs: int, leads: dict | None = None) -> list[Run]:
             print(f"error: {run.estimator} seed {run.seed} not started: the run of its warm "
                   f"start ({lead.estimator} seed {lead.seed}) failed", file=sys.stderr)
             break
-          if lead is None or os.path.isdir(_checkpoint_zero(lead)) or os.path.isdir(
-              os.path.join(run.workdir, "checkpoints")):
-            del pending[i]
-            return run, config
         else:
+          waiting = {leads[r] for r, _ in pending if r in leads}
+          ready = [r not in leads or os.path.isdir(_checkpoint_zero(leads[r]))
+                   or os.path.isdir(os.path.join(r.workdir, "checkpoints")) for r, _ in pending]
+          i = pick(ready, [r in waiting for r, _ in pending], jobs)
+          if i is not None:
+            return pending.pop(i)
           lock.wait(timeout=2.0)  # a lead's checkpoint 0 appears on disk while it runs
       return None
 

@@ -48,8 +48,8 @@ def matched_budget(episodes: int, max_turns: int) -> int:
 # comparison's BPO checkpoint 30 of seed 0 (results/rooms_bpo_claim2; 8 draws of the next
 # iteration's 16 tasks, `compare.py --grad_params_from`): BPO spent 12.1 env steps and 396
 # tokens per task at 20 steps, 13.2 and 415 at 22, 14.7 and 438 at 24, against GRPO's 13.6 and
-# 467 (16 draws), so at 24 within 10% of a group in both. TextWorld: two episodes (env.max_turns = 8),
-# not yet measured this way.
+# 467 (16 draws), so at 24 within 10% of a group in both. TextWorld: two episodes
+# (env.max_turns = 8), not yet measured this way.
 ROOMS_ENV_STEPS = matched_budget(4, 5)
 TEXTWORLD_ENV_STEPS = 16
 
@@ -76,7 +76,8 @@ def compared(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   on siblings, at every decision its env-step budget still allows (entropy threshold 0, no
   quantile), up to 8 leaves, so that its trees spend about what a baseline's group of whole
   episodes does (`ROOMS_ENV_STEPS`; a threshold at the states' 0.5 quantile spent 8.1 env steps
-  per task at 20 against a group's 15.1). 30 iterations, evaluated and checkpointed every 10 (the gradient-variance checkpoints)."""
+  per task at 20 against a group's 15.1). 30 iterations, evaluated and checkpointed every 10
+  (the gradient-variance checkpoints)."""
   r = config.rollout
   r.siblings_fork = True
   r.entropy_threshold = 0.0

@@ -128,6 +128,23 @@ def _compare(*args, **kwargs):
                         cwd=ROOT, check=False, **kwargs)
 
 
+def test_the_next_run_keeps_a_warm_start_ahead_of_the_lanes():
+  assert compare.pick([False, False], [False, False], 2) is None
+  assert compare.pick([True, False, True], [False, False, True], 2) == 2
+  assert compare.pick([True, True, True], [False, False, True], 2) == 0
+  # Without shared warm starts no run is a lead: plan order.
+  assert compare.pick([False, True, True], [False, False, False], 2) == 1
+  # A sweep's start (seed 0's BPO run, its three baselines, seed 1's BPO run): the two leads
+  # first, as no baseline can start yet.
+  order = ["bpo0", "grpo0", "rloo0", "gigpo0", "bpo1"]
+  ready = {"bpo0": True, "bpo1": True}
+  is_lead = {"bpo0": True, "bpo1": True}
+  flags = lambda: ([ready.get(r, False) for r in order], [is_lead.get(r, False) for r in order])
+  assert order[compare.pick(*flags(), 2)] == "bpo0"
+  order.remove("bpo0")
+  assert order[compare.pick(*flags(), 2)] == "bpo1"
+
+
 def _check_the_shared_warm_start(tmp_path, run):
   """`run` (started from its seed's BPO checkpoint 0) logs what it logs with its own warm
   start: every record the same, the same floats, not close ones."""
