@@ -335,7 +335,7 @@ def train_all(runs, jobs: int, leads: dict | None = None) -> list[Run]:
   """Trains the unfinished runs, `jobs` at a time; returns the runs that failed. With `leads`
   (`warm_start_leads`), a run waits until its lead has written checkpoint 0 and starts from it
   (`start_from_lead`); meanwhile the others go first, in the order of `pick`. A run whose lead
-  fails first fails."""
+  fails before writing checkpoint 0 fails."""
   leads = leads or {}
   pending = []
   for r, c in runs:
@@ -355,7 +355,8 @@ def train_all(runs, jobs: int, leads: dict | None = None) -> list[Run]:
       while pending:
         for i, (run, _) in enumerate(pending):
           lead = leads.get(run)
-          if lead in failed and not os.path.isdir(os.path.join(run.workdir, "checkpoints")):
+          if (lead in failed and not os.path.isdir(_checkpoint_zero(lead))
+              and not os.path.isdir(os.path.join(run.workdir, "checkpoints"))):
             del pending[i]
             failed.append(run)
             print(f"error: {run.estimator} seed {run.seed} not started: the run of its warm "
