@@ -138,7 +138,6 @@ def rooms_comparison(estimator: str, arg: str | None = None) -> ml_collections.C
 # Rooms at difficulty 2: three rooms, a one-way door into a dead end, a distractor object;
 # shortest solutions of 3-6 steps. 7 turns leave the longest one a spare step.
 ROOMS_D2_TURNS = 7
-WARM_START_D2 = 32
 # Four whole episodes and no slack: here most episodes run to the turn limit, so a group spends
 # nearly all of its 28 steps. Chosen on training tasks, at checkpoint 20 of the first d2 sweep's
 # BPO run of seed 0 (8 draws of the next iteration's 16 tasks, `compare.py --grad_params_from`):
@@ -150,16 +149,16 @@ ROOMS_D2_ENV_STEPS = 4 * ROOMS_D2_TURNS
 def rooms_d2(estimator: str = "bpo") -> ml_collections.ConfigDict:
   """The comparison where the warm start leaves room (`rooms_bpo.py:d2`): difficulty 2,
   `ROOMS_D2_TURNS` turns, the env-step budget of four whole episodes (`ROOMS_D2_ENV_STEPS`),
-  BPO's trees as in `compared`. A warm start of
-  WARM_START_D2 expert episodes over 200 steps, chosen on training tasks no warm-start episode
-  demonstrates (docs/RESULTS.md), then 20 iterations of 16 tasks, held-out success every 5,
-  checkpoints at 0, 10 and 20 (the gradient-variance checkpoints)."""
+  BPO's trees as in `compared`. A warm start of 32 expert episodes over 200 steps (chosen on
+  training tasks no warm-start episode demonstrates, docs/RESULTS.md), then 20 iterations of 16
+  tasks, held-out success every 5, checkpoints at 0, 10 and 20 (the gradient-variance
+  checkpoints)."""
   config = compared(rooms(estimator))
   config.env.options.difficulty = 2
   config.env.max_turns = ROOMS_D2_TURNS
   config.model.max_length = 448
   config.rollout.max_env_steps = ROOMS_D2_ENV_STEPS
-  config.warm_start.num_trajectories = WARM_START_D2
+  config.warm_start.num_trajectories, config.warm_start.steps = 32, 200
   config.train.iterations = 20
   config.eval.every = 5
   config.checkpoint.every = 10

@@ -134,15 +134,9 @@ def test_the_next_run_keeps_a_warm_start_ahead_of_the_lanes():
   assert compare.pick([True, True, True], [False, False, True], 2) == 0
   # Without shared warm starts no run is a lead: plan order.
   assert compare.pick([False, True, True], [False, False, False], 2) == 1
-  # A sweep's start (seed 0's BPO run, its three baselines, seed 1's BPO run): the two leads
-  # first, as no baseline can start yet.
-  order = ["bpo0", "grpo0", "rloo0", "gigpo0", "bpo1"]
-  ready = {"bpo0": True, "bpo1": True}
-  is_lead = {"bpo0": True, "bpo1": True}
-  flags = lambda: ([ready.get(r, False) for r in order], [is_lead.get(r, False) for r in order])
-  assert order[compare.pick(*flags(), 2)] == "bpo0"
-  order.remove("bpo0")
-  assert order[compare.pick(*flags(), 2)] == "bpo1"
+  # A sweep's start, [bpo0, grpo0, rloo0, gigpo0, bpo1]: only the leads can start, in order.
+  assert compare.pick([True, False, False, False, True], [True, False, False, False, True], 2) == 0
+  assert compare.pick([False, False, False, True], [False, False, False, True], 2) == 3
 
 
 def _check_the_shared_warm_start(tmp_path, run):
