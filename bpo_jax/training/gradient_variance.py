@@ -23,8 +23,9 @@ of the micro-batch gradients of one batch (a scalar spread, at whatever θ the i
 not the spread of the gradient vector over independent batches at one θ.
 
 `checkpoint_gradient_variance(config, workdir, steps, draws)` does this at checkpoints of a
-finished run: the tasks are those of the iteration after the checkpoint, the fork threshold the
-one saved with it, and draw m's key `fold_in(fold_in(fold_in(key(seed), DRAW_STREAM), step),
+finished run: the tasks are those of the iteration after the checkpoint, the fork threshold that
+of the measuring configuration (`fork_threshold`: its fixed threshold, or with a quantile the
+running one saved with the checkpoint), and draw m's key `fold_in(fold_in(fold_in(key(seed), DRAW_STREAM), step),
 m)`, a stream the run's own iterations (`fold_in(key(seed), i)`, i < DRAW_STREAM) never use.
 One process; the update's micro-batches as configured.
 """
@@ -138,6 +139,20 @@ def spread(steps: Sequence[int], count: int) -> list[int]:
   return [steps[i] for i in picks]
 
 
+def fork_threshold(config, saved: dict) -> float:
+  """The entropy threshold the draws fork at, given the running state `saved` with a
+  checkpoint: the configuration's own `rollout.entropy_threshold` when it is fixed
+  (`entropy_quantile` 0), so that another fork rule can be measured at a run's parameters; with
+  a quantile, the running threshold the run reached (the run's own rule is then measured).
+
+  Example: threshold 0.5, quantile 0, saved {"threshold": 0.0} → 0.5; quantile 0.8, saved
+  {"threshold": 1.3} → 1.3.
+  """
+  if config.rollout.entropy_quantile > 0:
+    return float(saved["threshold"])
+  return float(config.rollout.entropy_threshold)
+
+
 def checkpoint_gradient_variance(config, workdir: str, steps: Sequence[int],
                                  draws: int) -> list[dict]:
   """`gradient_variance` at each checkpoint `steps` of the run in `workdir` (module docstring),
@@ -159,7 +174,7 @@ def checkpoint_gradient_variance(config, workdir: str, steps: Sequence[int],
       tasks = iteration_lib.iteration_tasks(exp, step + 1)
       result = gradient_variance(exp, engine, gradient, restored.params, tasks,
                                  draw_keys(config.seed, step, draws),
-                                 loop["fork_threshold"]["threshold"], ref)
+                                 fork_threshold(config, loop["fork_threshold"]), ref)
       out.append({"step": step, **result})
     return out
   finally:

@@ -57,6 +57,14 @@ def test_spread_picks_first_middle_last():
   assert gv.spread([0, 4, 8], 1) == [8]
 
 
+def test_fork_threshold_fixed_from_the_config_running_from_the_checkpoint():
+  config = base.rooms("bpo")
+  config.rollout.entropy_threshold, config.rollout.entropy_quantile = 0.5, 0.0
+  assert gv.fork_threshold(config, {"threshold": 0.0, "updates": 0}) == 0.5
+  config.rollout.entropy_quantile = 0.8
+  assert gv.fork_threshold(config, {"threshold": 1.3, "updates": 7}) == 1.3
+
+
 def _capture():
   """An optimizer whose state is the last gradient it saw, and whose update is the gradient."""
   return optax.GradientTransformation(lambda params: jax.tree.map(jnp.zeros_like, params),
