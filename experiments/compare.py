@@ -488,6 +488,11 @@ def measure_gradient_variance(runs, draws: int, count: int, params_of: str | Non
     os.replace(path + ".tmp", path)
     print(f"{run.estimator} seed {run.seed}: gradient variance at checkpoints {steps} "
           f"({draws} draws) in {time.perf_counter() - start:.0f} s")
+    for r in results:
+      if r["failed_draws"]:
+        print(f"warning: {run.estimator} seed {run.seed}, checkpoint {r['step']}: "
+              f"{r['failed_draws']} draws with a failed branch left out, the first "
+              f"{r['failure']}", file=sys.stderr)
   return failed
 
 

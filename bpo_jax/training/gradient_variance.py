@@ -11,6 +11,11 @@ same loss and normalisation; no clipping of its norm, no optimizer step). Measur
   env_steps_per_task, tokens_per_task: what a draw spent per task of the iteration (all of a
                  task's trees together), averaged over the draws: the budget the variance is at
 
+A draw in which a branch failed (a sandbox that raised or could not restore; docs/DESIGN.md §4) is
+not a draw of the estimator: it is left out and counted in `failed_draws`, with the first
+failure's operation and reason in `failure`, and fewer than two draws left is an error that
+names it. A variance over draws whose sandboxes failed would measure the failures.
+
 The sum runs as Welford's recurrence over the parameter pytree, so that two gradients are held
 whatever M (the running mean and the current draw, both in float32 or the parameters' wider
 dtype): ḡ_m = ḡ_{m-1} + (g_m - ḡ_{m-1}) / m, and the scalar S_m = S_{m-1} + Σ_i (g_m,i -
@@ -67,14 +72,23 @@ def welford_step(mean, grads, count):
 def draw_gradient(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine,
                   gradient: Callable, params, tasks: list, key: jax.Array, threshold: float,
                   ref=None):
-  """(g, compute counters) of one draw: the trees of `tasks` grown with `key`, estimated and
-  packed as the iteration does, and the update's gradient of them at `params`."""
+  """(g, compute counters, first failure or None) of one draw: the trees of `tasks` grown with
+  `key`, estimated and packed as the iteration does, and the update's gradient of them at
+  `params`."""
   batch = iteration_lib.grow(engine, exp.full_params(params), tasks, key, threshold)
   packed, _, _, _ = iteration_lib.estimate_and_pack(exp.config, batch, len(tasks),
                                                     placement_lib.Placement())
   grads, _, _, _ = gradient(params, jax.tree.map(jnp.asarray, packed), ref, len(tasks),
                             exp.frozen)
-  return grads, batch.compute.as_dict()
+  return grads, batch.compute.as_dict(), first_failure(batch)
+
+
+def first_failure(batch: rollout_lib.RolloutBatch) -> str | None:
+  """"OP: REASON" of the batch's first failed branch, or None when no branch failed."""
+  for rollout in batch.rollouts:
+    for failure in rollout.failures:
+      return f"{failure.op}: {failure.reason}"
+  return None
 
 
 def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine,
@@ -84,12 +98,18 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
 
   `gradient` is `update.make_gradient_fn`'s (jitted); `tasks` one entry per tree, as
   `iteration.iteration_tasks` gives them. A draw whose gradient is not finite (the update would
-  skip it) is left out and counted in `skipped_draws`.
+  skip it) is left out and counted in `skipped_draws`, one with a failed branch in
+  `failed_draws` (module docstring).
   """
-  mean, total, used, skipped = None, 0.0, 0, 0
+  mean, total, used, skipped, failed, failure = None, 0.0, 0, 0, 0, None
   env_steps, tokens = [], []
   for key in keys:
-    grads, compute = draw_gradient(exp, engine, gradient, params, tasks, key, threshold, ref)
+    grads, compute, draw_failure = draw_gradient(exp, engine, gradient, params, tasks, key,
+                                                 threshold, ref)
+    if draw_failure is not None:
+      failed += 1
+      failure = failure or draw_failure
+      continue
     env_steps.append(compute["env_steps"])
     tokens.append(compute["tokens_processed"])
     if not all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads)):
@@ -100,12 +120,13 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
     mean, term = welford_step(mean, grads, jnp.asarray(used, jnp.float32))
     total += float(term)
   if used < MIN_DRAWS:
-    raise ValueError(f"{used} draws with a finite gradient out of {len(keys)}: the variance "
-                     f"needs at least {MIN_DRAWS}")
+    because = f"; {failed} had a failed branch, the first {failure}" if failed else ""
+    raise ValueError(f"{used} draws with a finite gradient out of {len(keys)}{because}: the "
+                     f"variance needs at least {MIN_DRAWS}")
   per_task = len(tasks) // max(exp.config.rollout.trees_per_task, 1)
   return {"variance": total / (used - 1),
           "mean_sq_norm": float(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(mean))),
-          "draws": used, "skipped_draws": skipped,
+          "draws": used, "skipped_draws": skipped, "failed_draws": failed, "failure": failure,
           "env_steps_per_task": float(np.mean(env_steps)) / per_task,
           "tokens_per_task": float(np.mean(tokens)) / per_task}
 

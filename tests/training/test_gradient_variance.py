@@ -4,7 +4,8 @@ Welford's recurrence by hand on three small gradients; then, on the rooms tiny c
 initial parameters (BPO with random forks and two trees per task, and GRPO), the function's
 variance against NumPy over M = 4 gradients taken through the loop's own path
 (`iteration.run_iteration` with an optimizer that hands the gradient back as its state), and M
-draws of one key give exactly 0. The real measurement uses M >= 16.
+draws of one key give exactly 0. The real measurement uses M >= 16. A draw whose sandboxes
+failed is left out, by hand on stand-in draws.
 
 An untrained tiny model never succeeds, so every advantage is 0; the KL term to a reference
 other than the parameters (half of them) gives each draw a gradient that depends on its tokens.
@@ -12,6 +13,7 @@ other than the parameters (half of them) gives each draw a gradient that depends
 
 import os
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +65,38 @@ def test_fork_threshold_fixed_from_the_config_running_from_the_checkpoint():
   assert gv.fork_threshold(config, {"threshold": 0.0, "updates": 0}) == 0.5
   config.rollout.entropy_quantile = 0.8
   assert gv.fork_threshold(config, {"threshold": 1.3, "updates": 7}) == 1.3
+
+
+def _stand_in_draws(monkeypatch, draws):
+  """`gv.draw_gradient` replaced by one that hands out `draws` ((gradient, failure) pairs) in
+  turn, each spending 6 env steps and 10 tokens."""
+  queue = list(draws)
+  def draw(*args):
+    del args
+    grads, failure = queue.pop(0)
+    return {"w": jnp.asarray(grads, jnp.float32)}, {"env_steps": 6, "tokens_processed": 10}, failure
+  monkeypatch.setattr(gv, "draw_gradient", draw)
+  config = types.SimpleNamespace(rollout=types.SimpleNamespace(trees_per_task=1))
+  return types.SimpleNamespace(config=config)
+
+
+def test_a_draw_with_a_failed_branch_is_left_out_and_named(monkeypatch):
+  # The draws that count: [1, 0], [3, 0], [2, 3]; mean [2, 1]; Σ||g - ḡ||² = 2 + 2 + 4 = 8.
+  exp = _stand_in_draws(monkeypatch, [([1, 0], None), ([0, 0], "step: RuntimeError: injected"),
+                                      ([3, 0], None), ([2, 3], None)])
+  result = gv.gradient_variance(exp, None, None, None, ["a", "b"], [None] * 4, 0.0)
+  assert result["variance"] == 8 / 2 and result["mean_sq_norm"] == 5.0
+  assert result["draws"] == 3 and result["failed_draws"] == 1 and result["skipped_draws"] == 0
+  assert result["failure"] == "step: RuntimeError: injected"
+  assert result["env_steps_per_task"] == 3.0 and result["tokens_per_task"] == 5.0
+
+
+def test_too_few_draws_without_failures_is_an_error_naming_the_failure(monkeypatch):
+  exp = _stand_in_draws(monkeypatch, [([1, 0], None), ([0, 0], "reset: OSError: no game"),
+                                      ([0, 0], "step: RuntimeError: later")])
+  with pytest.raises(ValueError, match=r"^1 draws with a finite gradient out of 3; 2 had a "
+                                       r"failed branch, the first reset: OSError: no game"):
+    gv.gradient_variance(exp, None, None, None, ["a"], [None] * 3, 0.0)
 
 
 def _capture():
@@ -146,8 +180,10 @@ def test_one_key_drawn_m_times_has_zero_variance(tiny):
   result = gv.gradient_variance(exp, engine, gradient, params, iteration.iteration_tasks(exp, 1),
                                 [key] * DRAWS, config.rollout.entropy_threshold, ref)
   assert result["variance"] == 0.0 and result["draws"] == DRAWS
-  one, _ = gv.draw_gradient(exp, engine, gradient, params, iteration.iteration_tasks(exp, 1),
-                            key, config.rollout.entropy_threshold, ref)
+  one, _, failure = gv.draw_gradient(exp, engine, gradient, params,
+                                     iteration.iteration_tasks(exp, 1), key,
+                                     config.rollout.entropy_threshold, ref)
+  assert failure is None and result["failed_draws"] == 0
   assert result["mean_sq_norm"] == pytest.approx(
       float(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(one))), rel=EPS32)
   assert result["mean_sq_norm"] > 0
