@@ -315,6 +315,34 @@ def test_games_the_expert_fails_are_redrawn_and_leave_no_files(tmp_path, monkeyp
                                 task_types=["pick_two_obj_and_place"])
 
 
+def _mapped_downward_copies() -> int:
+  """Distinct copies of Fast Downward's library mapped into this process (Linux)."""
+  with open("/proc/self/maps", encoding="utf-8") as f:
+    return len({line.split(None, 5)[-1].removesuffix(" (deleted)")
+                for line in f.read().splitlines() if "libdownward" in line})
+
+
+def test_a_closed_sandbox_hands_its_engine_on_and_its_snapshots_stay_portable(generated):
+  task, prefix, tail = _forks(generated)
+  other = next(t for t in generated if t is not task)
+  first = alfworld.make_sandbox(max_steps=200)
+  _play(first, task, prefix)
+  snap = first.snapshot()
+  expected = base.replay(first, snap, tail)
+  solved = _play(first, other, other.walkthrough)
+  assert solved[-1].info["success"]
+  first.close()
+  copies = _mapped_downward_copies()
+  for _ in range(3):  # each new sandbox takes the closed one's engine: no new library copy
+    again = alfworld.make_sandbox(max_steps=200)
+    assert again._pddl_env is first._pddl_env  # pylint: disable=protected-access
+    # The closed sandbox's handle names the same engine but an earlier load: the portable path.
+    assert base.first_divergence(expected, base.replay(again, snap, tail)) is None
+    assert base.first_divergence(solved, _play(again, other, other.walkthrough)) is None
+    again.close()
+  assert _mapped_downward_copies() == copies > 0
+
+
 def test_a_process_that_closed_sandboxes_exits_cleanly():
   # Unloading Fast Downward's library on close made the interpreter die with SIGSEGV at exit.
   repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
 import struct
 import types
@@ -28,13 +29,32 @@ from bpo_jax.sandboxes.base import (MAX_ACTION_CHARS, Snapshot, Step, check_acti
 
 _SNAPSHOT_MAGIC = b"BPOALFW1"
 
+# Engines of closed sandboxes, for the next sandbox of this process to take (`_engine`): each
+# engine holds its own copy of the Fast Downward library, a file TextWorld copies to a temporary
+# directory and deletes while it stays mapped (about 33 MB of disk and memory until the process
+# exits). A new engine per sandbox, i.e. per branch, filled the disk of a long measurement; with
+# reuse a process holds as many copies as it ever had sandboxes open at once.
+_SPARE_ENGINES: list[tuple[Any, Any]] = []
+# Game loads, numbered across the process: a snapshot's in-process handle names the engine and
+# the load it was taken in, and a reused engine must never repeat a (engine, load) pair.
+_LOADS = itertools.count(1)
+
+
+def _engine(aw) -> tuple[Any, Any]:
+  """(PddlEnv, ALFWorld's demangler around it): a closed sandbox's, or a new one."""
+  if _SPARE_ENGINES:
+    return _SPARE_ENGINES.pop()
+  infos = aw["textworld"].EnvInfos(admissible_commands=True, won=True)
+  pddl_env = aw["PddlEnv"](infos)
+  return pddl_env, aw["alfred_tw_env"].AlfredDemangler(pddl_env, shuffle=False)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _EngineState:
   """The engine's state in this process: what `restore` needs to resume without replay."""
 
   engine: Any  # the PddlEnv the state belongs to (a state id means nothing elsewhere)
-  epoch: int  # bumped at every game load, which resets the Fast Downward state registry
+  epoch: int  # the game load's number (`_LOADS`); a load resets Fast Downward's state registry
   state_id: int  # Fast Downward's id of the current state in its registry
   facts: tuple  # copies of the Python-side fact indices of the PddlState
   game_state: Any  # the engine's last GameState (never mutated after its step)
@@ -95,9 +115,7 @@ class AlfworldSandbox:
     self.max_steps = int(max_steps)
     self.max_action_chars = int(max_action_chars)
     self.admissible_commands = bool(admissible_commands)
-    infos = aw["textworld"].EnvInfos(admissible_commands=True, won=True)
-    self._pddl_env = aw["PddlEnv"](infos)
-    self._env = aw["alfred_tw_env"].AlfredDemangler(self._pddl_env, shuffle=False)
+    self._pddl_env, self._env = _engine(aw)
     self._task: AlfworldTask | None = None
     self._task_blob = b""
     self._epoch = 0
@@ -191,19 +209,23 @@ class AlfworldSandbox:
                                success=header["success"], observation=header["observation"])
 
   def close(self) -> None:
-    """Frees this sandbox's Fast Downward state; the sandbox cannot be used afterwards. Closing
-    twice is a no-op.
+    """Frees this sandbox's Fast Downward state and hands its engine to the next sandbox of the
+    process; the sandbox cannot be used afterwards. Closing twice is a no-op.
 
-    Each sandbox loads its own copy of the Fast Downward library (about 4 MB). The copy stays
-    mapped: unloading it (`fast_downward.close_lib`, a dlclose) leaves exit-time destructors
-    pointing into unmapped code, and the process then dies with a segmentation fault at exit.
+    Each engine loads its own copy of the Fast Downward library, which stays mapped: unloading
+    it (`fast_downward.close_lib`, a dlclose) leaves exit-time destructors pointing into
+    unmapped code, and the process then dies with a segmentation fault at exit. So engines are
+    reused rather than unloaded (`_SPARE_ENGINES`); the next game load replaces all of the
+    engine's state, and a snapshot's in-process handle from this sandbox never matches a later
+    load (`_LOADS`), so it restores through its portable data.
     """
     if self._closed:
       return
-    self._env.close()
     self._pddl_env.downward_lib.cleanup()
     self._closed = True
     self._progress = None
+    self._initial = None
+    _SPARE_ENGINES.append((self._pddl_env, self._env))
 
   # -- extras --------------------------------------------------------------------------------
 
@@ -254,7 +276,7 @@ class AlfworldSandbox:
   def _load(self, task: AlfworldTask) -> None:
     self._env.load(task.game_data)
     self._env.reset()
-    self._epoch += 1
+    self._epoch = next(_LOADS)
     self._task = task
     self._task_blob = zlib.compress(json.dumps(dataclasses.asdict(task)).encode("utf-8"), 6)
     self._initial = self._engine_state()
