@@ -188,6 +188,7 @@ def _variance_summary(runs: Sequence[dict], confidence: float) -> dict | None:
   if not measured:
     return None
   return {"seeds": len(measured), "draws": min(m["draws"] for m in measured),
+          "steps": sorted({step for m in measured for step in m["steps"]}),
           "variance": t_interval([m["variance"] for m in measured], confidence),
           **{k: float(np.mean([m[k] for m in measured]))
              for k in ("mean_sq_norm", "env_steps_per_task", "tokens_per_task")}}
@@ -303,11 +304,16 @@ def claim_two_lines(results: dict) -> list[str]:
     return []
   pct = f"{results['confidence']:.0%}"
   draws = min(v["draws"] for v in methods.values())
+  steps = sorted({step for v in methods.values() for step in v.get("steps", ())})
+  if len(steps) == 1:
+    at = f"at the checkpoint of iteration {steps[0]}"
+  else:
+    at = f"at the checkpoints of iterations {', '.join(map(str, steps))}"
   where = (f"of {results['params_of'].upper()}'s run of each seed, every method at the same "
            "parameters" if results.get("params_of") else "of each run")
   lines = ["", f"Claim 2: the gradient estimator's variance at fixed parameters, "
            f"E‖g − ḡ‖² over {draws} independent draws of an iteration's trees or groups for the "
-           f"same tasks, at the first, middle and last kept checkpoints {where} (mean over "
+           f"same tasks, {at} {where} (mean over "
            f"them, then over seeds with its {pct} t-interval), with the env steps and policy "
            "tokens per task each draw spent.", "",
            "| method | seeds | E‖g − ḡ‖² | × GRPO | × RLOO | ‖ḡ‖² | env steps / task of the draws "

@@ -277,7 +277,8 @@ def test_claim_two_at_shared_parameters_by_hand(tmp_path):
   assert b["variance"]["mean"] == 2.5 and b["seeds"] == 2
   assert b["ratio_to_grpo"] == 2.5 / 6 and b["ratio_to_rloo"] == 2.5 / 10
   lines = "\n".join(aggregate.claim_two_lines(shared))
-  assert "kept checkpoints of BPO's run of each seed, every method at the same parameters" in lines
+  assert ("at the checkpoints of iterations 0, 2 of BPO's run of each seed, every method at the "
+          "same parameters") in lines
   assert "| bpo | 2 | 2.5000 [" in lines and "| 0.42 | 0.25 | 0.5000 | 7.0 | 60 |" in lines
 
 
