@@ -30,9 +30,10 @@ not the spread of the gradient vector over independent batches at one θ.
 `checkpoint_gradient_variance(config, workdir, steps, draws)` does this at checkpoints of a
 finished run: the tasks are those of the iteration after the checkpoint, the fork threshold that
 of the measuring configuration (`fork_threshold`: its fixed threshold, or with a quantile the
-running one saved with the checkpoint), and draw m's key `fold_in(fold_in(fold_in(key(seed), DRAW_STREAM), step),
-m)`, a stream the run's own iterations (`fold_in(key(seed), i)`, i < DRAW_STREAM) never use.
-One process; the update's micro-batches as configured.
+running one saved with the checkpoint), and draw m's key
+`fold_in(fold_in(fold_in(key(seed), DRAW_STREAM), step), m)`, a stream the run's own
+iterations (`fold_in(key(seed), i)`, i < DRAW_STREAM) never use. One process; the update's
+micro-batches as configured.
 """
 
 from __future__ import annotations
@@ -74,13 +75,16 @@ def draw_gradient(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
                   ref=None):
   """(g, compute counters, first failure or None) of one draw: the trees of `tasks` grown with
   `key`, estimated and packed as the iteration does, and the update's gradient of them at
-  `params`."""
+  `params`; g is None when a branch failed (the gradient is not taken)."""
   batch = iteration_lib.grow(engine, exp.full_params(params), tasks, key, threshold)
+  failure = first_failure(batch)
+  if failure is not None:
+    return None, batch.compute.as_dict(), failure
   packed, _, _, _ = iteration_lib.estimate_and_pack(exp.config, batch, len(tasks),
                                                     placement_lib.Placement())
   grads, _, _, _ = gradient(params, jax.tree.map(jnp.asarray, packed), ref, len(tasks),
                             exp.frozen)
-  return grads, batch.compute.as_dict(), first_failure(batch)
+  return grads, batch.compute.as_dict(), None
 
 
 def first_failure(batch: rollout_lib.RolloutBatch) -> str | None:

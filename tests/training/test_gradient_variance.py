@@ -74,7 +74,8 @@ def _stand_in_draws(monkeypatch, draws):
   def draw(*args):
     del args
     grads, failure = queue.pop(0)
-    return {"w": jnp.asarray(grads, jnp.float32)}, {"env_steps": 6, "tokens_processed": 10}, failure
+    spent = {"env_steps": 6, "tokens_processed": 10}
+    return (None if failure else {"w": jnp.asarray(grads, jnp.float32)}), spent, failure
   monkeypatch.setattr(gv, "draw_gradient", draw)
   config = types.SimpleNamespace(rollout=types.SimpleNamespace(trees_per_task=1))
   return types.SimpleNamespace(config=config)
