@@ -331,7 +331,8 @@ def make_tasks(split: str, num: int, seed: int, games_dir: str | None = None,
                      "game files, written by scripts/make_textworld_games.py)")
   folder = os.path.join(games_dir, split)
   if not os.path.isdir(folder):
-    raise FileNotFoundError(f"no {split} games: {folder} is not a folder")
+    raise FileNotFoundError(f"no {split} games: {folder} is not a folder (write them with "
+                            "scripts/make_textworld_games.py)")
   games = sorted(f for f in os.listdir(folder) if f.endswith(".z8"))
   if not games:
     raise FileNotFoundError(f"no .z8 games in {folder}")

@@ -7,7 +7,8 @@ Every config file is `base.<world>()` with one estimator on top:
 
 and the rooms comparison (rooms_bpo.py and its baselines) adds `compared(config)`: its trees,
 iterations and evaluations; `rooms_d2(estimator)` (`rooms_bpo.py:d2`) is that comparison at
-difficulty 2, where the warm start leaves room.
+difficulty 2, where the warm start leaves room; `textworld_cpu(estimator)`
+(`textworld_bpo.py:cpu`) is the comparison on 168 generated TextWorld games.
 
 Matched compute, by construction. Every method gets the same budget of environment steps per
 tree (`rollout.max_env_steps`; per task with one tree per task): BPO grows its tree inside it
@@ -108,6 +109,48 @@ def textworld(estimator: str = "bpo",
   config.warm_start.num_trajectories = 32
   config.rollout.max_env_steps = TEXTWORLD_ENV_STEPS
   return with_estimator(config, estimator)
+
+
+# TextWorld on a CPU (`textworld_<estimator>.py:cpu`): 128 training and 40 held-out games of
+# TextWorld's "custom" type (two rooms, four objects, quests of three actions; the expert solves
+# each in 2-3 commands), generated once into TEXTWORLD_CPU_GAMES by
+TEXTWORLD_CPU_GAMES = "workdirs/textworld_games"
+TEXTWORLD_CPU_COMMAND = ("python scripts/make_textworld_games.py --output workdirs/textworld_games "
+                         "--train_seeds $(seq 1001 1128) --test_seeds $(seq 2001 2040)")
+# Five turns leave the longest expert solution two spare steps; four whole episodes and no slack.
+TEXTWORLD_CPU_TURNS = 5
+
+
+def textworld_cpu(estimator: str = "bpo") -> ml_collections.ConfigDict:
+  """The TextWorld comparison on a CPU (`textworld_bpo.py:cpu`): the games of
+  `TEXTWORLD_CPU_COMMAND`, `TEXTWORLD_CPU_TURNS` turns, the env-step budget of four whole
+  episodes, BPO's trees as in `compared`; observations cut at 160 tokens (the opening one states
+  the quest first, in at most 127 tokens over the 128 training games); the quickstart's model and warm start (32 expert episodes over 200 steps),
+  then 20 iterations of 8 tasks, held-out success on the 40 games every 5, checkpoints at 0, 10
+  and 20."""
+  config = compared(textworld(estimator, games_dir=TEXTWORLD_CPU_GAMES))
+  config.env.num_train_tasks = 128
+  config.env.num_eval_tasks = config.eval.num_tasks = 40
+  config.env.max_turns = TEXTWORLD_CPU_TURNS
+  config.env.max_observation_tokens = 160
+  config.model.max_length = 1024
+  config.rollout.max_tree_tokens = 4096
+  config.rollout.max_env_steps = 4 * TEXTWORLD_CPU_TURNS
+  config.rollout.tasks_per_iteration = 8
+  config.warm_start.num_trajectories, config.warm_start.steps = 32, 200
+  config.train.iterations = 20
+  config.eval.every = 5
+  config.checkpoint.every = 10
+  return config
+
+
+def textworld_comparison(estimator: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """The configuration of textworld_<estimator>.py: the fixture games (`textworld(estimator)`),
+  with ARG "cpu" the comparison on generated games (`textworld_cpu`), with "tiny" the
+  former's tiny version."""
+  if arg == "cpu":
+    return textworld_cpu(estimator)
+  return variant(textworld(estimator), arg, others=("cpu",))
 
 
 VARIANTS = ("tiny",)

@@ -1,10 +1,11 @@
 """BPO on TextWorld (see base.py for the shared settings and the matched compute).
 
     python experiments/run.py --config=experiments/configs/textworld_bpo.py --workdir=workdirs/textworld_bpo
+    python experiments/run.py --config=experiments/configs/textworld_bpo.py:cpu --workdir=workdirs/textworld_bpo_cpu  # generated games, base.TEXTWORLD_CPU_COMMAND
 """
 
 from experiments.configs import base
 
 
 def get_config(arg=None):
-  return base.variant(base.textworld("bpo"), arg)
+  return base.textworld_comparison("bpo", arg)

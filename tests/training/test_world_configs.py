@@ -137,3 +137,44 @@ def test_rooms_d2_holds_every_expert_and_four_whole_episodes():
     assert min(lengths) >= 3 and max(lengths) <= config.env.max_turns - 1, (split, lengths)
   with pytest.raises(ValueError, match="one of tiny, d2, or none"):
     rooms_bpo.get_config("d3")
+
+
+def test_textworld_cpu_holds_every_expert_and_four_whole_episodes(tmp_path):
+  """`textworld_bpo.py:cpu`: the quickstart's model, a budget of exactly 4 whole episodes (a
+  baseline's group), BPO's comparison settings, its baselines' config files alike; on the
+  fixture games the expert wins within the turn limit, its episodes fit the context and the
+  tree, and the observation cut keeps the quest (the opening paragraph)."""
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
+  from experiments.configs import base, textworld_bpo, textworld_gigpo  # pylint: disable=g-import-not-at-top
+  config = textworld_bpo.get_config("cpu")
+  config_lib.validate(config)
+  default = config_lib.default_config().model
+  assert (config.model.hidden_size, config.model.num_layers) == (default.hidden_size, 3)
+  assert config.rollout.max_env_steps == 4 * config.env.max_turns == 20
+  r = config.rollout
+  assert (r.siblings_fork, r.entropy_threshold, r.max_leaves) == (True, 0.0, 8)
+  gigpo = base.with_estimator(textworld_bpo.get_config("cpu"), "gigpo")
+  assert translate.rollout_config(gigpo).episodes_per_group == 4
+  assert config_lib.to_plain(gigpo) == config_lib.to_plain(textworld_gigpo.get_config("cpu"))
+  assert config.env.options.games_dir in base.TEXTWORLD_CPU_COMMAND
+  config.env.options.games_dir = os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                              "fixtures", "textworld_games")
+  config.env.num_train_tasks, config.env.num_eval_tasks, config.eval.num_tasks = 2, 1, 1
+  config.warm_start.num_trajectories = 2
+  config.scale.num_devices = 1
+  exp, _ = experiment.build_experiment(config, str(tmp_path / "run"))
+  try:
+    bound = exp.fmt.path_token_bound(config.env.max_turns, config.rollout.max_action_tokens)
+    assert bound <= config.model.max_length <= config.rollout.max_tree_tokens
+    episodes = warm_start.expert_episodes(exp, exp.train_tasks)
+    assert len(episodes) == 2
+    for episode in episodes:
+      assert episode.done and episode.success and len(episode.actions) == 3
+      assert episode.tokens.num_unique_tokens() <= bound
+      quest = episode.first_observation.strip().split("\n")[0]
+      assert exp.fmt.observation_text(episode.first_observation, first=True).startswith(quest)
+  finally:
+    exp.close()
+  with pytest.raises(ValueError, match="one of tiny, cpu, or none"):
+    textworld_bpo.get_config("gpu")
