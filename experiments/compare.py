@@ -22,7 +22,8 @@ With `--share_warm_start`, a seed's warm start is trained once, by its first est
 and the seed's other runs start from that run's checkpoint 0 (parameters, Adam moments, the
 iteration-0 evaluations) and tokenizer, each as soon as it is written; the warm start does not
 read the estimator, so every run computes what it would have alone, bit for bit (the test), in
-a fraction of the time when the warm start is most of a run.
+a fraction of the time when the warm start is most of a run. A run whose first run finished
+earlier and kept no checkpoint 0 (records are committed, checkpoints are not) trains its own.
 
 Then OUT (default results/<config name>, e.g. results/rooms_bpo_tiny) receives results.json
 (per method over seeds, `aggregate.aggregate`), results.md (the table and claim 3) and the
@@ -289,6 +290,14 @@ def warm_start_leads(runs) -> dict:
   return leads
 
 
+def lost_leads(leads: dict, pending) -> list:
+  """The runs of `leads` whose lead is not `pending` (it finished earlier) and whose checkpoint
+  0 is not on disk, as in a fresh checkout of a sweep whose records are kept but not its
+  checkpoints: each of them trains its own warm start, which gives the same checkpoint 0."""
+  return [run for run, lead in leads.items()
+          if run in pending and lead not in pending and not os.path.isdir(_checkpoint_zero(lead))]
+
+
 def _checkpoint_zero(run: Run) -> str:
   # Orbax writes a checkpoint under a temporary name and renames it into place when complete.
   return os.path.join(run.workdir, "checkpoints", "0")
@@ -335,7 +344,8 @@ def train_all(runs, jobs: int, leads: dict | None = None) -> list[Run]:
   """Trains the unfinished runs, `jobs` at a time; returns the runs that failed. With `leads`
   (`warm_start_leads`), a run waits until its lead has written checkpoint 0 and starts from it
   (`start_from_lead`); meanwhile the others go first, in the order of `pick`. A run whose lead
-  fails before writing checkpoint 0 fails."""
+  fails before writing checkpoint 0 fails; one whose lead finished earlier and left no
+  checkpoint 0 trains its own warm start (`lost_leads`)."""
   leads = leads or {}
   pending = []
   for r, c in runs:
@@ -344,6 +354,11 @@ def train_all(runs, jobs: int, leads: dict | None = None) -> list[Run]:
     else:
       pending.append((r, c))
   jobs = jobs or default_jobs(len(pending))
+  leads = dict(leads)
+  for run in lost_leads(leads, {r for r, _ in pending}):
+    lead = leads.pop(run)
+    print(f"{run.estimator} seed {run.seed}: trains its own warm start (the checkpoint 0 of "
+          f"{lead.estimator} seed {lead.seed}, finished, is not on disk)")
   env = dict(os.environ)
   if jobs > 1:  # several runs share the accelerator's memory
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

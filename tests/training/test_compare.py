@@ -371,3 +371,13 @@ def test_grad_params_from_a_directory_without_the_runs_exits_2(tmp_path):
   assert result.stderr.startswith(f"error: --grad_params_from={tmp_path / 'none'}: no run ")
   assert len(result.stderr.strip().splitlines()) == 1
   assert not (tmp_path / "out").exists()
+
+
+def test_a_run_whose_finished_lead_left_no_checkpoint_zero_trains_its_own_warm_start(tmp_path):
+  run = lambda estimator, seed: compare.Run(estimator, seed, str(tmp_path / f"{estimator}{seed}"))
+  bpo0, grpo0, bpo1, grpo1, bpo2, grpo2 = (run(e, s) for s in range(3) for e in ("bpo", "grpo"))
+  leads = {grpo0: bpo0, grpo1: bpo1, grpo2: bpo2}
+  os.makedirs(os.path.join(bpo1.workdir, "checkpoints", "0"))
+  # bpo0 finished earlier, its checkpoints gone; bpo1's are kept; bpo2 is still to run.
+  assert compare.lost_leads(leads, {grpo0, grpo1, bpo2, grpo2}) == [grpo0]
+  assert compare.lost_leads(leads, {grpo1, bpo2, grpo2}) == []
