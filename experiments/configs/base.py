@@ -8,7 +8,7 @@ Every config file is `base.<world>()` with one estimator on top:
 and the rooms comparison (rooms_bpo.py and its baselines) adds `compared(config)`: its trees,
 iterations and evaluations; `rooms_d2(estimator)` (`rooms_bpo.py:d2`) is that comparison at
 difficulty 2, where the warm start leaves room; `textworld_cpu(estimator)`
-(`textworld_bpo.py:cpu`) is the comparison on 168 generated TextWorld games.
+(`textworld_bpo.py:cpu`) is the comparison on 296 generated TextWorld games.
 
 Matched compute, by construction. Every method gets the same budget of environment steps per
 tree (`rollout.max_env_steps`; per task with one tree per task): BPO grows its tree inside it
@@ -115,7 +115,7 @@ def textworld(estimator: str = "bpo",
 # TextWorld's "custom" type (two rooms, four objects, quests of three actions; the expert solves
 # each in 2-3 commands), generated once into TEXTWORLD_CPU_GAMES by
 TEXTWORLD_CPU_GAMES = "workdirs/textworld_games"
-TEXTWORLD_CPU_COMMAND = ("python scripts/make_textworld_games.py --output workdirs/textworld_games "
+TEXTWORLD_CPU_COMMAND = (f"python scripts/make_textworld_games.py --output {TEXTWORLD_CPU_GAMES} "
                          "--train_seeds $(seq 1001 1256) --test_seeds $(seq 2001 2040)")
 # Five turns leave the longest expert solution two spare steps; four whole episodes and no slack.
 TEXTWORLD_CPU_TURNS = 5

@@ -76,23 +76,32 @@ def test_real_data_configs_validate_and_name_the_missing_data(name, missing):
     experiment.make_tasks(config, "train", 2)
 
 
+def _check_cpu_comparison(get_config, budget: int, baseline: str):
+  """A world's `:cpu` comparison config: valid, the quickstart's model, an env-step budget of
+  exactly 4 whole episodes (`baseline`'s group), BPO's comparison trees; returns the config."""
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
+  from experiments.configs import base  # pylint: disable=g-import-not-at-top
+  config = get_config("cpu")
+  config_lib.validate(config)
+  default = config_lib.default_config().model
+  assert (config.model.hidden_size, config.model.num_layers) == (default.hidden_size, 3)
+  assert config.rollout.max_env_steps == 4 * config.env.max_turns == budget
+  r = config.rollout
+  assert (r.siblings_fork, r.entropy_threshold, r.max_leaves) == (True, 0.0, 8)
+  grouped = base.with_estimator(get_config("cpu"), baseline)
+  assert translate.rollout_config(grouped).episodes_per_group == 4
+  return config
+
+
 def test_alfworld_cpu_matches_compute_and_its_budgets_hold_the_expert(tmp_path):
   """`alfworld.py:cpu`: the quickstart's model, a baseline group of 4 whole episodes in BPO's
   env-step budget, BPO's comparison settings; on its generated games (a handful, in a fresh
   cache) the expert wins within the turn limit, its episodes fit the context and the tree, and
   the first observation is not cut (its last sentence is the task)."""
-  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
-  from experiments.configs import alfworld, base  # pylint: disable=g-import-not-at-top
-  config = alfworld.get_config("cpu")
-  config_lib.validate(config)
-  default = config_lib.default_config().model
-  assert (config.model.hidden_size, config.model.num_layers) == (default.hidden_size, 3)
-  assert config.rollout.max_env_steps == 4 * config.env.max_turns == 32
+  from experiments.configs import alfworld  # pylint: disable=g-import-not-at-top
+  config = _check_cpu_comparison(alfworld.get_config, 32, "grpo")
   r = config.rollout
-  assert (r.siblings_fork, r.entropy_threshold, r.max_leaves) == (True, 0.0, 8)
-  grpo = base.with_estimator(alfworld.get_config("cpu"), "grpo")
-  assert translate.rollout_config(grpo).episodes_per_group == 4
   assert config.eval.num_tasks == config.env.num_eval_tasks == 40
   config.env.options.cache_dir = str(tmp_path / "games")
   config.env.num_train_tasks, config.env.num_eval_tasks, config.eval.num_tasks = 6, 2, 2
@@ -145,17 +154,9 @@ def test_textworld_cpu_holds_every_expert_and_four_whole_episodes(tmp_path):
   fixture games the expert wins within the turn limit, its episodes fit the context and the
   tree, and the observation cut keeps the quest (the opening paragraph)."""
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
   from experiments.configs import base, textworld_bpo, textworld_gigpo  # pylint: disable=g-import-not-at-top
-  config = textworld_bpo.get_config("cpu")
-  config_lib.validate(config)
-  default = config_lib.default_config().model
-  assert (config.model.hidden_size, config.model.num_layers) == (default.hidden_size, 3)
-  assert config.rollout.max_env_steps == 4 * config.env.max_turns == 20
-  r = config.rollout
-  assert (r.siblings_fork, r.entropy_threshold, r.max_leaves) == (True, 0.0, 8)
+  config = _check_cpu_comparison(textworld_bpo.get_config, 20, "gigpo")
   gigpo = base.with_estimator(textworld_bpo.get_config("cpu"), "gigpo")
-  assert translate.rollout_config(gigpo).episodes_per_group == 4
   assert config_lib.to_plain(gigpo) == config_lib.to_plain(textworld_gigpo.get_config("cpu"))
   assert config.env.options.games_dir in base.TEXTWORLD_CPU_COMMAND
   config.env.options.games_dir = os.path.join(os.path.dirname(os.path.dirname(__file__)),
