@@ -76,13 +76,15 @@ def test_real_data_configs_validate_and_name_the_missing_data(name, missing):
     experiment.make_tasks(config, "train", 2)
 
 
-def _check_cpu_comparison(get_config, budget: int, baseline: str):
-  """A world's `:cpu` comparison config: valid, the quickstart's model, an env-step budget of
+def _check_cpu_comparison(get_config, budget: int, baseline: str, **env_options):
+  """A world's `:cpu` comparison config: valid (with `env_options` in place of its own, say a
+  fixture folder for data a fresh checkout lacks), the quickstart's model, an env-step budget of
   exactly 4 whole episodes (`baseline`'s group), BPO's comparison trees; returns the config."""
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
   from experiments.configs import base  # pylint: disable=g-import-not-at-top
   config = get_config("cpu")
+  config.env.options.update(env_options)
   config_lib.validate(config)
   default = config_lib.default_config().model
   assert (config.model.hidden_size, config.model.num_layers) == (default.hidden_size, 3)
@@ -155,12 +157,13 @@ def test_textworld_cpu_holds_every_expert_and_four_whole_episodes(tmp_path):
   tree, and the observation cut keeps the quest (the opening paragraph)."""
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
   from experiments.configs import base, textworld_bpo, textworld_gigpo  # pylint: disable=g-import-not-at-top
-  config = _check_cpu_comparison(textworld_bpo.get_config, 20, "gigpo")
+  fixtures = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures",
+                          "textworld_games")
+  assert textworld_bpo.get_config("cpu").env.options.games_dir == base.TEXTWORLD_CPU_GAMES
+  assert f"--output {base.TEXTWORLD_CPU_GAMES} " in base.TEXTWORLD_CPU_COMMAND
+  config = _check_cpu_comparison(textworld_bpo.get_config, 20, "gigpo", games_dir=fixtures)
   gigpo = base.with_estimator(textworld_bpo.get_config("cpu"), "gigpo")
   assert config_lib.to_plain(gigpo) == config_lib.to_plain(textworld_gigpo.get_config("cpu"))
-  assert config.env.options.games_dir in base.TEXTWORLD_CPU_COMMAND
-  config.env.options.games_dir = os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                                              "fixtures", "textworld_games")
   config.env.num_train_tasks, config.env.num_eval_tasks, config.eval.num_tasks = 2, 1, 1
   config.warm_start.num_trajectories = 2
   config.scale.num_devices = 1
