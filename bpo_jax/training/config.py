@@ -119,6 +119,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.estimator = "bpo"
   c.rollout.tasks_per_iteration = 16
+  # Iteration i draws positions [offset + (i-1)·T, offset + i·T) of the seeded task order; the
+  # warm start demonstrates positions [0, warm_start.num_trajectories), so an offset of that many
+  # starts the iterations on the training tasks it did not demonstrate.
+  c.rollout.task_offset = 0
   c.rollout.trees_per_task = 1     # >= 2 for the leave-one-out trunk baseline
   c.rollout.k = 2                  # siblings per fork (BPO)
   # Episodes per task of a baseline (topology "group"): > 0 that many (>= 2); 0 as many whole
@@ -239,6 +243,7 @@ _RANGES = (
     ("warm_start.steps", 0, None, ""),
     ("warm_start.batch_size", 1, None, ""),
     ("rollout.tasks_per_iteration", 1, None, ""),
+    ("rollout.task_offset", 0, None, ""),
     ("rollout.trees_per_task", 1, None, ""),
     ("rollout.k", 2, None, "a fork needs at least two siblings"),
     ("rollout.group_size", 0, None, "0 = as many episodes as fit rollout.max_env_steps"),

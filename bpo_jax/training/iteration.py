@@ -126,11 +126,12 @@ def ppo_epochs(train_step, state, fed, num_trees: int, epochs: int,
 
 
 def iteration_tasks(exp: experiment_lib.Experiment, iteration: int) -> list:
-  """The tasks of `iteration`: positions `[(i-1)·T, i·T)` of the seeded order, each repeated
+  """The tasks of `iteration` i: positions `[o + (i-1)·T, o + i·T)` of the seeded order (o =
+  `rollout.task_offset`, T = `rollout.tasks_per_iteration`), each repeated
   `rollout.trees_per_task` times (one entry per tree or group)."""
   r = exp.config.rollout
   positions = experiment_lib.task_order(len(exp.train_tasks), exp.config.seed,
-                                        (iteration - 1) * r.tasks_per_iteration,
+                                        r.task_offset + (iteration - 1) * r.tasks_per_iteration,
                                         r.tasks_per_iteration)
   return [exp.train_tasks[p] for p in positions for _ in range(r.trees_per_task)]
 

@@ -132,8 +132,11 @@ def _check_workdir_config(config, workdir: str):
       return out
 
     a, b = flat(saved), flat(current)
+    # A key added to the library since the run was saved, at its default, changes nothing.
+    defaults = flat(config_lib.to_plain(config_lib.default_config()))
     changed = sorted(k for k in set(a) | set(b)
-                     if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES)
+                     if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES
+                     and not (k not in a and k in defaults and b[k] == defaults[k]))
     if changed:
       raise config_lib.ConfigError([
           f"{k}: the workdir {workdir!r} holds a run with {k} = {a.get(k)!r}, not {b.get(k)!r} "
@@ -351,7 +354,8 @@ def _from_checkpoint_tree(restored):
 def _loop_state(iteration: int, root_key, config, history, threshold: dict) -> dict:
   """What a checkpoint holds besides the arrays (see the module docstring)."""
   return {"iteration": iteration, "key": checkpoint_lib.key_to_json(root_key),
-          "task_position": iteration * config.rollout.tasks_per_iteration,
+          "task_position": (config.rollout.task_offset
+                            + iteration * config.rollout.tasks_per_iteration),
           "fork_threshold": threshold,
           "history": [metrics_lib.clean_record(r) for r in history]}
 

@@ -39,6 +39,39 @@ def test_task_order_is_a_permutation_per_epoch_and_a_pure_function_of_position()
   assert experiment.task_order(5, 4, 0, 15) != order
 
 
+def test_iterations_start_at_the_task_offset():
+  """Iteration i draws positions [o + (i-1)·T, o + i·T) of the seeded order; with o the warm
+  start's episodes it begins on the tasks the warm start did not demonstrate."""
+  import types  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.default_config()
+  config.rollout.tasks_per_iteration, config.rollout.trees_per_task = 3, 2
+  config.rollout.task_offset = 4
+  exp = types.SimpleNamespace(config=config, train_tasks=[f"t{i}" for i in range(5)])
+  order = experiment.task_order(5, config.seed, 0, 10)
+  assert order[:5] != order[5:10]
+  for i in (1, 2):
+    expected = [f"t{order[4 + 3 * (i - 1) + j]}" for j in range(3)]
+    assert iteration.iteration_tasks(exp, i) == [t for t in expected for _ in range(2)]
+  demonstrated = experiment.task_order(5, config.seed, 0, 4)
+  assert f"t{order[4]}" not in {f"t{p}" for p in demonstrated}
+
+
+def test_a_key_added_since_the_run_resumes_only_at_its_default(tmp_path):
+  """A workdir saved before a key existed resumes when the key is at its default (it changes
+  nothing) and is refused, naming the key, when it is not."""
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.default_config()
+  saved = loop._check_workdir_config(config, str(tmp_path))  # pylint: disable=protected-access
+  del saved["rollout"]["task_offset"]
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  loop._check_workdir_config(config, str(tmp_path))  # pylint: disable=protected-access
+  config.rollout.task_offset = 8
+  with pytest.raises(config_lib.ConfigError, match=r"rollout.task_offset: the workdir .* holds "
+                     r"a run with rollout.task_offset = None, not 8"):
+    loop._check_workdir_config(config, str(tmp_path))  # pylint: disable=protected-access
+
+
 def _stack(*trees):
   capacity = 4
   return jax.tree.map(jnp.asarray, tree_lib.stack_trees(

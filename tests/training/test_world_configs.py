@@ -182,3 +182,30 @@ def test_textworld_cpu_holds_every_expert_and_four_whole_episodes(tmp_path):
     exp.close()
   with pytest.raises(ValueError, match="one of tiny, cpu, or none"):
     textworld_bpo.get_config("gpu")
+
+
+def test_webshop_cpu_matches_compute_and_starts_on_undemonstrated_goals(tmp_path):
+  """`webshop.py:cpu`: the quickstart's model, a baseline group of 4 whole episodes in BPO's
+  env-step budget, BPO's comparison settings, iterations that start on the first goal the warm
+  start does not demonstrate; on a handful of its shop's goals the expert buys within the turn
+  limit and its episodes fit the context and the tree."""
+  from experiments.configs import webshop  # pylint: disable=g-import-not-at-top
+  config = _check_cpu_comparison(webshop.get_config, 24, "rloo")
+  r = config.rollout
+  assert r.task_offset == config.warm_start.num_trajectories == 256
+  assert config.env.num_train_tasks - r.task_offset == 64
+  config.env.num_train_tasks, config.env.num_eval_tasks, config.eval.num_tasks = 6, 2, 2
+  config.warm_start.num_trajectories = r.task_offset = 4
+  config.scale.num_devices = 1
+  exp, _ = experiment.build_experiment(config, str(tmp_path / "run"))
+  try:
+    bound = exp.fmt.path_token_bound(config.env.max_turns, r.max_action_tokens)
+    assert bound <= config.model.max_length <= r.max_tree_tokens
+    episodes = warm_start.expert_episodes(exp, exp.train_tasks)
+    assert len(episodes) == 6
+    for episode in episodes:
+      assert episode.done and episode.success and len(episode.actions) <= config.env.max_turns
+      assert episode.tokens.num_unique_tokens() <= bound
+      assert max(len(exp.fmt.action_tokens(a)) for a in episode.actions) <= r.max_action_tokens
+  finally:
+    exp.close()
