@@ -345,7 +345,9 @@ def _check_env_options(config, problems: list[str]):
       problems.append("env.options.games_dir: required for textworld (a directory with "
                       "train/ and test/ game files, see scripts/make_textworld_games.py)")
     elif not os.path.isdir(games_dir):
-      problems.append(f"env.options.games_dir = {games_dir!r}: no such directory")
+      problems.append(f"env.options.games_dir = {games_dir!r}: no such directory (write the "
+                      "games with scripts/make_textworld_games.py; the config file's docstring "
+                      "gives the command)")
   else:
     allowed = None  # other environments take their options as they are
   if allowed is not None:

@@ -9,7 +9,9 @@ published GiGPO results. Nothing is downloaded at run time.
     python experiments/run.py --config=experiments/configs/alfworld_qwen2_5.py --workdir=WORKDIR \\
       --config.env.options.data_path=$ALFWORLD_DATA/json_2.1.1 --config.model.checkpoint=QWEN_DIR
 
-Low-rank adapters on a bfloat16 model keep a 7B checkpoint on one GPU.
+Low-rank adapters on a bfloat16 model keep a 7B checkpoint on one GPU. BPO's trees and the
+env-step budget are the comparison's (`base.pretrained`), so `experiments/compare.py` runs its
+baselines from this file at matched compute.
 """
 
 import ml_collections
@@ -31,11 +33,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.rollout.tasks_per_iteration = 16
   c.model.max_length = 40960
   c.rollout.max_tree_tokens = 131072
-  c.rollout.max_env_steps = 400
-  c.model.checkpoint = ""
-  c.model.dtype = "bfloat16"
-  c.model.lora_rank = 16
-  c.warm_start.num_trajectories = 0  # a pretrained checkpoint needs no warm start
-  c.train.learning_rate = 1e-5
   c.eval.num_tasks = 134
+  base.pretrained(c, episodes=8)  # 400 env steps per task: a baseline's group of 8, as GiGPO's
   return base.variant(c, arg)

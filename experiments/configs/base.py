@@ -72,23 +72,44 @@ def rooms(estimator: str = "bpo") -> ml_collections.ConfigDict:
   return with_estimator(config, estimator)
 
 
-def compared(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The comparison's settings (rooms_bpo.py and its baselines): BPO forks, on the backbone and
-  on siblings, at every decision its env-step budget still allows (entropy threshold 0, no
-  quantile), up to 8 leaves, so that its trees spend about what a baseline's group of whole
-  episodes does (`ROOMS_ENV_STEPS`; a threshold at the states' 0.5 quantile spent 8.1 env steps
-  per task at 20 against a group's 15.1). 30 iterations, evaluated and checkpointed every 10
-  (the gradient-variance checkpoints)."""
+def comparison_trees(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """BPO's trees in every comparison: forks, on the backbone and on siblings, at every decision
+  the env-step budget still allows (entropy threshold 0, no quantile), up to 8 leaves, so that
+  its trees spend about what a baseline's group of whole episodes does (on rooms, a threshold
+  at the states' 0.5 quantile spent 8.1 env steps per task at 20 against a group's 15.1)."""
   r = config.rollout
   r.siblings_fork = True
   r.entropy_threshold = 0.0
   r.entropy_quantile = 0.0
   r.max_leaves = 8
-  r.max_tree_tokens = 2048
+  return config
+
+
+def compared(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The comparison's settings (rooms_bpo.py and its baselines): `comparison_trees` in 2048
+  tree tokens, 30 iterations, evaluated and checkpointed every 10 (the gradient-variance
+  checkpoints)."""
+  comparison_trees(config)
+  config.rollout.max_tree_tokens = 2048
   config.train.iterations = 30
   config.eval.every = 10
   config.checkpoint.every = 10
   return config
+
+
+def pretrained(config: ml_collections.ConfigDict, episodes: int = 4) -> ml_collections.ConfigDict:
+  """A world's comparison from a pretrained Hugging Face checkpoint on one GPU (the
+  `<world>_qwen2_5.py` files): `model.checkpoint` left for the command line, bfloat16 weights
+  with rank-16 adapters (a 7B checkpoint fits one GPU), no warm start, learning rate 1e-5, and
+  `comparison_trees` in an env-step budget of `episodes` whole episodes of `env.max_turns`, so
+  that `experiments/compare.py` runs it at matched compute."""
+  config.model.checkpoint = ""
+  config.model.dtype = "bfloat16"
+  config.model.lora_rank = 16
+  config.warm_start.num_trajectories = 0  # a pretrained checkpoint needs no warm start
+  config.train.learning_rate = 1e-5
+  config.rollout.max_env_steps = episodes * config.env.max_turns
+  return comparison_trees(config)
 
 
 def textworld(estimator: str = "bpo",

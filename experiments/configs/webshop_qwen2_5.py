@@ -13,7 +13,9 @@ Nothing is downloaded at run time.
 
 `data_size` "full" reads the 1.18M-product catalogue, "1000" the release's 1,000-product one.
 Pages are WebShop's (ten results each), observations cut at 512 tokens, 15 turns. Low-rank
-adapters on a bfloat16 model keep a 7B checkpoint on one GPU.
+adapters on a bfloat16 model keep a 7B checkpoint on one GPU. BPO's trees and the env-step
+budget (four whole episodes) are the comparison's (`base.pretrained`), so
+`experiments/compare.py` runs its baselines from this file at matched compute.
 """
 
 import ml_collections
@@ -36,10 +38,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.rollout.tasks_per_iteration = 16
   c.model.max_length = 16384
   c.rollout.max_tree_tokens = 65536
-  c.model.checkpoint = ""
-  c.model.dtype = "bfloat16"
-  c.model.lora_rank = 16
-  c.warm_start.num_trajectories = 0  # a pretrained checkpoint needs no warm start
-  c.train.learning_rate = 1e-5
   c.eval.num_tasks = 500
+  base.pretrained(c)
   return base.variant(c, arg)

@@ -209,3 +209,39 @@ def test_webshop_cpu_matches_compute_and_starts_on_undemonstrated_goals(tmp_path
       assert max(len(exp.fmt.action_tokens(a)) for a in episode.actions) <= r.max_action_tokens
   finally:
     exp.close()
+
+
+@pytest.mark.parametrize("name, episodes", [
+    ("rooms_qwen2_5", 4), ("textworld_qwen2_5", 4), ("webshop_qwen2_5", 4),
+    ("alfworld_qwen2_5", 8)])
+def test_pretrained_configs_are_comparisons_at_matched_compute(name, episodes):
+  """The `<world>_qwen2_5.py` files: a checkpoint from the command line with rank-16 adapters in
+  bfloat16, no warm start, BPO's comparison trees, and an env-step budget of exactly `episodes`
+  whole episodes, which each baseline's group then holds."""
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
+  from experiments.configs import base  # pylint: disable=g-import-not-at-top
+  module = importlib.import_module(f"experiments.configs.{name}")
+  config = module.get_config()
+  if name == "textworld_qwen2_5":
+    with pytest.raises(config_lib.ConfigError, match=(
+        f"env.options.games_dir = '{module.GAMES}': no such directory .*"
+        "make_textworld_games.py")):
+      config_lib.validate(config)
+    assert f"--output {module.GAMES} " in module.COMMAND
+    config.env.options.games_dir = os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                                "fixtures", "textworld_games")
+  config_lib.validate(config)
+  m = config.model
+  assert (m.checkpoint, m.dtype, m.lora_rank) == ("", "bfloat16", 16)
+  assert config.warm_start.num_trajectories == 0
+  r = config.rollout
+  assert (r.estimator, r.siblings_fork, r.entropy_threshold, r.max_leaves) == ("bpo", True, 0.0, 8)
+  assert r.max_env_steps == episodes * config.env.max_turns
+  for baseline in ("grpo", "rloo", "gigpo"):
+    grouped = base.with_estimator(module.get_config(), baseline)
+    assert translate.rollout_config(grouped).episodes_per_group == episodes
+  if name == "rooms_qwen2_5":
+    d2 = base.rooms_d2("bpo")
+    assert dict(config.env.options) == dict(d2.env.options)
+    assert (config.env.max_turns, r.max_env_steps) == (d2.env.max_turns, d2.rollout.max_env_steps)
