@@ -8,7 +8,8 @@ Every config file is `base.<world>()` with one estimator on top:
 and the rooms comparison (rooms_bpo.py and its baselines) adds `compared(config)`: its trees,
 iterations and evaluations; `rooms_d2(estimator)` (`rooms_bpo.py:d2`) is that comparison at
 difficulty 2, where the warm start leaves room; `textworld_cpu(estimator)`
-(`textworld_bpo.py:cpu`) is the comparison on 296 generated TextWorld games.
+(`textworld_bpo.py:cpu`) is the comparison on 296 generated TextWorld games; `pretrained(config)`
+makes a world's comparison from a pretrained checkpoint on a GPU (the `<world>_qwen2_5.py` files).
 
 Matched compute, by construction. Every method gets the same budget of environment steps per
 tree (`rollout.max_env_steps`; per task with one tree per task): BPO grows its tree inside it
