@@ -86,13 +86,14 @@ def _interpreter_problem(text: str) -> str | None:
   """Why the interpreter cannot take `text` as one command, or None.
 
   The interpreter reads a line per command: a second line would be taken as the next turn's
-  command (its output then served a turn late), and a line starting with a backslash is one of
-  the interpreter's own escapes, some of which wait for input forever.
+  command (its output then served a turn late), and a backslash starts one of the interpreter's
+  own escapes: at the start of a line some wait for input forever, within one they edit the
+  line (`x \\q` reaches the game as `x`). No command of TextWorld's grammar holds one.
   """
   if "\n" in text:
     return "an action is one line"
-  if text.startswith("\\"):
-    return "an action cannot start with a backslash"
+  if "\\" in text:
+    return "an action cannot hold a backslash (the interpreter's escape character)"
   return None
 
 

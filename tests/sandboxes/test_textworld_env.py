@@ -52,17 +52,19 @@ def test_snapshot_is_small_and_restores_into_a_sandbox_playing_another_game():
 
 def test_actions_the_interpreter_would_misread_are_refused():
   # A second line would be the next turn's command (its output served a turn late), and a
-  # leading backslash is an interpreter escape; `\\help` waits for input forever.
+  # backslash starts an interpreter escape: `\\help` waits for input forever, `x \\q` would
+  # reach the game as `x`.
   sandbox = textworld_env.make_sandbox()
   sandbox.reset(_all_tasks()[0])
   look = sandbox.step("look").observation
+  backslash = "an action cannot hold a backslash (the interpreter's escape character)"
   for bad, reason in [("look\ninventory", "an action is one line"),
-                      ("\\help", "an action cannot start with a backslash"),
-                      ("\\q", "an action cannot start with a backslash")]:
+                      ("\\help", backslash), ("\\q", backslash), ("x \\q", backslash),
+                      ("look \\ninventory", backslash)]:
     step = sandbox.step(bad)
     assert step.info["invalid_action"] == reason and not step.done, bad
   assert sandbox.step("look").observation == look  # nothing was left pending
-  assert sandbox.step("x \\q").observation == "What do you want to examine?"
+  assert sandbox.step("x").observation == "What do you want to examine?"
   sandbox.close()
 
 
