@@ -90,6 +90,8 @@ def _check_cpu_comparison(get_config, budget: int, baseline: str, **env_options)
   assert (config.model.hidden_size, config.model.num_layers) == (default.hidden_size, 3)
   assert config.rollout.max_env_steps == 4 * config.env.max_turns == budget
   r = config.rollout
+  # A fork charges each live branch the rest of its context: the tree's tokens hold 4 of them.
+  assert r.max_tree_tokens >= 4 * config.model.max_length
   assert (r.siblings_fork, r.entropy_threshold, r.max_leaves) == (True, 0.0, 8)
   grouped = base.with_estimator(get_config("cpu"), baseline)
   assert translate.rollout_config(grouped).episodes_per_group == 4
@@ -238,6 +240,7 @@ def test_pretrained_configs_are_comparisons_at_matched_compute(name, episodes):
   r = config.rollout
   assert (r.estimator, r.siblings_fork, r.entropy_threshold, r.max_leaves) == ("bpo", True, 0.0, 8)
   assert r.max_env_steps == episodes * config.env.max_turns
+  assert r.max_tree_tokens >= episodes * config.model.max_length
   for baseline in ("grpo", "rloo", "gigpo"):
     grouped = base.with_estimator(module.get_config(), baseline)
     assert translate.rollout_config(grouped).episodes_per_group == episodes
