@@ -61,6 +61,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -268,6 +269,20 @@ def train(run: Run, config, env: dict) -> tuple[Run, int, float]:
   return run, status, time.perf_counter() - start
 
 
+def exit_reason(status: int) -> str:
+  """A run's exit status in words; a SIGKILL (status -9) is most often the kernel's
+  out-of-memory killer, which fewer runs at once (`--jobs`) avoid.
+
+  >>> exit_reason(-9)
+  'killed by SIGKILL, most often for want of memory: try fewer --jobs'
+  """
+  if status == -signal.SIGKILL:
+    return "killed by SIGKILL, most often for want of memory: try fewer --jobs"
+  if status < 0:
+    return f"killed by {signal.Signals(-status).name}"
+  return f"exit {status}"
+
+
 def _last_line(path: str) -> str:
   with open(path, encoding="utf-8", errors="replace") as f:
     lines = [line.strip() for line in f if line.strip()]
@@ -398,7 +413,7 @@ def train_all(runs, jobs: int, leads: dict | None = None) -> list[Run]:
           print(f"{run.estimator} seed {run.seed}: trained in {seconds:.0f} s", flush=True)
         else:
           failed.append(run)
-          print(f"error: {run.estimator} seed {run.seed} failed (exit {status}): "
+          print(f"error: {run.estimator} seed {run.seed} failed ({exit_reason(status)}): "
                 f"{_last_line(run.log_path)}", file=sys.stderr, flush=True)
         lock.notify_all()
 

@@ -112,6 +112,17 @@ def test_t_interval_and_first_reach():
   assert aggregate.first_reach(curve, 0.3) == 5 and aggregate.first_reach(curve, 0.4) is None
 
 
+def test_a_failed_run_says_how_it_ended():
+  """A SIGKILLed run (the kernel's out-of-memory killer's signal) is named with the remedy; other
+  signals by name, exits by status. The statuses are those `subprocess.run` returns."""
+  killed = subprocess.run([sys.executable, "-c", "import os, signal; "
+                           "os.kill(os.getpid(), signal.SIGKILL)"], check=False).returncode
+  assert compare.exit_reason(killed) == (
+      "killed by SIGKILL, most often for want of memory: try fewer --jobs")
+  assert compare.exit_reason(-15) == "killed by SIGTERM"
+  assert compare.exit_reason(1) == "exit 1"
+
+
 @pytest.mark.parametrize("world", ["rooms", "textworld"])
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "gigpo"])
 def test_a_baseline_is_built_as_its_config_file_builds_it(world, estimator):
