@@ -162,6 +162,47 @@ def _at_steps(x: jax.Array, steps: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x, index, axis=1)
 
 
+# Queries per block of `attend`: longer rows are attended a block of queries at a time.
+QUERY_BLOCK = 1024
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype,
+           query_block: int = QUERY_BLOCK) -> jax.Array:
+  """Masked softmax attention, `softmax(q kᵀ / √D + mask) v` over each query's keys.
+
+  q [B, Hkv, G, T, D] (G query heads per key-value head), k [B, Hkv, D, S], v [B, Hkv, S, D],
+  mask [B, T, S] (True = may attend); returns [B, Hkv, G, T, D]. Scores and the softmax are
+  float32, the rest `dtype`.
+
+  Memory: the scores are B·H·T·S floats, quadratic in a packed row's length (a 8192-token row
+  of four heads is 1 GiB). When T > `query_block` and divides into blocks, the queries are taken
+  a block at a time, each block's attention recomputed in the backward pass (`jax.checkpoint`)
+  rather than kept, so at most B·H·query_block·S scores live at once. Each query's softmax still
+  runs over all its keys: the same arithmetic per query, only the matmuls' shapes differ.
+  """
+  b, kv_heads, groups, t, d = q.shape
+
+  def block(q_block, mask_block):
+    tb = q_block.shape[3]
+    flat = q_block.reshape(b, kv_heads, groups * tb, d)
+    scores = jnp.einsum("bkqd,bkds->bkqs", flat, k).astype(jnp.float32)
+    scores = scores / np.float32(math.sqrt(d))
+    scores = scores.reshape(b, kv_heads, groups, tb, -1)
+    scores = jnp.where(mask_block[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    probs = probs.reshape(b, kv_heads, groups * tb, -1)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
+    return out.reshape(b, kv_heads, groups, tb, d)
+
+  if t <= query_block or t % query_block:
+    return block(q, mask)
+  n = t // query_block
+  q_blocks = jnp.moveaxis(q.reshape(b, kv_heads, groups, n, query_block, d), 3, 0)
+  mask_blocks = jnp.moveaxis(mask.reshape(b, n, query_block, -1), 1, 0)
+  out = jax.lax.map(lambda xs: jax.checkpoint(block)(*xs), (q_blocks, mask_blocks))
+  return jnp.moveaxis(out, 0, 3).reshape(b, kv_heads, groups, t, d)
+
+
 def _normal(rngs: nnx.Rngs, shape, dtype, stddev=0.02):
   return nnx.Param(stddev * jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype))
 
@@ -289,15 +330,7 @@ class Attention(nnx.Module):
     # dominates decoding).
     groups = self.num_heads // self.num_kv_heads
     q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim).transpose(0, 2, 3, 1, 4)
-    q = q.reshape(b, self.num_kv_heads, groups * t, self.head_dim)
-    scores = jnp.einsum("bkqd,bkds->bkqs", q, k).astype(jnp.float32)
-    scores = scores / np.float32(math.sqrt(self.head_dim))
-    scores = scores.reshape(b, self.num_kv_heads, groups, t, -1)
-    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    probs = probs.reshape(b, self.num_kv_heads, groups * t, -1)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
-    out = out.reshape(b, self.num_kv_heads, groups, t, self.head_dim).transpose(0, 3, 1, 2, 4)
+    out = attend(q, k, v, mask, dt).transpose(0, 3, 1, 2, 4)
     # [B, T, H·D] @ [H·D, h], heads major as in the HF layout: the kernel's reshape is free, where
     # an einsum over (h, d) has XLA copy the kernel into another layout on every call.
     heads_out = out.reshape(b, t, self.num_heads, self.head_dim)

@@ -1,5 +1,6 @@
 """Decoder numerics: cached decode ≡ full forward, forks ≡ recomputation, packed-tree masks."""
 
+import functools
 import math
 
 import jax
@@ -371,3 +372,35 @@ def test_bad_inputs_get_clear_errors():
   with pytest.raises(ValueError, match=r"logits_at must be \[batch, K\].*batch 2.*\(2,\)"):
     models.forward(graphdef, state, tokens,
                    options=ForwardOptions(logits_at=jnp.zeros((2,), jnp.int32)))
+
+
+def test_attention_by_query_blocks_is_the_dense_attention_and_its_gradient():
+  """`attend` with query blocks (here 4 blocks of 16 queries, under `jax.checkpoint`) gives what
+  one block of all 64 queries gives, and both the float64 NumPy formula softmax(q kᵀ/√D + mask) v
+  under an ancestor-like mask (causal, some earlier keys hidden, each token sees itself); the
+  gradients of both agree as well. Roundings: D products, S exponentials and sums, S products."""
+  b, kv_heads, groups, t, d = 2, 2, 2, 64, 8
+  rng = np.random.default_rng(0)
+  q, k, v = (rng.normal(size=shape).astype(np.float32) for shape in
+             ((b, kv_heads, groups, t, d), (b, kv_heads, d, t), (b, kv_heads, t, d)))
+  mask = np.tril(np.ones((t, t), bool))[None] & (rng.random((b, t, t)) < 0.7)
+  mask |= np.eye(t, dtype=bool)[None]
+  scores = np.einsum("bkgqd,bkds->bkgqs", q.astype(np.float64), k) / math.sqrt(d)
+  scores = np.where(mask[:, None, None], scores, -np.inf)
+  probs = np.exp(scores - scores.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  expected = np.einsum("bkgqs,bksd->bkgqd", probs, v)
+  dense = models.decoder.attend(q, k, v, mask, jnp.float32, query_block=t)
+  blocks = models.decoder.attend(q, k, v, mask, jnp.float32, query_block=16)
+  steps = 2 * (t + d)
+  assert_close(dense, expected, steps=steps, magnitude=np.abs(v).max())
+  assert_close(blocks, expected, steps=steps, magnitude=np.abs(v).max())
+  weights = rng.normal(size=expected.shape).astype(np.float32)
+
+  def loss(block, q, k, v):
+    return jnp.sum(models.decoder.attend(q, k, v, mask, jnp.float32, query_block=block) * weights)
+
+  grads = [jax.grad(functools.partial(loss, block), argnums=(0, 1, 2))(q, k, v) for block in (t, 16)]
+  for dense_grad, block_grad in zip(*grads):
+    assert_close(block_grad, dense_grad, steps=4 * steps,
+                 magnitude=np.abs(dense_grad).max() + np.abs(weights).max() * np.abs(v).max())
