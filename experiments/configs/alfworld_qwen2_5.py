@@ -32,7 +32,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.rollout.max_action_tokens = 48
   c.rollout.tasks_per_iteration = 16
   c.model.max_length = 40960
-  c.rollout.max_tree_tokens = 131072
   c.eval.num_tasks = 134
   base.pretrained(c, episodes=8)  # 400 env steps per task: a baseline's group of 8, as GiGPO's
   return base.variant(c, arg)

@@ -103,18 +103,17 @@ def pretrained(config: ml_collections.ConfigDict, episodes: int = 4) -> ml_colle
   `<world>_qwen2_5.py` files): `model.checkpoint` left for the command line, bfloat16 weights
   with rank-16 adapters (a 7B checkpoint fits one GPU), no warm start, learning rate 1e-5, and
   `comparison_trees` in an env-step budget of `episodes` whole episodes of `env.max_turns`, so
-  that `experiments/compare.py` runs it at matched compute. The tree's token budget holds as
-  many whole contexts: a fork charges each live branch the rest of its context, so a smaller one
-  would stop BPO's trees at fewer live branches than a group has episodes (a group's size counts
-  env steps only)."""
+  that `experiments/compare.py` runs it at matched compute. The tree's token budget is as many
+  whole contexts (`model.max_length`, set before): a fork charges each live branch the rest of
+  its context, so a smaller one would stop BPO's trees at fewer live branches than a group has
+  episodes (a group's size counts env steps only)."""
   config.model.checkpoint = ""
   config.model.dtype = "bfloat16"
   config.model.lora_rank = 16
   config.warm_start.num_trajectories = 0  # a pretrained checkpoint needs no warm start
   config.train.learning_rate = 1e-5
   config.rollout.max_env_steps = episodes * config.env.max_turns
-  config.rollout.max_tree_tokens = max(config.rollout.max_tree_tokens,
-                                       episodes * config.model.max_length)
+  config.rollout.max_tree_tokens = episodes * config.model.max_length
   return comparison_trees(config)
 
 

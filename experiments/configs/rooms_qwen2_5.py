@@ -21,7 +21,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c = base.rooms_d2("bpo")
   c.env.max_observation_tokens = 96  # about 40 words, 50 tokens of Qwen2.5's tokenizer
   c.model.max_length = 2048
-  c.rollout.max_tree_tokens = 8192
   c.rollout.max_action_tokens = 16
   base.pretrained(c)
   return base.variant(c, arg)

@@ -36,7 +36,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.env.max_observation_tokens = 384
   c.rollout.max_action_tokens = 24
   c.model.max_length = 8192
-  c.rollout.max_tree_tokens = 32768
   c.rollout.tasks_per_iteration = 16
   base.pretrained(c)
   return base.variant(c, arg)

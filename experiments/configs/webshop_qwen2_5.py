@@ -37,7 +37,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.rollout.max_action_tokens = 64
   c.rollout.tasks_per_iteration = 16
   c.model.max_length = 16384
-  c.rollout.max_tree_tokens = 65536
   c.eval.num_tasks = 500
   base.pretrained(c)
   return base.variant(c, arg)

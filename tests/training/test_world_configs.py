@@ -240,7 +240,7 @@ def test_pretrained_configs_are_comparisons_at_matched_compute(name, episodes):
   r = config.rollout
   assert (r.estimator, r.siblings_fork, r.entropy_threshold, r.max_leaves) == ("bpo", True, 0.0, 8)
   assert r.max_env_steps == episodes * config.env.max_turns
-  assert r.max_tree_tokens >= episodes * config.model.max_length
+  assert r.max_tree_tokens == episodes * config.model.max_length
   for baseline in ("grpo", "rloo", "gigpo"):
     grouped = base.with_estimator(module.get_config(), baseline)
     assert translate.rollout_config(grouped).episodes_per_group == episodes
