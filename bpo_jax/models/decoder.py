@@ -175,10 +175,11 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype,
   float32, the rest `dtype`.
 
   Memory: the scores are B·H·T·S floats, quadratic in a packed row's length (a 8192-token row
-  of four heads is 1 GiB). When T > `query_block` and divides into blocks, the queries are taken
-  a block at a time, each block's attention recomputed in the backward pass (`jax.checkpoint`)
-  rather than kept, so at most B·H·query_block·S scores live at once. Each query's softmax still
-  runs over all its keys: the same arithmetic per query, only the matmuls' shapes differ.
+  of four heads is 1 GiB). When T > `query_block`, the queries are taken a block at a time (the
+  last block padded with queries that attend nowhere and are dropped), each block's attention
+  recomputed in the backward pass (`jax.checkpoint`) rather than kept, so at most
+  B·H·query_block·S scores live at once. Each query's softmax still runs over all its keys: the
+  same arithmetic per query, only the matmuls' shapes differ.
   """
   b, kv_heads, groups, t, d = q.shape
 
@@ -194,13 +195,17 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype,
     out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
     return out.reshape(b, kv_heads, groups, tb, d)
 
-  if t <= query_block or t % query_block:
+  if t <= query_block:
     return block(q, mask)
-  n = t // query_block
+  n = -(-t // query_block)
+  pad = n * query_block - t
+  q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+  mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
   q_blocks = jnp.moveaxis(q.reshape(b, kv_heads, groups, n, query_block, d), 3, 0)
   mask_blocks = jnp.moveaxis(mask.reshape(b, n, query_block, -1), 1, 0)
   out = jax.lax.map(lambda xs: jax.checkpoint(block)(*xs), (q_blocks, mask_blocks))
-  return jnp.moveaxis(out, 0, 3).reshape(b, kv_heads, groups, t, d)
+  out = jnp.moveaxis(out, 0, 3).reshape(b, kv_heads, groups, n * query_block, d)
+  return out[:, :, :, :t]
 
 
 def _normal(rngs: nnx.Rngs, shape, dtype, stddev=0.02):

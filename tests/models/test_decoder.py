@@ -375,10 +375,11 @@ def test_bad_inputs_get_clear_errors():
 
 
 def test_attention_by_query_blocks_is_the_dense_attention_and_its_gradient():
-  """`attend` with query blocks (here 4 blocks of 16 queries, under `jax.checkpoint`) gives what
-  one block of all 64 queries gives, and both the float64 NumPy formula softmax(q kᵀ/√D + mask) v
-  under an ancestor-like mask (causal, some earlier keys hidden, each token sees itself); the
-  gradients of both agree as well. Roundings: D products, S exponentials and sums, S products."""
+  """`attend` with query blocks (4 blocks of 16 queries, or 3 of 24 with the last padded; under
+  `jax.checkpoint`) gives what one block of all 64 queries gives, and both the float64 NumPy
+  formula softmax(q kᵀ/√D + mask) v under an ancestor-like mask (causal, some earlier keys
+  hidden, each token sees itself); the gradients agree as well. Roundings: D products, S
+  exponentials and sums, S products."""
   b, kv_heads, groups, t, d = 2, 2, 2, 64, 8
   rng = np.random.default_rng(0)
   q, k, v = (rng.normal(size=shape).astype(np.float32) for shape in
@@ -391,16 +392,24 @@ def test_attention_by_query_blocks_is_the_dense_attention_and_its_gradient():
   probs /= probs.sum(-1, keepdims=True)
   expected = np.einsum("bkgqs,bksd->bkgqd", probs, v)
   dense = models.decoder.attend(q, k, v, mask, jnp.float32, query_block=t)
-  blocks = models.decoder.attend(q, k, v, mask, jnp.float32, query_block=16)
   steps = 2 * (t + d)
   assert_close(dense, expected, steps=steps, magnitude=np.abs(v).max())
-  assert_close(blocks, expected, steps=steps, magnitude=np.abs(v).max())
+  for block in (16, 24):
+    blocks = models.decoder.attend(q, k, v, mask, jnp.float32, query_block=block)
+    assert blocks.shape == expected.shape
+    blocked = jax.make_jaxpr(functools.partial(models.decoder.attend, dtype=jnp.float32,
+                                               query_block=block))(q, k, v, mask)
+    assert "scan" in str(blocked), "queries were not taken a block at a time"
+    assert_close(blocks, expected, steps=steps, magnitude=np.abs(v).max())
   weights = rng.normal(size=expected.shape).astype(np.float32)
 
   def loss(block, q, k, v):
     return jnp.sum(models.decoder.attend(q, k, v, mask, jnp.float32, query_block=block) * weights)
 
-  grads = [jax.grad(functools.partial(loss, block), argnums=(0, 1, 2))(q, k, v) for block in (t, 16)]
-  for dense_grad, block_grad in zip(*grads):
-    assert_close(block_grad, dense_grad, steps=4 * steps,
-                 magnitude=np.abs(dense_grad).max() + np.abs(weights).max() * np.abs(v).max())
+  dense_grads, *block_grads = [jax.grad(functools.partial(loss, block), argnums=(0, 1, 2))(q, k, v)
+                               for block in (t, 16, 24)]
+  for grads in block_grads:
+    for dense_grad, block_grad in zip(dense_grads, grads):
+      assert block_grad.shape == dense_grad.shape
+      assert_close(block_grad, dense_grad, steps=4 * steps,
+                   magnitude=np.abs(dense_grad).max() + np.abs(weights).max() * np.abs(v).max())
