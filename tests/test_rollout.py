@@ -7,6 +7,7 @@ decision against the rule, and exact token and step accounting.
 """
 
 import collections
+import dataclasses
 import functools
 
 import jax
@@ -29,7 +30,7 @@ from bpo_jax.models import token_logprobs_and_entropy
 from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes import pool as pool_lib
 from bpo_jax.sandboxes import rooms
-from bpo_jax.testing.tolerance import ulp_tol
+from bpo_jax.testing.tolerance import assert_close, ulp_tol
 
 SANDBOX_MAX_STEPS = 5
 # One shape family for every test, so the decode loop and the appends compile once per bucket.
@@ -306,9 +307,29 @@ def test_group_topology_forks_n_at_the_root_only(policy, fmt, tasks):
       text = result.first_observation if parent < 0 else result.observation_texts[parent]
       assert result.tree.state_id[node] == rollout.text_state_id(text)
     assert rollout.matched_group_size(result, "leaves") == 4
-  # The baselines' estimators take these trees as they are.
-  advantages = jax.vmap(estimators.rloo_advantages)(trees)
-  assert np.isfinite(np.asarray(advantages)).all()
+  # The baselines' estimators take these trees as they are: every step of episode j gets
+  # G_j − mean_{k≠j} G_k, G_j its rewards' sum (returns of ≤ max_turns rewards, then the
+  # leave-one-out mean of 4, a few roundings at the returns' magnitude). The untrained policy's
+  # returns are all equal, so each step is given a reward of its own first.
+  rewards = np.random.default_rng(0).normal(size=trees.reward.shape).astype(np.float32)
+  trees = dataclasses.replace(trees, reward=np.where(trees.valid, rewards, 0.0))
+  advantages = np.asarray(jax.vmap(estimators.rloo_advantages)(trees))
+  assert np.abs(advantages).max() > 0.1
+  for i, result in enumerate(batch.rollouts):
+    valid = np.asarray(result.tree.valid, bool)
+    parent = np.where(valid, np.asarray(result.tree.parent), -1)
+    reward = np.where(valid, np.asarray(trees.reward[i], np.float64), 0.0)
+    episode = np.arange(len(parent))
+    while (parent[episode] >= 0).any():  # each node's root child: its episode
+      episode = np.where(parent[episode] >= 0, parent[episode], episode)
+    roots = np.flatnonzero(valid & (np.asarray(result.tree.parent) < 0))
+    assert len(roots) == 4
+    returns = {j: reward[episode == j].sum() for j in roots}
+    total = sum(returns.values())
+    want = np.where(valid, [returns[j] - (total - returns[j]) / 3 if j in returns else 0.0
+                            for j in episode], 0.0)
+    assert_close(advantages[i], want, steps=16,
+                 magnitude=max(1.0, max(abs(g) for g in returns.values())))
 
 
 class _Countdown:

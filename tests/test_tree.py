@@ -39,11 +39,17 @@ def test_builder_fields_and_padding():
 
 
 def test_tree_is_a_pytree():
+  """Flattening and unflattening (through `jit` and `tree_map`) keeps every field in its place."""
   tree = _example_builder().build()
   leaves = jax.tree_util.tree_leaves(tree)
   assert len(leaves) == 8
-  doubled = jax.tree_util.tree_map(lambda x: x, tree)
-  assert isinstance(doubled, RolloutTree)
+  back = jax.jit(lambda t: t)(tree)
+  assert isinstance(back, RolloutTree)
+  for name in tree.__dataclass_fields__:
+    np.testing.assert_array_equal(getattr(back, name), getattr(tree, name), err_msg=name)
+  batched = jax.tree_util.tree_map(lambda x: x[None], tree)
+  assert batched.parent.shape == (1, 8)
+  np.testing.assert_array_equal(batched.reward[0], tree.reward)
 
 
 def test_builder_errors_name_the_fault():
