@@ -175,11 +175,12 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype,
   float32, the rest `dtype`.
 
   Memory: the scores are B·H·T·S floats, quadratic in a packed row's length (a 8192-token row
-  of four heads is 1 GiB). When T > `query_block`, the queries are taken a block at a time (the
-  last block padded with queries that attend nowhere and are dropped), each block's attention
-  recomputed in the backward pass (`jax.checkpoint`) rather than kept, so at most
-  B·H·query_block·S scores live at once. Each query's softmax still runs over all its keys: the
-  same arithmetic per query, only the matmuls' shapes differ.
+  of four heads is 1 GiB). When T > `query_block`, the queries are taken in the fewest equal
+  blocks of at most `query_block` (padded, if T does not divide, with queries that attend
+  nowhere and are dropped), each block's attention recomputed in the backward pass
+  (`jax.checkpoint`) rather than kept, so at most B·H·query_block·S scores live at once. Each
+  query's softmax still runs over all its keys: the same arithmetic per query, only the
+  matmuls' shapes differ.
   """
   b, kv_heads, groups, t, d = q.shape
 
@@ -197,14 +198,15 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype,
 
   if t <= query_block:
     return block(q, mask)
-  n = -(-t // query_block)
-  pad = n * query_block - t
+  n = -(-t // query_block)   # the fewest blocks of at most query_block queries ...
+  size = -(-t // n)          # ... of equal size, so fewer than n queries are padding
+  pad = n * size - t
   q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
   mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
-  q_blocks = jnp.moveaxis(q.reshape(b, kv_heads, groups, n, query_block, d), 3, 0)
-  mask_blocks = jnp.moveaxis(mask.reshape(b, n, query_block, -1), 1, 0)
+  q_blocks = jnp.moveaxis(q.reshape(b, kv_heads, groups, n, size, d), 3, 0)
+  mask_blocks = jnp.moveaxis(mask.reshape(b, n, size, -1), 1, 0)
   out = jax.lax.map(lambda xs: jax.checkpoint(block)(*xs), (q_blocks, mask_blocks))
-  out = jnp.moveaxis(out, 0, 3).reshape(b, kv_heads, groups, n * query_block, d)
+  out = jnp.moveaxis(out, 0, 3).reshape(b, kv_heads, groups, n * size, d)
   return out[:, :, :, :t]
 
 

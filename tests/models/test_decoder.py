@@ -375,8 +375,8 @@ def test_bad_inputs_get_clear_errors():
 
 
 def test_attention_by_query_blocks_is_the_dense_attention_and_its_gradient():
-  """`attend` with query blocks (4 blocks of 16 queries, or 3 of 24 with the last padded; under
-  `jax.checkpoint`) gives what one block of all 64 queries gives, and both the float64 NumPy
+  """`attend` with query blocks (4 blocks of 16 queries; 3 of 22 for blocks of at most 24, two
+  queries of padding; under `jax.checkpoint`) gives what one block of all 64 queries gives, and both the float64 NumPy
   formula softmax(q kᵀ/√D + mask) v under an ancestor-like mask (causal, some earlier keys
   hidden, each token sees itself); the gradients agree as well. Roundings: D products, S
   exponentials and sums, S products."""
