@@ -62,7 +62,8 @@ CPU_TURNS = 8
 
 def cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The small games of the module docstring (`alfworld.py:cpu`), with the comparison's settings
-  (`base.compared`): BPO forks on siblings at every decision the budget allows, up to 8 leaves."""
+  (`base.compared`): BPO forks on siblings at every decision the budget allows, up to 8 leaves.
+  The iterations start past the 128 games the warm start demonstrates (`rollout.task_offset`)."""
   c.env.options.task_types = ("pick_and_place_simple", "look_at_obj_in_light")
   c.env.options.num_distractors = (2, 5)
   c.env.options.max_expert_steps = CPU_TURNS
@@ -79,6 +80,7 @@ def cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.warm_start.num_trajectories = 128
   c.warm_start.steps = 400
   c.warm_start.batch_size = 8
+  c.rollout.task_offset = c.warm_start.num_trajectories  # RL on the games it did not demonstrate
   c.rollout.tasks_per_iteration = 6
   c.rollout.max_env_steps = 4 * CPU_TURNS
   base.compared(c)

@@ -153,8 +153,9 @@ def textworld_cpu(estimator: str = "bpo") -> ml_collections.ConfigDict:
   episodes, BPO's trees as in `compared`; observations cut at 160 tokens (the opening one states
   the quest first, in at most 127 tokens); the quickstart's model; a warm start of 192 expert
   episodes over 400 steps (chosen on training games it does not demonstrate, docs/RESULTS.md),
-  then 20 iterations of 8 tasks, held-out success on the 40 games every 5, checkpoints at 0, 10
-  and 20."""
+  then 20 iterations of 8 tasks starting on the 64 games it does not demonstrate
+  (`rollout.task_offset`), held-out success on the 40 games every 5, checkpoints at 0, 10 and
+  20."""
   config = compared(textworld(estimator, games_dir=TEXTWORLD_CPU_GAMES))
   config.env.num_train_tasks = 256
   config.env.num_eval_tasks = config.eval.num_tasks = 40
@@ -165,6 +166,7 @@ def textworld_cpu(estimator: str = "bpo") -> ml_collections.ConfigDict:
   config.rollout.max_env_steps = 4 * TEXTWORLD_CPU_TURNS
   config.rollout.tasks_per_iteration = 8
   config.warm_start.num_trajectories, config.warm_start.steps = 192, 400
+  config.rollout.task_offset = config.warm_start.num_trajectories
   config.train.iterations = 20
   config.eval.every = 5
   config.checkpoint.every = 10

@@ -79,7 +79,8 @@ def test_real_data_configs_validate_and_name_the_missing_data(name, missing):
 def _check_cpu_comparison(get_config, budget: int, baseline: str, **env_options):
   """A world's `:cpu` comparison config: valid (with `env_options` in place of its own, say a
   fixture folder for data a fresh checkout lacks), the quickstart's model, an env-step budget of
-  exactly 4 whole episodes (`baseline`'s group), BPO's comparison trees; returns the config."""
+  exactly 4 whole episodes (`baseline`'s group), BPO's comparison trees, iterations past the warm
+  start's tasks; returns the config."""
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
   from experiments.configs import base  # pylint: disable=g-import-not-at-top
@@ -95,6 +96,8 @@ def _check_cpu_comparison(get_config, budget: int, baseline: str, **env_options)
   assert (r.siblings_fork, r.entropy_threshold, r.max_leaves) == (True, 0.0, 8)
   grouped = base.with_estimator(get_config("cpu"), baseline)
   assert translate.rollout_config(grouped).episodes_per_group == 4
+  # The iterations start on the tasks the warm start did not demonstrate (its first N).
+  assert r.task_offset == config.warm_start.num_trajectories > 0
   return config
 
 
