@@ -114,14 +114,27 @@ def explained_share(train: Sequence[dict]) -> float | None:
   return sum(s * n for s, n in measured) / sum(n for _, n in measured)
 
 
+def true_sq_norm(point: dict) -> float:
+  """||E g||² estimated without bias from one checkpoint's draws: ||ḡ||² − E||g − ḡ||² / M.
+
+  E||ḡ||² = ||E g||² + tr Cov / M, so ||ḡ||² alone is biased upwards, and a relative variance
+  E||g − ḡ||² / ||ḡ||² cannot much exceed M. The estimate is negative when ||E g||² is small
+  against tr Cov / M (not resolved by M draws).
+  Example: variance 16 over M = 16 draws, ||ḡ||² = 1.5 → 0.5.
+  """
+  return point["mean_sq_norm"] - point["variance"] / point["draws"]
+
+
 def gradient_variance_metrics(measured: dict | None) -> dict | None:
   """One run's claim-2 numbers from its gradient_variance.json: the means over its checkpoints
-  of E||g - mean g||^2, ||mean g||^2 and the draws' env steps and tokens per task."""
+  of E||g - mean g||^2, ||mean g||^2, ||E g||^2 (`true_sq_norm`) and the
+  draws' env steps and tokens per task."""
   if not measured or not measured["checkpoints"]:
     return None
   points = measured["checkpoints"]
   return {"draws": measured["draws"], "steps": [p["step"] for p in points],
           "per_checkpoint": [p["variance"] for p in points],
+          "true_sq_norm": float(np.mean([true_sq_norm(p) for p in points])),
           **{k: float(np.mean([p[k] for p in points]))
              for k in ("variance", "mean_sq_norm", "env_steps_per_task", "tokens_per_task")}}
 
@@ -191,7 +204,7 @@ def _variance_summary(runs: Sequence[dict], confidence: float) -> dict | None:
           "steps": sorted({step for m in measured for step in m["steps"]}),
           "variance": t_interval([m["variance"] for m in measured], confidence),
           **{k: float(np.mean([m[k] for m in measured]))
-             for k in ("mean_sq_norm", "env_steps_per_task", "tokens_per_task")}}
+             for k in ("mean_sq_norm", "true_sq_norm", "env_steps_per_task", "tokens_per_task")}}
 
 
 def first_reach(curve: Sequence[dict], target: float) -> float | None:
@@ -316,12 +329,14 @@ def claim_two_lines(results: dict) -> list[str]:
            f"same tasks, {at} {where} (mean over "
            f"them, then over seeds with its {pct} t-interval), with the env steps and policy "
            "tokens per task each draw spent.", "",
-           "| method | seeds | E‖g − ḡ‖² | × GRPO | × RLOO | ‖ḡ‖² | env steps / task of the draws "
-           "| policy tokens / task of the draws |", "|---|---|---|---|---|---|---|---|"]
+           "| method | seeds | E‖g − ḡ‖² | × GRPO | × RLOO | ‖ḡ‖² | ‖E g‖² = ‖ḡ‖² − E‖g − ḡ‖²/M "
+           "| env steps / task of the draws | policy tokens / task of the draws |",
+           "|---|---|---|---|---|---|---|---|---|"]
   for name, v in methods.items():
     lines.append(f"| {name} | {v['seeds']} | {_interval(v['variance'], 4)} | "
                  f"{_fmt(v.get('ratio_to_grpo'), 2)} | {_fmt(v.get('ratio_to_rloo'), 2)} | "
-                 f"{_fmt(v['mean_sq_norm'], 4)} | {_fmt(v['env_steps_per_task'], 1)} | "
+                 f"{_fmt(v['mean_sq_norm'], 4)} | {_fmt(v.get('true_sq_norm'), 4)} | "
+                 f"{_fmt(v['env_steps_per_task'], 1)} | "
                  f"{_fmt(v['tokens_per_task'], 0)} |")
   return lines
 

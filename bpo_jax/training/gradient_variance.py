@@ -7,7 +7,9 @@ update's gradient g_m of them (`update.make_gradient_fn`: the first PPO epoch, r
 same loss and normalisation; no clipping of its norm, no optimizer step). Measured:
 
   variance       Σ_m ||g_m - ḡ||² / (M - 1): the trace of the estimator's covariance, unbiased
-  mean_sq_norm   ||ḡ||², ḡ = Σ_m g_m / M: the squared norm of the mean gradient
+  mean_sq_norm   ||ḡ||², ḡ = Σ_m g_m / M: the squared norm of the mean gradient. It estimates
+                 ||E g||² + variance / M, not ||E g||² (experiments/aggregate.py's
+                 `true_sq_norm` removes that term)
   env_steps_per_task, tokens_per_task: what a draw spent per task of the iteration (all of a
                  task's trees together), averaged over the draws: the budget the variance is at
 

@@ -260,6 +260,8 @@ def test_claim_two_by_hand(tmp_path):
   one = per_method["bpo"][0]["gradient_variance"]
   assert one["variance"] == 2.0 and one["steps"] == [0, 2] and one["per_checkpoint"] == [1, 3]
   assert one["env_steps_per_task"] == 7.0 and one["draws"] == 16
+  # ‖E g‖² = ‖ḡ‖² − variance / M per checkpoint: 0.5 − 1/16 and 0.5 − 3/16, mean 0.375.
+  assert one["true_sq_norm"] == 0.375
   results = aggregate.aggregate(per_method)
   b = results["methods"]["bpo"]["gradient_variance"]
   assert b["variance"]["mean"] == 2.5 and b["seeds"] == 2
@@ -267,7 +269,8 @@ def test_claim_two_by_hand(tmp_path):
   assert results["methods"]["grpo"]["gradient_variance"]["ratio_to_grpo"] == 1.0
   table = aggregate.markdown(results)
   assert "Claim 2" in table and "over 16 independent draws" in table
-  assert "| bpo | 2 | 2.5000 [" in table and "| 0.42 | 0.25 | 0.5000 | 7.0 | 60 |" in table
+  # Seed 1: 0.5 − 2/16 and 0.5 − 4/16, mean 0.3125; over the seeds 0.34375.
+  assert "| bpo | 2 | 2.5000 [" in table and "| 0.42 | 0.25 | 0.5000 | 0.3438 | 7.0 | 60 |" in table
   assert "gradient_variance.png" in aggregate.plots(results, str(tmp_path))
   # A run without the measurement has none, and the table has no claim 2.
   bare = tmp_path / "bare"
