@@ -7,7 +7,7 @@ so they are tested on hand-made metrics:
   run_metrics(run)         one run: final held-out success, env steps and policy tokens per task,
                            policy updates, gradient-norm variance, the evaluation curve, the
                            gradient estimator's variance at its checkpoints, and a tree
-                           method's prefix-explained share of return variance
+                           method's last-fork spread share (estimators.prefix_explained_variance)
   aggregate(per_method)    per method over seeds: means, 95% t-intervals, ratios to BPO's
                            compute, the mean curve with its band; claim 2's variance ratios to
                            GRPO's and RLOO's; and claim 3
@@ -104,7 +104,7 @@ def run_metrics(run: dict) -> dict:
 
 
 def explained_share(train: Sequence[dict]) -> float | None:
-  """The prefix-explained share of return variance in a tree method's iterations (their
+  """The last-fork spread share of a tree method's iterations (their
   `prefix_explained_share`, weighted by the trees it was measured on); None for a group method
   or when no tree's returns differed."""
   measured = [(r["prefix_explained_share"], r["variance_trees"]) for r in train
@@ -294,9 +294,10 @@ def markdown(results: dict) -> str:
   shares = {n: m["prefix_explained_share"] for n, m in results["methods"].items()
             if m.get("prefix_explained_share")}
   if shares:
-    lines += ["", "The share of the return's variance that the forks' sibling returns explain "
-              "(Var(E[G | s_f]) / Var(G) at each path's last fork, over the trees whose returns "
-              "differ): " + "; ".join(f"{n} {_interval(v)}" for n, v in shares.items()) + "."]
+    lines += ["", "The spread of each path's last-fork sibling mean as a share of its tree's "
+              "return spread, over the trees whose returns differ (an upper-biased reading of "
+              "Var(E[G | s_f]) / Var(G); `estimators.prefix_explained_variance`): "
+              + "; ".join(f"{n} {_interval(v)}" for n, v in shares.items()) + "."]
   lines += claim_two_lines(results)
   c = results["claim_3"]
   if c is not None:

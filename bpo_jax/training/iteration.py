@@ -70,13 +70,13 @@ _EXPLAINED_SHARES = jax.jit(jax.vmap(estimators.prefix_explained_variance, in_ax
 
 
 def explained_share_stats(trees, leaf_returns, gamma: float) -> dict:
-  """How much of the return's variance BPO's sibling baselines remove in this iteration's trees.
+  """How much this iteration's trees' returns differ by fork.
 
   `prefix_explained_share`: the mean over the trees whose leaves' returns differ of
-  `estimators.prefix_explained_variance`, Var(E[G | s_f]) / Var(G) with s_f each path's last
-  fork, estimated from sibling returns (law of total variance; docs/DESIGN.md §3); 0.0 when no
-  tree's returns differ. `variance_trees`: how many trees it is the mean over. `trees` are
-  stacked, `leaf_returns` the trees' leaf returns in the same order.
+  `estimators.prefix_explained_variance`, the spread of each path's last-fork sibling mean as
+  a share of the tree's return spread (an upper-biased reading of Var(E[G | s_f]) / Var(G):
+  see there); 0.0 when no tree's returns differ. `variance_trees`: how many trees it is the
+  mean over. `trees` are stacked, `leaf_returns` the trees' leaf returns in the same order.
   """
   differ = np.asarray([np.ptp(r) > 0 if len(r) else False for r in leaf_returns])
   if not differ.any():
