@@ -17,7 +17,7 @@ so they are tested on hand-made metrics:
 Per task means per training task of an iteration: a run's total over its iterations divided by
 iterations x `rollout.tasks_per_iteration` (all of a task's trees together). Policy updates are
 optimizer steps: iterations x `train.epochs`. The gradient-norm variance is the sample variance
-(ddof 1) of the iterations' `grad_norm`: how much the update's size moves from one iteration to
+(ddof 1) of the iterations' `grad_norm` (skipped updates left out): how much the update's size moves from one iteration to
 the next, not the variance of the gradient estimator at fixed parameters. Intervals over seeds
 are Student-t intervals, mean ± t_{(1+c)/2, n-1} · s / √n with s the sample std: none for one
 seed.
@@ -88,7 +88,9 @@ def run_metrics(run: dict) -> dict:
   train = _last_per_iteration(records, "train")
   epochs = config["train"]["epochs"]
   tasks = max(len(train), 1) * config["rollout"]["tasks_per_iteration"]
-  grad_norms = [r["grad_norm"] for r in train]
+  # A skipped update's gradient was not finite and moved nothing: it is no step's size.
+  grad_norms = [r["grad_norm"] for r in train
+                if not r.get("skipped") and math.isfinite(r["grad_norm"])]
   return {
       "final_success": run["summary"]["eval_end"]["success_rate"],
       "env_steps_per_task": sum(r["env_steps"] for r in train) / tasks,
@@ -214,12 +216,15 @@ def first_reach(curve: Sequence[dict], target: float) -> float | None:
 
 def claim_three(methods: dict, reference: str = REFERENCE) -> dict | None:
   """The policy updates `reference` needs to first reach the best baseline's final mean success,
-  against the updates that baseline needed to first reach it (both on the mean curves)."""
+  against the updates that baseline needed to first reach it (both on the mean curves; of
+  baselines tied at the best final success, the one that needed fewest)."""
   baselines = {name: m for name, m in methods.items() if name != reference}
   if reference not in methods or not baselines:
     return None
-  best = max(baselines, key=lambda name: baselines[name]["final_success"]["mean"])
-  target = baselines[best]["final_success"]["mean"]
+  target = max(m["final_success"]["mean"] for m in baselines.values())
+  # Among baselines tied at the best final success, the one that reached it first.
+  tied = [name for name, m in baselines.items() if m["final_success"]["mean"] == target]
+  best = min(tied, key=lambda name: first_reach(baselines[name]["curve"], target))
   ours = first_reach(methods[reference]["curve"], target)
   theirs = first_reach(baselines[best]["curve"], target)
   fewer = 1.0 - ours / theirs if ours is not None and theirs else None

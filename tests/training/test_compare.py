@@ -52,6 +52,25 @@ def _write_run(workdir, successes, env_steps, tokens, grad_norms, epochs=2, task
     json.dump({"iterations": 2, "eval_end": {"success_rate": successes[2]}}, f)
 
 
+def test_claim_three_takes_the_tied_baseline_that_reached_first_and_skips_no_step():
+  curve = lambda *points: [{"updates": u, "success": v} for u, v in points]
+  methods = {"bpo": {"curve": curve((0, 0.1), (2, 0.25), (4, 0.5))},
+             "grpo": {"final_success": {"mean": 0.5}, "curve": curve((0, 0.1), (2, 0.25), (4, 0.5))},
+             "rloo": {"final_success": {"mean": 0.5}, "curve": curve((0, 0.1), (2, 0.5), (4, 0.5))},
+             "gigpo": {"final_success": {"mean": 0.25}, "curve": curve((0, 0.25), (4, 0.25))}}
+  assert aggregate.claim_three(methods) == {
+      "baseline": "rloo", "target_success": 0.5, "reference_updates": 4,
+      "baseline_updates": 2, "fewer_updates": -1.0}
+  # A skipped update (its gradient not finite) is left out of the gradient-norm variance.
+  train = [{"phase": "train", "iteration": i, "env_steps": 4, "tokens_processed": 40,
+            "grad_norm": g, "skipped": float(math.isnan(g))}
+           for i, g in enumerate([1.0, float("nan"), 3.0], start=1)]
+  run = {"config": {"train": {"epochs": 1}, "rollout": {"tasks_per_iteration": 2}},
+         "records": train, "summary": {"eval_end": {"success_rate": 0.5}}}
+  metrics = aggregate.run_metrics(run)
+  assert metrics["grad_norm_variance"] == 2.0 and metrics["skipped_updates"] == 1
+
+
 def test_aggregation_of_hand_made_metrics(tmp_path):
   # BPO: finals 0.25, 0.5, 0.75 (mean 0.5, s = 0.25); its mean curve 0.125, 0.5, 0.5. GRPO:
   # finals 0.375 each; mean curve 0.125, 0.25, 0.375. All dyadic: the means are exact.
@@ -101,7 +120,7 @@ def test_aggregation_of_hand_made_metrics(tmp_path):
   assert per_method["grpo"][0]["prefix_explained_share"] is None
   assert b["prefix_explained_share"] == {"mean": 0.4375, "low": 0.4375, "high": 0.4375, "n": 3}
   assert g["prefix_explained_share"] is None
-  assert "differ): bpo 0.438 [0.438, 0.438]." in table
+  assert "`estimators.prefix_explained_variance`): bpo 0.438 [0.438, 0.438]." in table
 
 
 def test_t_interval_and_first_reach():
