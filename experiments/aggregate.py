@@ -137,6 +137,7 @@ def gradient_variance_metrics(measured: dict | None) -> dict | None:
   return {"draws": measured["draws"], "steps": [p["step"] for p in points],
           "per_checkpoint": [p["variance"] for p in points],
           "true_sq_norm": float(np.mean([true_sq_norm(p) for p in points])),
+          "first_fork_share": _mean_present([p.get("first_fork_share") for p in points]),
           **{k: float(np.mean([p[k] for p in points]))
              for k in ("variance", "mean_sq_norm", "env_steps_per_task", "tokens_per_task")}}
 
@@ -205,8 +206,14 @@ def _variance_summary(runs: Sequence[dict], confidence: float) -> dict | None:
   return {"seeds": len(measured), "draws": min(m["draws"] for m in measured),
           "steps": sorted({step for m in measured for step in m["steps"]}),
           "variance": t_interval([m["variance"] for m in measured], confidence),
+          "first_fork_share": _mean_present([m.get("first_fork_share") for m in measured]),
           **{k: float(np.mean([m[k] for m in measured]))
              for k in ("mean_sq_norm", "true_sq_norm", "env_steps_per_task", "tokens_per_task")}}
+
+
+def _mean_present(values: Sequence[float | None]) -> float | None:
+  present = [v for v in values if v is not None]
+  return float(np.mean(present)) if present else None
 
 
 def first_reach(curve: Sequence[dict], target: float) -> float | None:
@@ -336,14 +343,15 @@ def claim_two_lines(results: dict) -> list[str]:
            f"them, then over seeds with its {pct} t-interval), with the env steps and policy "
            "tokens per task each draw spent.", "",
            "| method | seeds | E‖g − ḡ‖² | × GRPO | × RLOO | ‖ḡ‖² | ‖E g‖² = ‖ḡ‖² − E‖g − ḡ‖²/M "
-           "| env steps / task of the draws | policy tokens / task of the draws |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| env steps / task of the draws | policy tokens / task of the draws "
+           "| first-fork share Var(E[G | s_τ]) / Var(G) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   for name, v in methods.items():
     lines.append(f"| {name} | {v['seeds']} | {_interval(v['variance'], 4)} | "
                  f"{_fmt(v.get('ratio_to_grpo'), 2)} | {_fmt(v.get('ratio_to_rloo'), 2)} | "
                  f"{_fmt(v['mean_sq_norm'], 4)} | {_fmt(v.get('true_sq_norm'), 4)} | "
                  f"{_fmt(v['env_steps_per_task'], 1)} | "
-                 f"{_fmt(v['tokens_per_task'], 0)} |")
+                 f"{_fmt(v['tokens_per_task'], 0)} | {_fmt(v.get('first_fork_share'), 2)} |")
   return lines
 
 

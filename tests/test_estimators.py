@@ -222,6 +222,19 @@ def test_diagnostics_hand_computed():
   assert_close(jax.jit(E.effective_num_samples)(tree), 8 / 3, steps=2)
   # Path returns 1, 2, 4 (weights .5, .25, .25): var 1.5; last-fork means 2, 3, 3: var 0.5.
   assert_close(jax.jit(E.prefix_explained_variance)(tree), 1 / 3, steps=2)
+  # Mean 2, mean square 5.5; the first fork's siblings (nodes 1, 2) have X = 3, 1 and S = 10,
+  # 1 (centred on the mean: X = 1, −1 and S = 2, 1), so within = 5.5 − 3 = 2.5.
+  moments = jax.jit(E.first_fork_moments)(tree)
+  assert_close(moments.mean, 2.0, steps=2)
+  assert_close(moments.mean_square, 5.5, steps=2)
+  assert_close(moments.within, 2.5, steps=4, magnitude=5.5)
+  # A group of K episodes forks at the root: within is their unbiased sample variance, so a
+  # group reads Var(G | s_0) = Var(G), nothing explained.
+  group = from_parents([-1, -1, -1, 0, 1, 2], [0.0, 0.0, 0.0, 1.0, 2.0, 6.0])
+  assert_close(jax.jit(E.first_fork_moments)(group).within, np.var([1.0, 2.0, 6.0], ddof=1),
+               steps=4, magnitude=41 / 3)
+  # No fork: the return is known at the end (within 0).
+  assert float(jax.jit(E.first_fork_moments)(from_parents([-1, 0], [1.0, 2.0])).within) == 0.0
   np.testing.assert_array_equal(jax.jit(E.children_counts)(tree), [2, 2, 0, 0, 0, 1])
   assert_close(E.leave_one_out_trunk_baselines(jnp.array([1.0, 2.0, 6.0])), [4, 3.5, 1.5],
                steps=2)  # An exact sum and difference, one division.

@@ -142,6 +142,46 @@ def test_sibling_variance_reduction_is_prefix_explained_variance(fork_depth, num
                              rtol=0, atol=tol_ind)
 
 
+@pytest.mark.parametrize("num_actions,horizon,threshold,max_forks", [
+    (2, 3, 0.55, 2), (2, 4, 0.55, 1), (3, 3, 0.9, 2)])
+def test_first_fork_moments_are_unbiased(num_actions, horizon, threshold, max_forks):
+  """Over every tree of the online rule (forks sharing one budget, so sibling subtrees are not
+  independent in shape) with its probability: E[mean] = E[G] and E[mean_square] = E[G²] (from
+  single episodes), and E[within] = E[Var(G | s_τ)], each tree's exact variance of the return
+  from its first fork's state (0 for a tree that never forks)."""
+  mdp, batch = _online(num_actions, horizon, threshold, max_forks)
+  moments = jax.jit(jax.vmap(E.first_fork_moments))(jax.tree_util.tree_map(jnp.asarray,
+                                                                          batch.trees))
+  p = batch.probability
+  single = T.enumerate_independent(mdp, 1)
+  q = np.array([o.probability for o in single])
+  g = np.array([sum(node[3] for node in o.nodes) for o in single])
+  exact, depths = [], set()
+  for tree, states in zip(_trees(batch), batch.state):
+    counts = np.asarray(E.sibling_counts(tree))
+    forked = np.flatnonzero(np.asarray(tree.valid) & (counts >= 2))
+    if not forked.size:
+      exact.append(0.0)
+      continue
+    first = forked[np.argmin(np.asarray(tree.depth)[forked])]
+    depths.add(int(tree.depth[first]))
+    exact.append(T.return_variance_from(mdp, int(states[first]), int(tree.depth[first])))
+  exact = np.array(exact)
+  assert max(depths) >= 1 and exact.max() > 0.1  # first forks below the root, with variance
+  # float32 sums over a tree's ≤ N leaves of w·G and w·G² (≤ 2 + log2 N roundings at G² ≤
+  # (horizon · max |r|)²), twice for the pair products; the float64 sums over trees add none.
+  magnitude = (mdp.horizon * np.abs(mdp.rewards).max()) ** 2
+  steps = 4 * (2 + int(np.ceil(np.log2(batch.trees.parent.shape[1]))))
+  close = functools.partial(assert_close, steps=steps, magnitude=magnitude, dtype=np.float32)
+  close(p @ np.asarray(moments.mean, np.float64), q @ g)
+  close(p @ np.asarray(moments.mean_square, np.float64), q @ g**2)
+  close(p @ np.asarray(moments.within, np.float64), p @ exact)
+  # The last-fork share of `prefix_explained_variance` has no such reading; the one here does:
+  # Var(E[G | s_τ]) / Var(G) ∈ [0, 1].
+  var_g = q @ g**2 - (q @ g) ** 2
+  assert 0.0 <= 1.0 - (p @ exact) / var_g <= 1.0
+
+
 def test_top_k_after_the_fact_is_biased():
   mdp = _mdp(2, 3)
   outcomes = T.enumerate_topk_trees(mdp, k=1, fork_k=2)

@@ -165,6 +165,14 @@ def _paths_from(mdp: TabularMDP, state: int, depth: int) -> Iterator[tuple[float
       yield pi[state, action] * p, [step] + rest
 
 
+def return_variance_from(mdp: TabularMDP, state: int, depth: int) -> float:
+  """Var of the return-to-go from `state` at `depth` under the policy (exact, float64)."""
+  paths = list(_paths_from(mdp, state, depth))
+  p = np.array([q for q, _ in paths])
+  g = np.array([sum(r for _, _, r in steps) for _, steps in paths])
+  return float(p @ g**2 - (p @ g) ** 2)
+
+
 def _chain(nodes: list, parent: int, depth: int, steps: list) -> None:
   for state, action, reward in steps:
     nodes.append((parent, state, action, reward, depth))

@@ -12,6 +12,9 @@ same loss and normalisation; no clipping of its norm, no optimizer step). Measur
                  `true_sq_norm` removes that term)
   env_steps_per_task, tokens_per_task: what a draw spent per task of the iteration (all of a
                  task's trees together), averaged over the draws: the budget the variance is at
+  first_fork_share  Var(E[G | s_τ]) / Var(G) at the trees' first forks, from the draws' trees
+                 (`first_fork_share`): the share of the return's variance the first fork's state
+                 explains; a group's first fork is its root, where it reads about 0
 
 A draw in which a branch failed (a sandbox that raised or could not restore; docs/DESIGN.md §4) is
 not a draw of the estimator: it is left out and counted in `failed_draws`, with the first
@@ -47,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bpo_jax import estimators
 from bpo_jax import rollout as rollout_lib
 from bpo_jax.training import checkpoint as checkpoint_lib
 from bpo_jax.training import experiment as experiment_lib
@@ -72,21 +76,52 @@ def welford_step(mean, grads, count):
   return mean, term
 
 
+_MOMENTS = jax.jit(jax.vmap(estimators.first_fork_moments, in_axes=(0, None)))
+
+
 def draw_gradient(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine,
                   gradient: Callable, params, tasks: list, key: jax.Array, threshold: float,
                   ref=None):
-  """(g, compute counters, first failure or None) of one draw: the trees of `tasks` grown with
-  `key`, estimated and packed as the iteration does, and the update's gradient of them at
-  `params`; g is None when a branch failed (the gradient is not taken)."""
+  """(g, compute counters with the trees' `first_fork_moments` (one row per entry of `tasks`),
+  first failure or None) of one draw: the trees of `tasks` grown with `key`, estimated and
+  packed as the iteration does, and the update's gradient of them at `params`; g is None when a
+  branch failed (the gradient is not taken)."""
   batch = iteration_lib.grow(engine, exp.full_params(params), tasks, key, threshold)
   failure = first_failure(batch)
   if failure is not None:
     return None, batch.compute.as_dict(), failure
+  compute = batch.compute.as_dict()
+  trees = jax.tree.map(jnp.asarray, batch.stacked_trees())
+  compute["moments"] = np.stack([np.asarray(m, np.float64)
+                                 for m in _MOMENTS(trees, float(exp.config.rollout.gamma))], 1)
   packed, _, _, _ = iteration_lib.estimate_and_pack(exp.config, batch, len(tasks),
                                                     placement_lib.Placement())
   grads, _, _, _ = gradient(params, jax.tree.map(jnp.asarray, packed), ref, len(tasks),
                             exp.frozen)
-  return grads, batch.compute.as_dict(), None
+  return grads, compute, None
+
+
+def first_fork_share(task_index: Sequence[int], moments: Sequence[np.ndarray]) -> float | None:
+  """Var(E[G | s_τ]) / Var(G) at the trees' first forks, from every draw's trees
+  (`estimators.first_fork_moments`; `moments` one [trees, 3] array of (mean, mean_square,
+  within) per draw, `task_index` each tree's task): per task, Var(G) = mean of mean_square −
+  (mean of mean)² + (their variance) / n over its n trees, and E[Var(G | s_τ)] the mean of
+  within; the share is 1 − Σ_tasks E[within] / Σ_tasks Var(G), pooled over the tasks. None
+  when no task's returns vary or a task has fewer than two trees.
+
+  Example: one task, trees with (mean, mean_square, within) = (1, 2, 0.5) and (3, 10, 0.5):
+  Var(G) = 6 − 4 + 2/2 = 3 (the squared mean unbiased: 4 − Var(mean)/n), within 0.5 → 5/6.
+  """
+  rows = np.concatenate(moments, 0)
+  tasks = np.tile(np.asarray(task_index), len(moments))
+  var_g, within = 0.0, 0.0
+  for task in np.unique(tasks):
+    mean, mean_square, inner = rows[tasks == task].T
+    if len(mean) < 2:
+      return None
+    var_g += mean_square.mean() - mean.mean() ** 2 + mean.var(ddof=1) / len(mean)
+    within += inner.mean()
+  return 1.0 - within / var_g if var_g > 0 else None
 
 
 def first_failure(batch: rollout_lib.RolloutBatch) -> str | None:
@@ -108,7 +143,7 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
   `failed_draws` (module docstring).
   """
   mean, total, used, skipped, failed, failure = None, 0.0, 0, 0, 0, None
-  env_steps, tokens = [], []
+  env_steps, tokens, moments = [], [], []
   for key in keys:
     grads, compute, draw_failure = draw_gradient(exp, engine, gradient, params, tasks, key,
                                                  threshold, ref)
@@ -118,6 +153,7 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
       continue
     env_steps.append(compute["env_steps"])
     tokens.append(compute["tokens_processed"])
+    moments.append(compute["moments"])
     if not all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads)):
       skipped += 1
       continue
@@ -130,7 +166,9 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
     raise ValueError(f"{used} draws with a finite gradient out of {len(keys)}{because}: the "
                      f"variance needs at least {MIN_DRAWS}")
   per_task = len(tasks) // max(exp.config.rollout.trees_per_task, 1)
+  task_index = [id(task) for task in tasks]
   return {"variance": total / (used - 1),
+          "first_fork_share": first_fork_share(task_index, moments),
           "mean_sq_norm": float(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(mean))),
           "draws": used, "skipped_draws": skipped, "failed_draws": failed, "failure": failure,
           "env_steps_per_task": float(np.mean(env_steps)) / per_task,
