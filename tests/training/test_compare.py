@@ -61,6 +61,12 @@ def test_claim_three_takes_the_tied_baseline_that_reached_first_and_skips_no_ste
   assert aggregate.claim_three(methods) == {
       "baseline": "rloo", "target_success": 0.5, "reference_updates": 4,
       "baseline_updates": 2, "fewer_updates": -1.0}
+  # Touching the target and falling back is not reaching it; reaching it again is, from there.
+  assert aggregate.first_reach(curve((0, 0.1), (5, 0.3), (10, 0.2), (15, 0.3)), 0.3) == 15
+  assert aggregate.first_reach(curve((0, 0.1), (5, 0.3), (10, 0.2)), 0.3) is None
+  # Means of equal fractions summed in another order count as equal.
+  assert (0.1 + 0.2 + 0.3) / 3 > 0.2
+  assert aggregate.first_reach(curve((0, 0.2)), (0.1 + 0.2 + 0.3) / 3) == 0
   # A skipped update (its gradient not finite) is left out of the gradient-norm variance.
   train = [{"phase": "train", "iteration": i, "env_steps": 4, "tokens_processed": 40,
             "grad_norm": g, "skipped": float(math.isnan(g))}
@@ -114,7 +120,7 @@ def test_aggregation_of_hand_made_metrics(tmp_path):
   assert (f"| bpo | 3 | 0.500 [{0.5 - half:.3f}, {0.5 + half:.3f}] | 6.0 | 1.00 | 61 | 1.00 | "
           "4 |") in table
   assert "| grpo | 3 | 0.375 [0.375, 0.375] | 8.0 | 1.33 | 100 | 1.64 | 4 |" in table
-  assert "BPO first reaches it after 2 policy updates (50% fewer)" in table
+  assert "BPO reaches it to stay after 2 policy updates (50% fewer)" in table
   # The explained share, weighted by the trees measured: (0.25 x 2 + 0.5 x 6) / 8; none for GRPO.
   assert one["prefix_explained_share"] == 0.4375
   assert per_method["grpo"][0]["prefix_explained_share"] is None
