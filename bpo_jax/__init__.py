@@ -23,8 +23,8 @@ __version__ = "0.1.0"
 __all__ = [
     "BPOOutput", "ForkBudget", "NORMALIZATIONS", "QuantileThreshold", "RolloutTree",
     "TreeBuilder", "bpo_advantages", "broadcast_to_tokens", "children_counts", "empty_tree",
-    "effective_num_samples", "first_fork_moments", "from_parents", "gigpo_advantages", "grpo_advantages",
-    "init_quantile_threshold", "leaf_mask", "leave_one_out_trunk_baselines",
+    "effective_num_samples", "first_fork_moments", "from_parents", "gigpo_advantages",
+    "grpo_advantages", "init_quantile_threshold", "leaf_mask", "leave_one_out_trunk_baselines",
     "matched_group_size", "node_values", "online_fork_decision", "pad_tree", "path_weights",
     "policy_loss", "prefix_explained_variance", "random_fork_decision", "rloo_advantages",
     "root_value", "sibling_baselines", "sibling_counts", "stack_trees", "top_k_fork_steps",

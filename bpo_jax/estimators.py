@@ -568,22 +568,16 @@ def effective_num_samples(tree: RolloutTree) -> Array:
 
 
 def prefix_explained_variance(tree: RolloutTree, gamma: float = 1.0) -> Array:
-  """Scalar ≥ 0: how far a tree's last-fork sibling means spread about its mean return, as a
-  share of its returns' spread. A diagnostic of how much a tree's returns differ by fork, not
-  an unbiased estimate of Var(E[G | s_f]) / Var(G).
+  """Scalar ≥ 0: a tree's last-fork sibling means' spread about its mean return, as a share of
+  its returns' spread; how much its returns differ by fork (`first_fork_moments` gives the
+  unbiased share). For a leaf ℓ, G_ℓ = Σ_{j on its path} γ^{depth_j} r_j, f the deepest node on
+  the path with siblings, m_ℓ = (return before f) + γ^{depth_f} · mean of Q̂ over f's siblings;
+  with μ = Σ_ℓ w_ℓ G_ℓ, the result is Σ_ℓ w_ℓ (m_ℓ − μ)² / Σ_ℓ w_ℓ (G_ℓ − μ)² (0 if the latter is).
 
-  For a leaf ℓ let G_ℓ = Σ_{j on its path} γ^{depth_j} r_j (the return from the root), and f the
-  deepest node on the path with siblings; m_ℓ = (return of the path before f) + γ^{depth_f} ·
-  mean of Q̂ over f's siblings, a one-tree estimate of E[G | s_f]. With the leaves weighted by w
-  and μ = Σ_ℓ w_ℓ G_ℓ, the result is Σ_ℓ w_ℓ (m_ℓ − μ)² / Σ_ℓ w_ℓ (G_ℓ − μ)² (0 when the
-  denominator is 0).
-
-  Read as Var(E[G | s_f]) / Var(G) it is biased: m_ℓ averages the siblings' own randomness,
-  which adds about Var/K per fork to the numerator (on trees of two levels of forks whose
-  rewards are pure noise, true share 0, it averages 0.31 at K = 2 and 0.19 at K = 4); the
-  denominator is the spread within one tree, whose paths share a prefix; and paths stop at
-  forks of different depths, so the two sums are not a law-of-total-variance decomposition
-  (Σ w m need not be μ).
+  Read as Var(E[G | s_f]) / Var(G) it is biased: m_ℓ averages the siblings' own randomness (on
+  pure-noise trees of two fork levels, true share 0, it averages 0.31 at K = 2, 0.19 at K = 4);
+  the denominator is one tree's spread, whose paths share a prefix; and paths stop at forks of
+  different depths, so the sums are no law-of-total-variance decomposition.
   Example: parent = [-1, 0, 0, 1, 1], reward = [0, 0, 1, 2, 4]: path returns 1, 2, 4 with
   weights 1/2, 1/4, 1/4 (μ = 2, spread 1.5); last-fork means 2, 3, 3 (spread about μ 0.5)
   → 1/3.
@@ -632,9 +626,8 @@ def first_fork_moments(tree: RolloutTree, gamma: float = 1.0) -> ReturnMoments:
     within = mean_i S_i − Σ_{i ≠ j} X_i X_j / (K (K − 1)),
 
   unbiased for Var(G | s_τ) since E[S_i | s_τ] = E[G² | s_τ] and E[X_i X_j | s_τ] = E[G | s_τ]²
-  for i ≠ j. Unlike `prefix_explained_variance` it does not count the siblings' own randomness
-  as explained; a group of K independent episodes (a fork at the root) reads 0 in expectation.
-  Computed with G centred on the tree's mean (the estimate is invariant to a shift).
+  for i ≠ j; a group of K episodes (a fork at the root) reads 0 in expectation. G is centred on
+  the tree's mean (the estimate is invariant to a shift).
 
   Example: parent = [-1, 0, 0, 1, 1], reward = [0, 0, 1, 2, 4]: path returns 1, 2, 4 with
   weights 1/2, 1/4, 1/4 → mean 2, mean_square 5.5; the first fork is nodes 1 and 2 with X = 3,
