@@ -17,10 +17,10 @@ so they are tested on hand-made metrics:
 Per task means per training task of an iteration: a run's total over its iterations divided by
 iterations x `rollout.tasks_per_iteration` (all of a task's trees together). Policy updates are
 optimizer steps: iterations x `train.epochs`. The gradient-norm variance is the sample variance
-(ddof 1) of the iterations' `grad_norm` (skipped updates left out): how much the update's size moves from one iteration to
-the next, not the variance of the gradient estimator at fixed parameters. Intervals over seeds
-are Student-t intervals, mean ± t_{(1+c)/2, n-1} · s / √n with s the sample std: none for one
-seed.
+(ddof 1) of the iterations' `grad_norm` (skipped updates left out): how much the update's size
+moves from one iteration to the next, not the variance of the gradient estimator at fixed
+parameters. Intervals over seeds are Student-t intervals, mean ± t_{(1+c)/2, n-1} · s / √n with
+s the sample std: none for one seed.
 
 Claim 2, the gradient estimator's variance at fixed parameters (`training.gradient_variance`,
 measured by `compare.py --grad_draws=M`): a run's value is the mean over its measured
@@ -246,7 +246,8 @@ def claim_three(methods: dict, reference: str = REFERENCE) -> dict | None:
   target = max(m["final_success"]["mean"] for m in baselines.values())
   # Among baselines tied at the best final success, the one that reached it first.
   tied = [name for name, m in baselines.items() if m["final_success"]["mean"] == target]
-  best = min(tied, key=lambda name: first_reach(baselines[name]["curve"], target))
+  reach = {name: first_reach(baselines[name]["curve"], target) for name in tied}
+  best = min(tied, key=lambda name: (reach[name] is None, reach[name] or 0.0))
   ours = first_reach(methods[reference]["curve"], target)
   theirs = first_reach(baselines[best]["curve"], target)
   fewer = 1.0 - ours / theirs if ours is not None and theirs else None

@@ -165,8 +165,10 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
     because = f"; {failed} had a failed branch, the first {failure}" if failed else ""
     raise ValueError(f"{used} draws with a finite gradient out of {len(keys)}{because}: the "
                      f"variance needs at least {MIN_DRAWS}")
-  per_task = len(tasks) // max(exp.config.rollout.trees_per_task, 1)
-  task_index = [id(task) for task in tasks]
+  trees_per_task = max(exp.config.rollout.trees_per_task, 1)
+  per_task = len(tasks) // trees_per_task
+  # `tasks` holds each task's trees_per_task entries in a row (`iteration.iteration_tasks`).
+  task_index = [i // trees_per_task for i in range(len(tasks))]
   return {"variance": total / (used - 1),
           "first_fork_share": first_fork_share(task_index, moments),
           "mean_sq_norm": float(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(mean))),
