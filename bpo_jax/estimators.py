@@ -569,8 +569,8 @@ def effective_num_samples(tree: RolloutTree) -> Array:
 
 def prefix_explained_variance(tree: RolloutTree, gamma: float = 1.0) -> Array:
   """Scalar ≥ 0: a tree's last-fork sibling means' spread about its mean return, as a share of
-  its returns' spread; how much its returns differ by fork (`first_fork_moments` gives the
-  unbiased share). For a leaf ℓ, G_ℓ = Σ_{j on its path} γ^{depth_j} r_j, f the deepest node on
+  its returns' spread; how much its returns differ by fork (`fork_variance.fork_moments` gives
+  the unbiased share). For a leaf ℓ, G_ℓ = Σ_{j on its path} γ^{depth_j} r_j, f the deepest node on
   the path with siblings, m_ℓ = (return before f) + γ^{depth_f} · mean of Q̂ over f's siblings;
   with μ = Σ_ℓ w_ℓ G_ℓ, the result is Σ_ℓ w_ℓ (m_ℓ − μ)² / Σ_ℓ w_ℓ (G_ℓ − μ)² (0 if the latter is).
 
@@ -602,63 +602,6 @@ def prefix_explained_variance(tree: RolloutTree, gamma: float = 1.0) -> Array:
   var_total = jnp.sum(w * (prefix - mean) ** 2)
   var_explained = jnp.sum(w * (anchored - mean) ** 2)
   return jnp.where(var_total > 1e-12, var_explained / jnp.maximum(var_total, 1e-12), 0.0)
-
-
-class ReturnMoments(NamedTuple):
-  """One tree's moments of the return G (`first_fork_moments`)."""
-  mean: Array          # Σ_ℓ w_ℓ G_ℓ: unbiased for E[G]
-  mean_square: Array   # Σ_ℓ w_ℓ G_ℓ²: unbiased for E[G²]
-  within: Array        # unbiased for E[Var(G | s_τ)], s_τ the state of the first fork
-
-
-def first_fork_moments(tree: RolloutTree, gamma: float = 1.0) -> ReturnMoments:
-  """Moments of the path return whose expectations over trees give the share of the return
-  variance the first fork's state explains, Var(E[G | s_τ]) / Var(G) = 1 − E[within] / Var(G),
-  with Var(G) = E[mean_square] − E[mean]² from independent trees of one task.
-
-  G_ℓ = Σ_{j on ℓ's path} γ^{depth_j} r_j; w the path weights, with which a leaf is a draw of
-  the policy's return (`bpo_advantages`). τ is the depth of the tree's first fork (its
-  shallowest siblings), a stopping time when forks are decided online; a tree without a fork
-  has τ at its end, where G is known (within = 0). At the fork's K siblings, with X_i =
-  Σ_{ℓ below i} (w_ℓ / w_i) G_ℓ and S_i = Σ_{ℓ below i} (w_ℓ / w_i) G_ℓ² (each sibling's
-  subtree a draw given s_τ, their fork decisions online),
-
-    within = mean_i S_i − Σ_{i ≠ j} X_i X_j / (K (K − 1)),
-
-  unbiased for Var(G | s_τ) since E[S_i | s_τ] = E[G² | s_τ] and E[X_i X_j | s_τ] = E[G | s_τ]²
-  for i ≠ j; a group of K episodes (a fork at the root) reads 0 in expectation. G is centred on
-  the tree's mean (the estimate is invariant to a shift).
-
-  Example: parent = [-1, 0, 0, 1, 1], reward = [0, 0, 1, 2, 4]: path returns 1, 2, 4 with
-  weights 1/2, 1/4, 1/4 → mean 2, mean_square 5.5; the first fork is nodes 1 and 2 with X = 3,
-  1 and S = 10, 1 → within = 5.5 − 3 = 2.5.
-  """
-  n = _check_tree(tree)
-  discount = jnp.asarray(gamma, jnp.float32) ** tree.depth.astype(jnp.float32)
-  reward = jnp.where(tree.valid, tree.reward, 0.0)
-  returns = _solve_affine_down(tree, jnp.ones((n,), jnp.float32), discount * reward, 0.0)
-  weights = path_weights(tree)
-  w = jnp.where(leaf_mask(tree), weights, 0.0)
-  mean = jnp.sum(w * returns)
-  mean_square = jnp.sum(w * returns ** 2)
-  centred = returns - mean
-  # The first fork: the shallowest siblings (the trunk above them is one chain, so they are
-  # one group), and for every node the index of its ancestor among them.
-  forked = tree.valid & (sibling_counts(tree) >= 2)
-  first_depth = jnp.min(jnp.where(forked, tree.depth, jnp.iinfo(jnp.int32).max))
-  member = forked & (tree.depth == first_depth)
-  index = jnp.arange(n, dtype=jnp.float32)
-  anchor = _solve_affine_down(tree, jnp.where(member, 0.0, 1.0), jnp.where(member, index, 0.0),
-                              0.0)
-  below = jnp.where(w > 0, anchor, n).astype(jnp.int32)   # leaves above the fork: slot n
-  x = jax.ops.segment_sum(w * centred, below, num_segments=n + 1)[:n]
-  sq = jax.ops.segment_sum(w * centred ** 2, below, num_segments=n + 1)[:n]
-  w_i = jnp.where(member, weights, 1.0)
-  x, sq = jnp.where(member, x / w_i, 0.0), jnp.where(member, sq / w_i, 0.0)
-  k = jnp.sum(member).astype(jnp.float32)
-  pairs = (jnp.sum(x) ** 2 - jnp.sum(x ** 2)) / jnp.maximum(k * (k - 1.0), 1.0)
-  within = jnp.where(k >= 2, jnp.sum(sq) / jnp.maximum(k, 1.0) - pairs, 0.0)
-  return ReturnMoments(mean=mean, mean_square=mean_square, within=within)
 
 
 def _solve_affine_down(tree: RolloutTree, a: Array, c: Array, x_root: Array | float) -> Array:

@@ -137,7 +137,7 @@ def gradient_variance_metrics(measured: dict | None) -> dict | None:
   return {"draws": measured["draws"], "steps": [p["step"] for p in points],
           "per_checkpoint": [p["variance"] for p in points],
           "true_sq_norm": float(np.mean([true_sq_norm(p) for p in points])),
-          "first_fork_share": _mean_present([p.get("first_fork_share") for p in points]),
+          "fork_shares": _level_means([point_fork_shares(p) for p in points]),
           **{k: float(np.mean([p[k] for p in points]))
              for k in ("variance", "mean_sq_norm", "env_steps_per_task", "tokens_per_task")}}
 
@@ -206,7 +206,7 @@ def _variance_summary(runs: Sequence[dict], confidence: float) -> dict | None:
   return {"seeds": len(measured), "draws": min(m["draws"] for m in measured),
           "steps": sorted({step for m in measured for step in m["steps"]}),
           "variance": t_interval([m["variance"] for m in measured], confidence),
-          "first_fork_share": _mean_present([m.get("first_fork_share") for m in measured]),
+          "fork_shares": _level_means([m.get("fork_shares") or [] for m in measured]),
           **{k: float(np.mean([m[k] for m in measured]))
              for k in ("mean_sq_norm", "true_sq_norm", "env_steps_per_task", "tokens_per_task")}}
 
@@ -214,6 +214,18 @@ def _variance_summary(runs: Sequence[dict], confidence: float) -> dict | None:
 def _mean_present(values: Sequence[float | None]) -> float | None:
   present = [v for v in values if v is not None]
   return float(np.mean(present)) if present else None
+
+
+def point_fork_shares(point: dict) -> list[float | None]:
+  """A checkpoint's fork shares by level (`gradient_variance.fork_shares`); a file measured
+  before the levels holds level 1 alone, as `first_fork_share`."""
+  return point["fork_shares"] if "fork_shares" in point else [point.get("first_fork_share")]
+
+
+def _level_means(shares: Sequence[Sequence[float | None]]) -> list[float | None]:
+  """Per level, the mean of the shares present. Example: [[0.1, 0.4], [0.3, None]] → [0.2, 0.4]."""
+  levels = max((len(s) for s in shares), default=0)
+  return [_mean_present([s[k] for s in shares if k < len(s)]) for k in range(levels)]
 
 
 # Means of the same held-out fractions summed in another order differ in their last bits.
@@ -361,14 +373,15 @@ def claim_two_lines(results: dict) -> list[str]:
            "tokens per task each draw spent.", "",
            "| method | seeds | E‖g − ḡ‖² | × GRPO | × RLOO | ‖ḡ‖² | ‖E g‖² = ‖ḡ‖² − E‖g − ḡ‖²/M "
            "| env steps / task of the draws | policy tokens / task of the draws "
-           "| first-fork share Var(E[G | s_τ]) / Var(G) |",
+           "| fork shares Var(E[G | s_τk]) / Var(G), k = 1, 2, 3 |",
            "|---|---|---|---|---|---|---|---|---|---|"]
   for name, v in methods.items():
     lines.append(f"| {name} | {v['seeds']} | {_interval(v['variance'], 4)} | "
                  f"{_fmt(v.get('ratio_to_grpo'), 2)} | {_fmt(v.get('ratio_to_rloo'), 2)} | "
                  f"{_fmt(v['mean_sq_norm'], 4)} | {_fmt(v.get('true_sq_norm'), 4)} | "
                  f"{_fmt(v['env_steps_per_task'], 1)} | "
-                 f"{_fmt(v['tokens_per_task'], 0)} | {_fmt(v.get('first_fork_share'), 2)} |")
+                 f"{_fmt(v['tokens_per_task'], 0)} | "
+                 f"{', '.join(_fmt(x, 2) for x in v.get('fork_shares') or [None])} |")
   return lines
 
 

@@ -5,6 +5,7 @@ Tolerances count float32 roundings at the magnitude compared (bpo_jax.testing.to
 hand-computed trees have dyadic rewards, so their sums are exact and only divisions round.
 """
 
+import functools
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from bpo_jax import estimators as E
+from bpo_jax import fork_variance as FV
 from bpo_jax.testing.random_trees import bpo_roundings, random_bpo_tree, random_tree, reference_bpo
 from bpo_jax.testing.tolerance import assert_close, ulp_tol
 from bpo_jax.tree import TreeBuilder, empty_tree, from_parents, pad_tree, stack_trees
@@ -224,17 +226,24 @@ def test_diagnostics_hand_computed():
   assert_close(jax.jit(E.prefix_explained_variance)(tree), 1 / 3, steps=2)
   # Mean 2, mean square 5.5; the first fork's siblings (nodes 1, 2) have X = 3, 1 and S = 10,
   # 1 (centred on the mean: X = 1, −1 and S = 2, 1), so within = 5.5 − 3 = 2.5.
-  moments = jax.jit(E.first_fork_moments)(tree)
+  moments = jax.jit(FV.fork_moments)(tree)
   assert_close(moments.mean, 2.0, steps=2)
   assert_close(moments.mean_square, 5.5, steps=2)
   assert_close(moments.within, 2.5, steps=4, magnitude=5.5)
+  # Level 2: nodes 3 and 4 (W = 1/2), returns 2 and 4, sample variance 2 → within 1; the path
+  # through node 2 has no second fork. No level 3.
+  level = lambda k: jax.jit(functools.partial(FV.fork_moments, level=k))(tree).within
+  assert_close(level(2), 1.0, steps=4, magnitude=5.5)
+  assert float(level(3)) == 0.0
+  with pytest.raises(ValueError, match="level = 0"):
+    FV.fork_moments(tree, level=0)
   # A group of K episodes forks at the root: within is their unbiased sample variance, so a
   # group reads Var(G | s_0) = Var(G), nothing explained.
   group = from_parents([-1, -1, -1, 0, 1, 2], [0.0, 0.0, 0.0, 1.0, 2.0, 6.0])
-  assert_close(jax.jit(E.first_fork_moments)(group).within, np.var([1.0, 2.0, 6.0], ddof=1),
+  assert_close(jax.jit(FV.fork_moments)(group).within, np.var([1.0, 2.0, 6.0], ddof=1),
                steps=4, magnitude=41 / 3)
   # No fork: the return is known at the end (within 0).
-  assert float(jax.jit(E.first_fork_moments)(from_parents([-1, 0], [1.0, 2.0])).within) == 0.0
+  assert float(jax.jit(FV.fork_moments)(from_parents([-1, 0], [1.0, 2.0])).within) == 0.0
   np.testing.assert_array_equal(jax.jit(E.children_counts)(tree), [2, 2, 0, 0, 0, 1])
   assert_close(E.leave_one_out_trunk_baselines(jnp.array([1.0, 2.0, 6.0])), [4, 3.5, 1.5],
                steps=2)  # An exact sum and difference, one division.

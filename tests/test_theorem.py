@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from bpo_jax import estimators as E
+from bpo_jax import fork_variance as FV
 from bpo_jax.testing import tabular as T
 from bpo_jax.testing.random_trees import bpo_roundings
 from bpo_jax.testing.tolerance import assert_close, eps, ulp_tol
@@ -144,42 +145,63 @@ def test_sibling_variance_reduction_is_prefix_explained_variance(fork_depth, num
 
 @pytest.mark.parametrize("num_actions,horizon,threshold,max_forks", [
     (2, 3, 0.55, 2), (2, 4, 0.55, 1), (3, 3, 0.9, 2)])
-def test_first_fork_moments_are_unbiased(num_actions, horizon, threshold, max_forks):
+def test_fork_moments_are_unbiased(num_actions, horizon, threshold, max_forks):
   """Over every tree of the online rule (forks sharing one budget, so sibling subtrees are not
   independent in shape) with its probability: E[mean] = E[G] and E[mean_square] = E[G²] (from
-  single episodes), and E[within] = E[Var(G | s_τ)], each tree's exact variance of the return
-  from its first fork's state (0 for a tree that never forks)."""
+  single episodes), and at fork levels 1 and 2 E[within] = E[Var(G | s_τk)], each tree's exact
+  Σ_g W_g Var(G | s_g) over its level-k fork groups g (0 for a tree without one)."""
   mdp, batch = _online(num_actions, horizon, threshold, max_forks)
-  moments = jax.jit(jax.vmap(E.first_fork_moments))(jax.tree_util.tree_map(jnp.asarray,
-                                                                          batch.trees))
+  trees = jax.tree_util.tree_map(jnp.asarray, batch.trees)
   p = batch.probability
   single = T.enumerate_independent(mdp, 1)
   q = np.array([o.probability for o in single])
   g = np.array([sum(node[3] for node in o.nodes) for o in single])
-  exact, depths = [], set()
-  for tree, states in zip(_trees(batch), batch.state):
-    counts = np.asarray(E.sibling_counts(tree))
-    forked = np.flatnonzero(np.asarray(tree.valid) & (counts >= 2))
-    if not forked.size:
-      exact.append(0.0)
-      continue
-    first = forked[np.argmin(np.asarray(tree.depth)[forked])]
-    depths.add(int(tree.depth[first]))
-    exact.append(T.return_variance_from(mdp, int(states[first]), int(tree.depth[first])))
-  exact = np.array(exact)
-  assert max(depths) >= 1 and exact.max() > 0.1  # first forks below the root, with variance
-  # float32 sums over a tree's ≤ N leaves of w·G and w·G² (≤ 2 + log2 N roundings at G² ≤
-  # (horizon · max |r|)²), twice for the pair products; the float64 sums over trees add none.
-  magnitude = (mdp.horizon * np.abs(mdp.rewards).max()) ** 2
-  steps = 4 * (2 + int(np.ceil(np.log2(batch.trees.parent.shape[1]))))
-  close = functools.partial(assert_close, steps=steps, magnitude=magnitude, dtype=np.float32)
-  close(p @ np.asarray(moments.mean, np.float64), q @ g)
-  close(p @ np.asarray(moments.mean_square, np.float64), q @ g**2)
-  close(p @ np.asarray(moments.within, np.float64), p @ exact)
-  # The last-fork share of `prefix_explained_variance` has no such reading; the one here does:
-  # Var(E[G | s_τ]) / Var(G) ∈ [0, 1].
   var_g = q @ g**2 - (q @ g) ** 2
-  assert 0.0 <= 1.0 - (p @ exact) / var_g <= 1.0
+  # float32 sums over a tree's ≤ N leaves of w·G and w·G² (≤ 2 + log2 N roundings at G² ≤
+  # (horizon · max |r|)²), twice for the pair products, and the sum over groups; the float64
+  # sums over trees add none.
+  magnitude = (mdp.horizon * np.abs(mdp.rewards).max()) ** 2
+  steps = 5 * (2 + int(np.ceil(np.log2(batch.trees.parent.shape[1]))))
+  close = functools.partial(assert_close, steps=steps, magnitude=magnitude, dtype=np.float32)
+  columns = [np.asarray(x) for x in (batch.trees.parent, batch.trees.depth, batch.trees.valid,
+                                      jax.jit(jax.vmap(E.sibling_counts))(trees),
+                                      jax.jit(jax.vmap(E.path_weights))(trees), batch.state)]
+  variance_from = functools.lru_cache(maxsize=None)(
+      lambda state, depth: T.return_variance_from(mdp, state, depth))
+  for level in (1, 2):
+    moments = jax.jit(jax.vmap(functools.partial(FV.fork_moments, level=level)))(trees)
+    exact = np.array([_exact_within(variance_from, *tree, level) for tree in zip(*columns)])
+    if level <= max_forks:  # groups of this level occur, some below the root, with variance
+      assert exact.max() > 0.1
+    else:
+      assert exact.max() == 0.0
+    close(p @ np.asarray(moments.mean, np.float64), q @ g)
+    close(p @ np.asarray(moments.mean_square, np.float64), q @ g**2)
+    close(p @ np.asarray(moments.within, np.float64), p @ exact)
+    # Var(E[G | s_τk]) / Var(G) ∈ [0, 1], growing with k (the later fork states know more);
+    # the last-fork share of `prefix_explained_variance` has no such reading.
+    share = 1.0 - (p @ exact) / var_g
+    assert 0.0 <= share <= 1.0
+    if level == 1:
+      first = share
+  assert share >= first
+
+
+def _exact_within(variance_from, parent, depth, valid, counts, weights, states,
+                  level: int) -> float:
+  """Σ_g W_g Var(G | s_g) over one tree's fork groups of `level` (exact, float64):
+  `variance_from(state, depth)` the variance of the return from there."""
+  forks_on_path = np.zeros(len(parent), int)
+  for i in range(len(parent)):  # parents first
+    if valid[i]:
+      above = forks_on_path[parent[i]] if parent[i] >= 0 else 0
+      forks_on_path[i] = above + (counts[i] >= 2)
+  groups = {}
+  for i in np.flatnonzero(valid & (counts >= 2) & (forks_on_path == level)):
+    groups.setdefault(int(parent[i]), []).append(int(i))
+  return sum(np.sum(weights[m], dtype=np.float64) * variance_from(int(states[m[0]]),
+                                                                  int(depth[m[0]]))
+             for m in groups.values())
 
 
 def test_top_k_after_the_fact_is_biased():

@@ -12,9 +12,10 @@ same loss and normalisation; no clipping of its norm, no optimizer step). Measur
                  `true_sq_norm` removes that term)
   env_steps_per_task, tokens_per_task: what a draw spent per task of the iteration (all of a
                  task's trees together), averaged over the draws: the budget the variance is at
-  first_fork_share  Var(E[G | s_τ]) / Var(G) at the trees' first forks, from the draws' trees
-                 (`first_fork_share`): the share of the return's variance the first fork's state
-                 explains; a group's first fork is its root, where it reads about 0
+  fork_shares    [Var(E[G | s_τk]) / Var(G) for k = 1..FORK_LEVELS] from the draws' trees
+                 (`fork_share`, `fork_variance.fork_moments`): the share of the return's
+                 variance the states of the trees' k-th forks explain; a group, and a tree that
+                 forks at its first decision, read about 0 at k = 1 (their first fork is the root)
 
 A draw in which a branch failed (a sandbox that raised or could not restore; docs/DESIGN.md §4) is
 not a draw of the estimator: it is left out and counted in `failed_draws`, with the first
@@ -43,6 +44,7 @@ micro-batches as configured.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Callable, Sequence
 
@@ -50,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bpo_jax import estimators
+from bpo_jax import fork_variance
 from bpo_jax import rollout as rollout_lib
 from bpo_jax.training import checkpoint as checkpoint_lib
 from bpo_jax.training import experiment as experiment_lib
@@ -76,24 +78,30 @@ def welford_step(mean, grads, count):
   return mean, term
 
 
-_MOMENTS = jax.jit(jax.vmap(estimators.first_fork_moments, in_axes=(0, None)))
+# The fork levels whose shares a measurement gives (module docstring).
+FORK_LEVELS = 3
+_MOMENTS = [jax.jit(jax.vmap(functools.partial(fork_variance.fork_moments, level=k),
+                             in_axes=(0, None))) for k in range(1, FORK_LEVELS + 1)]
 
 
 def draw_gradient(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine,
                   gradient: Callable, params, tasks: list, key: jax.Array, threshold: float,
                   ref=None):
-  """(g, compute counters with the trees' `first_fork_moments` (one row per entry of `tasks`),
-  first failure or None) of one draw: the trees of `tasks` grown with `key`, estimated and
-  packed as the iteration does, and the update's gradient of them at `params`; g is None when a
-  branch failed (the gradient is not taken)."""
+  """(g, compute counters with the trees' `fork_moments` under "moments", [trees, FORK_LEVELS,
+  3]: a row per entry of `tasks`, a column per level; first failure or None) of one draw: the
+  trees of `tasks` grown with `key`, estimated and packed as the iteration does, and the
+  update's gradient of them at `params`; g is None when a branch failed (the gradient is not
+  taken)."""
   batch = iteration_lib.grow(engine, exp.full_params(params), tasks, key, threshold)
   failure = first_failure(batch)
   if failure is not None:
     return None, batch.compute.as_dict(), failure
   compute = batch.compute.as_dict()
   trees = jax.tree.map(jnp.asarray, batch.stacked_trees())
-  compute["moments"] = np.stack([np.asarray(m, np.float64)
-                                 for m in _MOMENTS(trees, float(exp.config.rollout.gamma))], 1)
+  gamma = float(exp.config.rollout.gamma)
+  levels = [np.stack([np.asarray(m, np.float64) for m in moments(trees, gamma)], 1)
+            for moments in _MOMENTS]  # each [trees, 3]: mean, mean_square, within
+  compute["moments"] = np.stack(levels, 1)
   packed, _, _, _ = iteration_lib.estimate_and_pack(exp.config, batch, len(tasks),
                                                     placement_lib.Placement())
   grads, _, _, _ = gradient(params, jax.tree.map(jnp.asarray, packed), ref, len(tasks),
@@ -101,9 +109,9 @@ def draw_gradient(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   return grads, compute, None
 
 
-def first_fork_share(task_index: Sequence[int], moments: Sequence[np.ndarray]) -> float | None:
-  """Var(E[G | s_τ]) / Var(G) at the trees' first forks, from every draw's trees
-  (`estimators.first_fork_moments`; `moments` one [trees, 3] array of (mean, mean_square,
+def fork_share(task_index: Sequence[int], moments: Sequence[np.ndarray]) -> float | None:
+  """Var(E[G | s_τ]) / Var(G) at one level of the trees' forks, from every draw's trees
+  (`fork_variance.fork_moments`; `moments` one [trees, 3] array of (mean, mean_square,
   within) per draw, `task_index` each tree's task): per task, Var(G) = mean of mean_square −
   (mean of mean)² + (their variance) / n over its n trees, and E[Var(G | s_τ)] the mean of
   within; the share is 1 − Σ_tasks E[within] / Σ_tasks Var(G), pooled over the tasks. None
@@ -170,7 +178,8 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
   # `tasks` holds each task's trees_per_task entries in a row (`iteration.iteration_tasks`).
   task_index = [i // trees_per_task for i in range(len(tasks))]
   return {"variance": total / (used - 1),
-          "first_fork_share": first_fork_share(task_index, moments),
+          "fork_shares": [fork_share(task_index, [m[:, k] for m in moments])
+                          for k in range(FORK_LEVELS)],
           "mean_sq_norm": float(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(mean))),
           "draws": used, "skipped_draws": skipped, "failed_draws": failed, "failure": failure,
           "env_steps_per_task": float(np.mean(env_steps)) / per_task,

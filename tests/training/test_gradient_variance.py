@@ -69,13 +69,14 @@ def test_fork_threshold_fixed_from_the_config_running_from_the_checkpoint():
 
 def _stand_in_draws(monkeypatch, draws, moments=((1.0, 2.0, 0.5),)):
   """`gv.draw_gradient` replaced by one that hands out `draws` ((gradient, failure) pairs) in
-  turn, each spending 6 env steps and 10 tokens, its two trees' first-fork moments the next
-  row of `moments` (cycled)."""
+  turn, each spending 6 env steps and 10 tokens, its two trees' fork moments the next row of
+  `moments` (cycled) at level 1, and at the deeper levels that row with `within` halved."""
   queue, rows = list(draws), list(moments)
   def draw(*args):
     del args
     grads, failure = queue.pop(0)
-    spent = {"env_steps": 6, "tokens_processed": 10, "moments": np.array([rows[0]] * 2)}
+    levels = [np.multiply(rows[0], (1, 1, 0.5 ** min(k, 1))) for k in range(gv.FORK_LEVELS)]
+    spent = {"env_steps": 6, "tokens_processed": 10, "moments": np.array([levels] * 2)}
     rows.append(rows.pop(0))
     return (None if failure else {"w": jnp.asarray(grads, jnp.float32)}), spent, failure
   monkeypatch.setattr(gv, "draw_gradient", draw)
@@ -86,30 +87,31 @@ def _stand_in_draws(monkeypatch, draws, moments=((1.0, 2.0, 0.5),)):
 def test_a_draw_with_a_failed_branch_is_left_out_and_named(monkeypatch):
   # The draws that count: [1, 0], [3, 0], [2, 3]; mean [2, 1]; Σ||g - ḡ||² = 2 + 2 + 4 = 8.
   # Each task's trees over the counted draws: (mean, mean square, within) = (1, 2, .5), (3, 10,
-  # .5), (2, 5, .5): Var(G) = 17/3 − 4 + Var(1, 3, 2)/3 = 2 per task, E[within] .5 → 3/4.
+  # .5), (2, 5, .5): Var(G) = 17/3 − 4 + Var(1, 3, 2)/3 = 2 per task, E[within] .5 → 3/4 at
+  # level 1; .25 → 7/8 below.
   exp = _stand_in_draws(monkeypatch, [([1, 0], None), ([0, 0], "step: RuntimeError: injected"),
                                       ([3, 0], None), ([2, 3], None)],
                         moments=[(1, 2, .5), (9, 9, 9), (3, 10, .5), (2, 5, .5)])
   result = gv.gradient_variance(exp, None, None, None, ["a", "b"], [None] * 4, 0.0)
   assert result["variance"] == 8 / 2 and result["mean_sq_norm"] == 5.0
-  assert result["first_fork_share"] == pytest.approx(0.75, rel=1e-12)
+  assert result["fork_shares"] == pytest.approx([0.75, 0.875, 0.875], rel=1e-12)
   assert result["draws"] == 3 and result["failed_draws"] == 1 and result["skipped_draws"] == 0
   assert result["failure"] == "step: RuntimeError: injected"
   assert result["env_steps_per_task"] == 3.0 and result["tokens_per_task"] == 5.0
 
 
-def test_first_fork_share_by_hand():
+def test_fork_share_by_hand():
   # The docstring's example: Var(G) = 6 − 4 + 2/2 = 3, E[within] = 0.5.
   rows = [np.array([[1.0, 2.0, 0.5]]), np.array([[3.0, 10.0, 0.5]])]
-  assert gv.first_fork_share([7], rows) == pytest.approx(5 / 6, rel=1e-12)
+  assert gv.fork_share([7], rows) == pytest.approx(5 / 6, rel=1e-12)
   # Two tasks pool their variances: task 8's trees (mean 0, mean square 1, within 1) give
   # Var(G) = 1, so 1 − (0.5 + 1) / (3 + 1).
   rows = [np.array([[1.0, 2.0, 0.5], [0.0, 1.0, 1.0]]),
           np.array([[3.0, 10.0, 0.5], [0.0, 1.0, 1.0]])]
-  assert gv.first_fork_share([7, 8], rows) == pytest.approx(1 - 1.5 / 4, rel=1e-12)
+  assert gv.fork_share([7, 8], rows) == pytest.approx(1 - 1.5 / 4, rel=1e-12)
   # One tree per task cannot give Var(G); equal returns give no share.
-  assert gv.first_fork_share([7], [np.array([[1.0, 2.0, 0.5]])]) is None
-  assert gv.first_fork_share([7], [np.array([[1.0, 1.0, 0.0]])] * 2) is None
+  assert gv.fork_share([7], [np.array([[1.0, 2.0, 0.5]])]) is None
+  assert gv.fork_share([7], [np.array([[1.0, 1.0, 0.0]])] * 2) is None
 
 
 def test_too_few_draws_without_failures_is_an_error_naming_the_failure(monkeypatch):
@@ -201,10 +203,15 @@ def test_one_key_drawn_m_times_has_zero_variance(tiny):
   result = gv.gradient_variance(exp, engine, gradient, params, iteration.iteration_tasks(exp, 1),
                                 [key] * DRAWS, config.rollout.entropy_threshold, ref)
   assert result["variance"] == 0.0 and result["draws"] == DRAWS
-  one, _, failure = gv.draw_gradient(exp, engine, gradient, params,
-                                     iteration.iteration_tasks(exp, 1), key,
-                                     config.rollout.entropy_threshold, ref)
+  tasks = iteration.iteration_tasks(exp, 1)
+  one, compute, failure = gv.draw_gradient(exp, engine, gradient, params, tasks, key,
+                                           config.rollout.entropy_threshold, ref)
   assert failure is None and result["failed_draws"] == 0
+  # Each tree's fork moments, a column per level: the return's moments do not depend on it.
+  moments = compute["moments"]
+  assert moments.shape == (len(tasks), gv.FORK_LEVELS, 3)
+  np.testing.assert_array_equal(moments[:, 1:, :2],
+                                moments[:, :1, :2].repeat(gv.FORK_LEVELS - 1, 1))
   assert result["mean_sq_norm"] == pytest.approx(
       float(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(one))), rel=EPS32)
   assert result["mean_sq_norm"] > 0
