@@ -36,6 +36,7 @@ class ReturnMoments(NamedTuple):
   mean: Array          # Σ_ℓ w_ℓ G_ℓ: unbiased for E[G]
   mean_square: Array   # Σ_ℓ w_ℓ G_ℓ²: unbiased for E[G²]
   within: Array        # unbiased for E[Var(G | s_τk)], s_τk a path's k-th fork state
+  reach: Array         # Σ_g W_g: unbiased for the probability that a path has a k-th fork
 
 
 def fork_moments(tree: RolloutTree, gamma: float = 1.0, level: int = 1) -> ReturnMoments:
@@ -52,12 +53,14 @@ def fork_moments(tree: RolloutTree, gamma: float = 1.0, level: int = 1) -> Retur
   the bracket unbiased for Var(G | s_g) since E[S_i | s_g] = E[G² | s_g] and E[X_i X_j | s_g] =
   E[G | s_g]² for i ≠ j under any online fork rule (a shared budget included); paths with fewer
   than k forks end known (Var 0). G is centred on the tree's mean (the bracket is invariant to a
-  shift). `level` is a Python int ≥ 1 (static under jit).
+  shift). `reach` = Σ_g W_g, the weight of the paths that have a level-k fork: the share reads as
+  what the k-th fork states explain where it is near 1, and counts ended paths as resolved
+  where it is not. `level` is a Python int ≥ 1 (static under jit).
 
   Example: parent = [-1, 0, 0, 1, 1], reward = [0, 0, 1, 2, 4]: path returns 1, 2, 4 with
   weights 1/2, 1/4, 1/4 → mean 2, mean_square 5.5. Level 1 is nodes 1 and 2 (W = 1) with X = 3,
-  1 and S = 10, 1 → within = 5.5 − 3 = 2.5; level 2 is nodes 3 and 4 (W = 1/2), whose
-  returns 2 and 4 give the sample variance 2 → within = 1.
+  1 and S = 10, 1 → within = 5.5 − 3 = 2.5, reach 1; level 2 is nodes 3 and 4 (W = 1/2),
+  whose returns 2 and 4 give the sample variance 2 → within = 1, reach 1/2.
   """
   if not isinstance(level, int) or level < 1:
     raise ValueError(f"level = {level!r}: the fork level counts from 1")
@@ -91,5 +94,7 @@ def fork_moments(tree: RolloutTree, gamma: float = 1.0, level: int = 1) -> Retur
   k = group(member.astype(f32))
   pairs = (group(x) ** 2 - group(x ** 2)) / jnp.maximum(k * (k - 1.0), 1.0)
   bracket = jnp.where(k >= 2, group(sq) / jnp.maximum(k, 1.0) - pairs, 0.0)
-  within = jnp.sum(group(jnp.where(member, weights, 0.0)) * bracket)
-  return ReturnMoments(mean=mean, mean_square=mean_square, within=within)
+  group_weight = group(jnp.where(member, weights, 0.0))
+  within = jnp.sum(group_weight * bracket)
+  return ReturnMoments(mean=mean, mean_square=mean_square, within=within,
+                       reach=jnp.sum(jnp.where(k >= 2, group_weight, 0.0)))

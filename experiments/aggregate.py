@@ -138,6 +138,7 @@ def gradient_variance_metrics(measured: dict | None) -> dict | None:
           "per_checkpoint": [p["variance"] for p in points],
           "true_sq_norm": float(np.mean([true_sq_norm(p) for p in points])),
           "fork_shares": _level_means([point_fork_shares(p) for p in points]),
+          "fork_reach": _level_means([p.get("fork_reach") or [] for p in points]),
           **{k: float(np.mean([p[k] for p in points]))
              for k in ("variance", "mean_sq_norm", "env_steps_per_task", "tokens_per_task")}}
 
@@ -207,6 +208,7 @@ def _variance_summary(runs: Sequence[dict], confidence: float) -> dict | None:
           "steps": sorted({step for m in measured for step in m["steps"]}),
           "variance": t_interval([m["variance"] for m in measured], confidence),
           "fork_shares": _level_means([m.get("fork_shares") or [] for m in measured]),
+          "fork_reach": _level_means([m.get("fork_reach") or [] for m in measured]),
           **{k: float(np.mean([m[k] for m in measured]))
              for k in ("mean_sq_norm", "true_sq_norm", "env_steps_per_task", "tokens_per_task")}}
 
@@ -373,7 +375,7 @@ def claim_two_lines(results: dict) -> list[str]:
            "tokens per task each draw spent.", "",
            "| method | seeds | E‖g − ḡ‖² | × GRPO | × RLOO | ‖ḡ‖² | ‖E g‖² = ‖ḡ‖² − E‖g − ḡ‖²/M "
            "| env steps / task of the draws | policy tokens / task of the draws "
-           "| fork shares Var(E[G | s_τk]) / Var(G), k = 1, 2, 3 |",
+           "| fork shares Var(E[G | s_τk]) / Var(G), k = 1, 2, 3 (paths with a k-th fork) |",
            "|---|---|---|---|---|---|---|---|---|---|"]
   for name, v in methods.items():
     lines.append(f"| {name} | {v['seeds']} | {_interval(v['variance'], 4)} | "
@@ -381,8 +383,15 @@ def claim_two_lines(results: dict) -> list[str]:
                  f"{_fmt(v['mean_sq_norm'], 4)} | {_fmt(v.get('true_sq_norm'), 4)} | "
                  f"{_fmt(v['env_steps_per_task'], 1)} | "
                  f"{_fmt(v['tokens_per_task'], 0)} | "
-                 f"{', '.join(_fmt(x, 2) for x in v.get('fork_shares') or [None])} |")
+                 f"{_fork_shares(v.get('fork_shares'), v.get('fork_reach'))} |")
   return lines
+
+
+def _fork_shares(shares, reach) -> str:
+  """"0.00 (1.00), 0.35 (0.90)": each level's share with its paths' weight where measured."""
+  reach = reach or []
+  return ", ".join(_fmt(x, 2) + (f" ({reach[k]:.2f})" if k < len(reach) and reach[k] is not None
+                                 else "") for k, x in enumerate(shares or [None]))
 
 
 PLOTS = (("env_steps", "env steps (all tasks)", "success_vs_env_steps.png"),

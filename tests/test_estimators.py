@@ -230,11 +230,13 @@ def test_diagnostics_hand_computed():
   assert_close(moments.mean, 2.0, steps=2)
   assert_close(moments.mean_square, 5.5, steps=2)
   assert_close(moments.within, 2.5, steps=4, magnitude=5.5)
+  assert float(moments.reach) == 1.0
   # Level 2: nodes 3 and 4 (W = 1/2), returns 2 and 4, sample variance 2 → within 1; the path
   # through node 2 has no second fork. No level 3.
-  level = lambda k: jax.jit(functools.partial(FV.fork_moments, level=k))(tree).within
-  assert_close(level(2), 1.0, steps=4, magnitude=5.5)
-  assert float(level(3)) == 0.0
+  level = lambda k: jax.jit(functools.partial(FV.fork_moments, level=k))(tree)
+  assert_close(level(2).within, 1.0, steps=4, magnitude=5.5)
+  assert float(level(2).reach) == 0.5  # dyadic: exact
+  assert float(level(3).within) == float(level(3).reach) == 0.0
   with pytest.raises(ValueError, match="level = 0"):
     FV.fork_moments(tree, level=0)
   # A group of K episodes forks at the root: within is their unbiased sample variance, so a

@@ -170,7 +170,8 @@ def test_fork_moments_are_unbiased(num_actions, horizon, threshold, max_forks):
       lambda state, depth: T.return_variance_from(mdp, state, depth))
   for level in (1, 2):
     moments = jax.jit(jax.vmap(functools.partial(FV.fork_moments, level=level)))(trees)
-    exact = np.array([_exact_within(variance_from, *tree, level) for tree in zip(*columns)])
+    exact, reach = np.array([_exact_within(variance_from, *tree, level)
+                             for tree in zip(*columns)]).T
     if level <= max_forks:  # groups of this level occur, some below the root, with variance
       assert exact.max() > 0.1
     else:
@@ -178,6 +179,8 @@ def test_fork_moments_are_unbiased(num_actions, horizon, threshold, max_forks):
     close(p @ np.asarray(moments.mean, np.float64), q @ g)
     close(p @ np.asarray(moments.mean_square, np.float64), q @ g**2)
     close(p @ np.asarray(moments.within, np.float64), p @ exact)
+    # The weight of the paths with a level-k fork: sums of ≤ N dyadic weights, exact.
+    np.testing.assert_array_equal(np.asarray(moments.reach, np.float64), reach)
     # Var(E[G | s_τk]) / Var(G) ∈ [0, 1], growing with k (the later fork states know more);
     # the last-fork share of `prefix_explained_variance` has no such reading.
     share = 1.0 - (p @ exact) / var_g
@@ -189,7 +192,7 @@ def test_fork_moments_are_unbiased(num_actions, horizon, threshold, max_forks):
 
 def _exact_within(variance_from, parent, depth, valid, counts, weights, states,
                   level: int) -> float:
-  """Σ_g W_g Var(G | s_g) over one tree's fork groups of `level` (exact, float64):
+  """(Σ_g W_g Var(G | s_g), Σ_g W_g) over one tree's fork groups of `level` (exact, float64):
   `variance_from(state, depth)` the variance of the return from there."""
   forks_on_path = np.zeros(len(parent), int)
   for i in range(len(parent)):  # parents first
@@ -199,9 +202,10 @@ def _exact_within(variance_from, parent, depth, valid, counts, weights, states,
   groups = {}
   for i in np.flatnonzero(valid & (counts >= 2) & (forks_on_path == level)):
     groups.setdefault(int(parent[i]), []).append(int(i))
-  return sum(np.sum(weights[m], dtype=np.float64) * variance_from(int(states[m[0]]),
-                                                                  int(depth[m[0]]))
-             for m in groups.values())
+  within = sum(np.sum(weights[m], dtype=np.float64) * variance_from(int(states[m[0]]),
+                                                                    int(depth[m[0]]))
+               for m in groups.values())
+  return within, sum(np.sum(weights[m], dtype=np.float64) for m in groups.values())
 
 
 def test_top_k_after_the_fact_is_biased():

@@ -16,6 +16,8 @@ same loss and normalisation; no clipping of its norm, no optimizer step). Measur
                  (`fork_share`, `fork_variance.fork_moments`): the share of the return's
                  variance the states of the trees' k-th forks explain; a group, and a tree that
                  forks at its first decision, read about 0 at k = 1 (their first fork is the root)
+  fork_reach     per level, the mean over the draws' trees of the weight of the paths that have
+                 a k-th fork (a path without one counts as resolved at its end)
 
 A draw in which a branch failed (a sandbox that raised or could not restore; docs/DESIGN.md §4) is
 not a draw of the estimator: it is left out and counted in `failed_draws`, with the first
@@ -88,7 +90,7 @@ def draw_gradient(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
                   gradient: Callable, params, tasks: list, key: jax.Array, threshold: float,
                   ref=None):
   """(g, compute counters with the trees' `fork_moments` under "moments", [trees, FORK_LEVELS,
-  3]: a row per entry of `tasks`, a column per level; first failure or None) of one draw: the
+  4]: a row per entry of `tasks`, a column per level; first failure or None) of one draw: the
   trees of `tasks` grown with `key`, estimated and packed as the iteration does, and the
   update's gradient of them at `params`; g is None when a branch failed (the gradient is not
   taken)."""
@@ -100,7 +102,7 @@ def draw_gradient(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   trees = jax.tree.map(jnp.asarray, batch.stacked_trees())
   gamma = float(exp.config.rollout.gamma)
   levels = [np.stack([np.asarray(m, np.float64) for m in moments(trees, gamma)], 1)
-            for moments in _MOMENTS]  # each [trees, 3]: mean, mean_square, within
+            for moments in _MOMENTS]  # each [trees, 4]: mean, mean_square, within, reach
   compute["moments"] = np.stack(levels, 1)
   packed, _, _, _ = iteration_lib.estimate_and_pack(exp.config, batch, len(tasks),
                                                     placement_lib.Placement())
@@ -111,7 +113,7 @@ def draw_gradient(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
 
 def fork_share(task_index: Sequence[int], moments: Sequence[np.ndarray]) -> float | None:
   """Var(E[G | s_τ]) / Var(G) at one level of the trees' forks, from every draw's trees
-  (`fork_variance.fork_moments`; `moments` one [trees, 3] array of (mean, mean_square,
+  (`fork_variance.fork_moments`; `moments` one [trees, ≥ 3] array of (mean, mean_square,
   within) per draw, `task_index` each tree's task): per task, Var(G) = mean of mean_square −
   (mean of mean)² + (their variance) / n over its n trees, and E[Var(G | s_τ)] the mean of
   within; the share is 1 − Σ_tasks E[within] / Σ_tasks Var(G), pooled over the tasks. None
@@ -124,7 +126,7 @@ def fork_share(task_index: Sequence[int], moments: Sequence[np.ndarray]) -> floa
   tasks = np.tile(np.asarray(task_index), len(moments))
   var_g, within = 0.0, 0.0
   for task in np.unique(tasks):
-    mean, mean_square, inner = rows[tasks == task].T
+    mean, mean_square, inner = rows[tasks == task][:, :3].T
     if len(mean) < 2:
       return None
     var_g += mean_square.mean() - mean.mean() ** 2 + mean.var(ddof=1) / len(mean)
@@ -180,6 +182,8 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
   return {"variance": total / (used - 1),
           "fork_shares": [fork_share(task_index, [m[:, k] for m in moments])
                           for k in range(FORK_LEVELS)],
+          "fork_reach": [float(np.mean([m[:, k, 3] for m in moments]))
+                         for k in range(FORK_LEVELS)],
           "mean_sq_norm": float(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(mean))),
           "draws": used, "skipped_draws": skipped, "failed_draws": failed, "failure": failure,
           "env_steps_per_task": float(np.mean(env_steps)) / per_task,

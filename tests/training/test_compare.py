@@ -249,7 +249,7 @@ def test_bad_flags_one_line_exit_2(tmp_path, flag, message):
 
 def _write_gradient_variance(workdir, variances, env_steps=(6.0, 8.0)):
   points = [{"step": 2 * i, "variance": v, "mean_sq_norm": 0.5, "draws": 16,
-             "fork_shares": [0.0, 0.25 * (i + 1)],
+             "fork_shares": [0.0, 0.25 * (i + 1)], "fork_reach": [1.0, 0.5 * (i + 1)],
              "skipped_draws": 0, "env_steps_per_task": env_steps[i % 2],
              "tokens_per_task": 60.0} for i, v in enumerate(variances)]
   with open(os.path.join(workdir, aggregate.GRADIENT_VARIANCE_JSON), "w",
@@ -297,9 +297,9 @@ def test_claim_two_by_hand(tmp_path):
   assert "Claim 2" in table and "over 16 independent draws" in table
   # Seed 1: 0.5 − 2/16 and 0.5 − 4/16, mean 0.3125; over the seeds 0.34375.
   # The fork shares: 0 at level 1; at level 2 0.25 and 0.5 at the two checkpoints, 0.375 on
-  # every seed.
+  # every seed; the paths with a second fork weigh 0.5 and 1, 0.75.
   assert "| bpo | 2 | 2.5000 [" in table
-  assert "| 0.42 | 0.25 | 0.5000 | 0.3438 | 7.0 | 60 | 0.00, 0.38 |" in table
+  assert "| 0.42 | 0.25 | 0.5000 | 0.3438 | 7.0 | 60 | 0.00 (1.00), 0.38 (0.75) |" in table
   # A file measured before the levels holds level 1 alone.
   assert aggregate.point_fork_shares({"first_fork_share": 0.1}) == [0.1]
   assert "gradient_variance.png" in aggregate.plots(results, str(tmp_path))

@@ -70,12 +70,14 @@ def test_fork_threshold_fixed_from_the_config_running_from_the_checkpoint():
 def _stand_in_draws(monkeypatch, draws, moments=((1.0, 2.0, 0.5),)):
   """`gv.draw_gradient` replaced by one that hands out `draws` ((gradient, failure) pairs) in
   turn, each spending 6 env steps and 10 tokens, its two trees' fork moments the next row of
-  `moments` (cycled) at level 1, and at the deeper levels that row with `within` halved."""
+  `moments` (cycled) at level 1, and at the deeper levels that row with `within` halved; the
+  paths reaching level k weigh 2^-(k - 1)."""
   queue, rows = list(draws), list(moments)
   def draw(*args):
     del args
     grads, failure = queue.pop(0)
-    levels = [np.multiply(rows[0], (1, 1, 0.5 ** min(k, 1))) for k in range(gv.FORK_LEVELS)]
+    levels = [np.multiply(rows[0] + (1.0,), (1, 1, 0.5 ** min(k, 1), 0.5 ** k))
+              for k in range(gv.FORK_LEVELS)]
     spent = {"env_steps": 6, "tokens_processed": 10, "moments": np.array([levels] * 2)}
     rows.append(rows.pop(0))
     return (None if failure else {"w": jnp.asarray(grads, jnp.float32)}), spent, failure
@@ -95,6 +97,7 @@ def test_a_draw_with_a_failed_branch_is_left_out_and_named(monkeypatch):
   result = gv.gradient_variance(exp, None, None, None, ["a", "b"], [None] * 4, 0.0)
   assert result["variance"] == 8 / 2 and result["mean_sq_norm"] == 5.0
   assert result["fork_shares"] == pytest.approx([0.75, 0.875, 0.875], rel=1e-12)
+  assert result["fork_reach"] == [1.0, 0.5, 0.25]
   assert result["draws"] == 3 and result["failed_draws"] == 1 and result["skipped_draws"] == 0
   assert result["failure"] == "step: RuntimeError: injected"
   assert result["env_steps_per_task"] == 3.0 and result["tokens_per_task"] == 5.0
@@ -209,7 +212,7 @@ def test_one_key_drawn_m_times_has_zero_variance(tiny):
   assert failure is None and result["failed_draws"] == 0
   # Each tree's fork moments, a column per level: the return's moments do not depend on it.
   moments = compute["moments"]
-  assert moments.shape == (len(tasks), gv.FORK_LEVELS, 3)
+  assert moments.shape == (len(tasks), gv.FORK_LEVELS, 4)
   np.testing.assert_array_equal(moments[:, 1:, :2],
                                 moments[:, :1, :2].repeat(gv.FORK_LEVELS - 1, 1))
   assert result["mean_sq_norm"] == pytest.approx(
