@@ -63,7 +63,7 @@ def fork_moments(tree: RolloutTree, gamma: float = 1.0, level: int = 1) -> Retur
   whose returns 2 and 4 give the sample variance 2 → within = 1, reach 1/2.
   """
   if not isinstance(level, int) or level < 1:
-    raise ValueError(f"level = {level!r}: the fork level counts from 1")
+    raise ValueError(f"level = {level!r}: must be a Python int >= 1 (fork levels count from 1)")
   n = _check_tree(tree)
   f32 = jnp.float32
   discount = jnp.asarray(gamma, f32) ** tree.depth.astype(f32)

@@ -237,8 +237,9 @@ def test_diagnostics_hand_computed():
   assert_close(level(2).within, 1.0, steps=4, magnitude=5.5)
   assert float(level(2).reach) == 0.5  # dyadic: exact
   assert float(level(3).within) == float(level(3).reach) == 0.0
-  with pytest.raises(ValueError, match="level = 0"):
-    FV.fork_moments(tree, level=0)
+  for bad in (0, 1.5):
+    with pytest.raises(ValueError, match=f"level = {bad}: must be a Python int >= 1"):
+      FV.fork_moments(tree, level=bad)
   # A group of K episodes forks at the root: within is their unbiased sample variance, so a
   # group reads Var(G | s_0) = Var(G), nothing explained.
   group = from_parents([-1, -1, -1, 0, 1, 2], [0.0, 0.0, 0.0, 1.0, 2.0, 6.0])

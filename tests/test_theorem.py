@@ -168,6 +168,7 @@ def test_fork_moments_are_unbiased(num_actions, horizon, threshold, max_forks):
                                       jax.jit(jax.vmap(E.path_weights))(trees), batch.state)]
   variance_from = functools.lru_cache(maxsize=None)(
       lambda state, depth: T.return_variance_from(mdp, state, depth))
+  shares = []
   for level in (1, 2):
     moments = jax.jit(jax.vmap(functools.partial(FV.fork_moments, level=level)))(trees)
     exact, reach = np.array([_exact_within(variance_from, *tree, level)
@@ -183,15 +184,13 @@ def test_fork_moments_are_unbiased(num_actions, horizon, threshold, max_forks):
     np.testing.assert_array_equal(np.asarray(moments.reach, np.float64), reach)
     # Var(E[G | s_τk]) / Var(G) ∈ [0, 1], growing with k (the later fork states know more);
     # the last-fork share of `prefix_explained_variance` has no such reading.
-    share = 1.0 - (p @ exact) / var_g
-    assert 0.0 <= share <= 1.0
-    if level == 1:
-      first = share
-  assert share >= first
+    shares.append(1.0 - (p @ exact) / var_g)
+    assert 0.0 <= shares[-1] <= 1.0
+  assert shares[1] >= shares[0]
 
 
 def _exact_within(variance_from, parent, depth, valid, counts, weights, states,
-                  level: int) -> float:
+                  level: int) -> tuple[float, float]:
   """(Σ_g W_g Var(G | s_g), Σ_g W_g) over one tree's fork groups of `level` (exact, float64):
   `variance_from(state, depth)` the variance of the return from there."""
   forks_on_path = np.zeros(len(parent), int)
