@@ -580,6 +580,32 @@ def test_used_budget_and_sibling_forks_follow_the_audit(policy, fmt, tasks):
   check_token_accounting(result)
 
 
+def test_root_fork_takes_root_siblings_and_later_forks_take_k(policy, fmt, tasks):
+  # K = 4 at the root state (as a group of 4 episodes forks there), K = 2 below; every state
+  # forks while the worst-case env-step budget allows: 4 branches x 6 turns = 24 at the root,
+  # then a fork below only while the live branches' remaining turns leave room in 30.
+  batch = grow(policy, fmt, in_process_pool(), tasks[:2], seed=7, threshold=-1.0,
+               num_siblings=2, root_siblings=4, max_leaves=8, max_env_steps=30,
+               siblings_fork=True)
+  for result in batch.rollouts:
+    tree_lib.validate(result.tree)
+    kids = valid_children(result)
+    root = [d for d in result.decisions if d.depth == 0]
+    assert len(root) == 1 and root[0].node == rollout.ROOT and root[0].num_siblings == 4
+    assert len(kids[rollout.ROOT]) == 4
+    below = [d for d in result.decisions if d.depth > 0 and d.affordable]
+    assert all(d.num_siblings == 2 and len(kids[d.node]) == 2 for d in below)
+    assert result.compute.env_steps <= 30
+    assert result.leaves().size == 4 + len(below)
+    replay_checks(result)
+    check_token_accounting(result)
+  assert any(d.depth > 0 and d.affordable for r in batch.rollouts for d in r.decisions)
+  with pytest.raises(ValueError, match="root_siblings must be >= 2"):
+    rollout.RolloutConfig(root_siblings=1)
+  with pytest.raises(ValueError, match="root_siblings: only a tree grown by an online"):
+    rollout.RolloutConfig(topology="group", root_siblings=4)
+
+
 def test_turn_limit_cuts_a_branch(policy, fmt, tasks):
   # Truncated, not terminal, and no observation tokens kept for the cut step.
   batch = grow(policy, fmt, in_process_pool(), tasks[:1], seed=5, fork_rule="never",

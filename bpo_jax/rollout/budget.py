@@ -33,10 +33,9 @@ class TurnBudget:
       self._steps[branch.task] += config.max_turns - branch.depth
       self._tokens[branch.task] += config.max_length - branch.length
 
-  def affordable(self, tree: TreeState, branch: Branch) -> bool:
-    """Whether `tree`'s budgets allow K-1 more branches from `branch`'s state."""
+  def affordable(self, tree: TreeState, branch: Branch, extra: int) -> bool:
+    """Whether `tree`'s budgets allow `extra` (K-1) more branches from `branch`'s state."""
     cfg = self._config
-    extra = cfg.num_siblings - 1
     if cfg.max_leaves is not None and tree.branches_started + extra > cfg.max_leaves:
       return False
     worst_steps = self._steps[branch.task]

@@ -22,6 +22,9 @@ class RolloutConfig:
     topology: "tree" (BPO: forks decided online along the way) or "group" (N independent
       rollouts per task: a fork of N at the root state and none after, `episodes_per_group`).
     num_siblings: K, the actions tried at a fork (the branch itself plus K-1 new ones).
+    root_siblings: K at the tree's root state (the backbone's first decision, where a group
+      forks too); None: `num_siblings`. The number is fixed by the state's depth, known before
+      any action there is sampled, so the online rules stay unbiased (`siblings_at`).
     group_size: N for the group topology: > 0 a fixed N (the env-step budget is not read);
       0 as many whole episodes as fit in `max_env_steps` at the worst case, N =
       max_env_steps // max_turns (`episodes_per_group`), at least 2.
@@ -64,6 +67,7 @@ class RolloutConfig:
 
   topology: str = "tree"
   num_siblings: int = 4
+  root_siblings: int | None = None
   group_size: int = 8
   fork_rule: str = "entropy"
   entropy_measure: str = "first_token"
@@ -104,6 +108,14 @@ class RolloutConfig:
     if self.topology == "tree" and self.fork_rule != "never" and self.num_siblings < 2:
       raise ValueError(f"RolloutConfig.num_siblings must be >= 2 to fork, got "
                        f"{self.num_siblings}")
+    if self.root_siblings is not None:
+      if self.root_siblings < 2:
+        raise ValueError(f"RolloutConfig.root_siblings must be >= 2 or None, got "
+                         f"{self.root_siblings}")
+      if self.topology != "tree" or self.fork_rule == "top_k_after":
+        raise ValueError("RolloutConfig.root_siblings: only a tree grown by an online fork rule "
+                         f"has a root fork of its own (topology {self.topology!r}, fork_rule "
+                         f"{self.fork_rule!r})")
     for name in ("max_leaves", "max_env_steps", "max_tokens", "capacity"):
       value = getattr(self, name)
       if value is not None and value < 1:
@@ -168,6 +180,13 @@ class RolloutConfig:
     if self.topology == "group":
       return self.episodes_per_group * self.max_turns
     return self.max_leaves * self.max_turns
+
+  def siblings_at(self, depth: int) -> int:
+    """K at a state `depth` steps into its branch: `root_siblings` at the root (depth 0, only
+    the backbone decides there), else `num_siblings`."""
+    if depth == 0 and self.root_siblings is not None:
+      return self.root_siblings
+    return self.num_siblings
 
   @property
   def max_forks(self) -> int | None:

@@ -78,7 +78,7 @@ class OnlineRule(ForkPolicy):
 
   def __init__(self, config: RolloutConfig):
     self.siblings_fork = config.siblings_fork
-    self._num_new = config.num_siblings - 1
+    self._config = config
     self._max_forks = (config.max_forks if config.max_forks is not None
                        else np.iinfo(np.int32).max)
 
@@ -89,9 +89,10 @@ class OnlineRule(ForkPolicy):
     counters = tree.counters()
     eligible = branch.can_fork
     rule = eligible and self.fires(entropy, tree)
-    affordable = rule and budget.affordable(tree, branch)
+    new = self._config.siblings_at(branch.depth) - 1
+    affordable = rule and budget.affordable(tree, branch, new)
     return Verdict(entropy=entropy, eligible=eligible, rule=rule, affordable=affordable,
-                   siblings=self._num_new if affordable else 0, counters=counters)
+                   siblings=new if affordable else 0, counters=counters)
 
 
 class EntropyRule(OnlineRule):

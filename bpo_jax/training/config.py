@@ -125,6 +125,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.task_offset = 0
   c.rollout.trees_per_task = 1     # >= 2 for the leave-one-out trunk baseline
   c.rollout.k = 2                  # siblings per fork (BPO)
+  c.rollout.root_k = 0             # siblings at the tree's root fork (0 = rollout.k)
   # Episodes per task of a baseline (topology "group"): > 0 that many (>= 2); 0 as many whole
   # episodes as fit in rollout.max_env_steps at the worst case, max_env_steps // env.max_turns
   # (compute matched to BPO's env-step budget by construction, docs/DESIGN.md §3).
@@ -246,6 +247,7 @@ _RANGES = (
     ("rollout.task_offset", 0, None, ""),
     ("rollout.trees_per_task", 1, None, ""),
     ("rollout.k", 2, None, "a fork needs at least two siblings"),
+    ("rollout.root_k", 0, None, "0 = rollout.k"),
     ("rollout.group_size", 0, None, "0 = as many episodes as fit rollout.max_env_steps"),
     ("rollout.entropy_threshold", 0.0, None, ""),
     ("rollout.fork_probability", 0.0, 1.0, ""),
@@ -417,6 +419,11 @@ def _check_budgets(config, problems: list[str]):
   elif r.max_leaves < r.k:
     problems.append(f"rollout.max_leaves = {r.max_leaves}: cannot hold one fork of rollout.k = "
                     f"{r.k} siblings; set max_leaves >= k")
+  if r.root_k == 1:
+    problems.append("rollout.root_k = 1: a fork needs at least two siblings (0 = rollout.k)")
+  elif estimator.topology == "tree" and r.max_leaves < r.root_k:
+    problems.append(f"rollout.max_leaves = {r.max_leaves}: cannot hold the root's fork of "
+                    f"rollout.root_k = {r.root_k} siblings; set max_leaves >= root_k")
   if estimator.topology == "tree" and r.max_env_steps < r.k:
     problems.append(f"rollout.max_env_steps = {r.max_env_steps}: cannot hold one step of each of "
                     f"rollout.k = {r.k} branches; set max_env_steps >= k")

@@ -82,7 +82,8 @@ def rollout_config(config, evaluation: bool = False) -> rollout_lib.RolloutConfi
   estimator = estimator_registry.get(r.estimator)
   if estimator.topology == "tree":
     return rollout_lib.RolloutConfig(
-        topology="tree", num_siblings=r.k, fork_rule=r.fork_rule,
+        topology="tree", num_siblings=r.k, root_siblings=r.root_k or None,
+        fork_rule=r.fork_rule,
         entropy_measure=r.entropy_measure, entropy_threshold=r.entropy_threshold,
         fork_prob=r.fork_probability, siblings_fork=r.siblings_fork,
         max_leaves=r.max_leaves, max_env_steps=r.max_env_steps, max_tokens=r.max_tree_tokens,

@@ -110,6 +110,23 @@ def test_leaf_budget_cannot_hold_one_fork():
       "max_leaves >= k"]
 
 
+@pytest.mark.parametrize("root_k,expected", [
+    (1, "rollout.root_k = 1: a fork needs at least two siblings (0 = rollout.k)"),
+    (-3, "rollout.root_k = -3: must be >= 0 (0 = rollout.k)"),
+    (5, "rollout.max_leaves = 4: cannot hold the root's fork of rollout.root_k = 5 siblings; "
+        "set max_leaves >= root_k")])
+def test_root_k(root_k, expected):
+  config = config_lib.default_config()
+  config.rollout.root_k = root_k
+  assert _problems(config) == [expected]
+  config.rollout.root_k = 4  # as many as the leaves hold
+  config_lib.validate(config)
+  assert translate.rollout_config(config).siblings_at(0) == 4
+  assert translate.rollout_config(config).siblings_at(1) == 2
+  config.rollout.root_k = 0  # rollout.k at the root too
+  assert translate.rollout_config(config).root_siblings is None
+
+
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "gigpo"])
 def test_a_baseline_group_holds_what_fits_the_env_step_budget(estimator):
   config = config_lib.default_config()
