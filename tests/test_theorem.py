@@ -93,6 +93,19 @@ def test_online_bpo_is_unbiased_loo_trunk():
   _assert_matches_true_gradient(mean, mdp, batch, trunk_rounds=2)
 
 
+def test_online_bpo_is_unbiased_with_more_siblings_at_the_root():
+  # rollout.root_k: K = 3 at the root state, K = 2 below; threshold 0 forks the confident root.
+  mdp = _mdp(2, 3)
+  batch = T.to_batch(T.enumerate_online_trees(mdp, threshold=0.0, fork_k=2, max_forks=2,
+                                              root_k=3), mdp)
+  _assert_probabilities_sum_to_one(batch)
+  counts = np.asarray(_children_counts(jax.tree_util.tree_map(jnp.asarray, batch.trees)))
+  np.testing.assert_array_equal(counts[:, -1], 3)  # the root's slot: three siblings
+  assert set(counts[:, :-1][counts[:, :-1] >= 2].tolist()) == {2}
+  mean, _ = T.bpo_gradient_moments(batch, mdp, "zero", num_trees=1)
+  _assert_matches_true_gradient(mean, mdp, batch)
+
+
 def test_wrong_weights_would_be_caught():
   # The same enumeration with every weight set to 1 (forks not averaged) is far from the truth,
   # so the unbiasedness tests above can fail.

@@ -119,9 +119,10 @@ class Outcome:
 
 
 def enumerate_online_trees(mdp: TabularMDP, *, threshold: float, fork_k: int,
-                           max_forks: int) -> list[Outcome]:
+                           max_forks: int, root_k: int | None = None) -> list[Outcome]:
   """Every tree of BPO's online rule with its probability (depth-first growth: a node's first
-  child's subtree is grown before its second child is sampled)."""
+  child's subtree is grown before its second child is sampled); a fork at the root state takes
+  `root_k` siblings (None: `fork_k`)."""
   pi = mdp.policy()
   entropy = mdp.entropy()
   out: list[Outcome] = []
@@ -135,7 +136,7 @@ def enumerate_online_trees(mdp: TabularMDP, *, threshold: float, fork_k: int,
     if kind == "expand":
       fork = bool(branching.online_fork_decision(entropy[state], threshold, forks_used,
                                                  max_forks))
-      k = fork_k if fork else 1
+      k = (root_k if depth == 0 and root_k else fork_k) if fork else 1
       grow(nodes, prob, forks_used + int(fork), rest + (("child", state, parent, depth),) * k)
       return
     for action in range(mdp.num_actions):
