@@ -6,6 +6,11 @@ zero trunk baseline and with a leave-one-out-across-trees trunk baseline, agains
 leaves and at equal env steps. The reference is RLOO; the ratio is Var(BPO) / Var(RLOO)
 (below 1: BPO has lower variance).
 
+A second table takes MDPs whose root is uncertain and trees of 4 leaves that fork at every
+state, with K' = 2, 3 or 4 siblings at the root (`rollout.root_k`) and 2 below, against RLOO
+with 2-5 episodes; its last column is variance × env steps (the variance of an average over a
+fixed env-step budget; lower is better).
+
   python benchmarks/variance_table.py [--json]
 """
 
@@ -25,6 +30,13 @@ SETTINGS = (
     dict(seed=0, num_actions=3, horizon=3, threshold=0.9, max_forks=1),
 )
 
+# Uncertain roots (logit scale 0.7 everywhere: root entropy 0.66-0.68 nats).
+ROOT_SETTINGS = (
+    dict(seed=0, num_actions=2, horizon=3),
+    dict(seed=1, num_actions=2, horizon=4),
+    dict(seed=2, num_actions=2, horizon=3),
+)
+
 
 def main():
   args = common.parser(__doc__.splitlines()[0]).parse_args()
@@ -39,6 +51,16 @@ def main():
                  f"fork 2 ways when entropy > {s['threshold']}, at most {s['max_forks']} forks")
     lines.append(tabular.format_variance_table(rows))
     figures["settings"].append(dict(s, rows=rows))
+  figures["root_siblings"] = []
+  for s in ROOT_SETTINGS:
+    mdp = tabular.make_mdp(s["seed"], num_actions=s["num_actions"], horizon=s["horizon"],
+                           logit_scale=0.7)
+    rows = tabular.root_siblings_table(mdp)
+    lines.append(f"\nMDP seed {s['seed']}, {s['num_actions']} actions, depth {s['horizon']}, "
+                 f"root entropy {float(mdp.entropy()[0]):.2f} nats; 4-leaf trees forking "
+                 f"everywhere")
+    lines.append(tabular.format_variance_table(rows, last="per_step", header="Var x steps"))
+    figures["root_siblings"].append(dict(s, rows=rows))
   common.emit(figures, args.json, lines)
 
 

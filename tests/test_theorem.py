@@ -106,6 +106,28 @@ def test_online_bpo_is_unbiased_with_more_siblings_at_the_root():
   _assert_matches_true_gradient(mean, mdp, batch)
 
 
+def test_a_root_fork_of_all_the_leaves_is_rloo():
+  # A 4-leaf tree with K' = 4 at the root and no fork left below is a group of 4 episodes with
+  # the leave-one-out baseline: the same gradient distribution, so the same exact variance.
+  # Error bound: an advantage takes s = H + N + 2 float32 roundings at the return's magnitude
+  # H·max|r|, a gradient entry sums H of them (scores in [−1, 1], weights ≤ 1): |δg_j| ≤ e =
+  # s·eps·H²·max|r|; then |δ(E‖g‖² − ‖E g‖²)| ≤ 2e√P(√E‖g‖² + ‖E g‖) + 2Pe² over P entries.
+  mdp = T.make_mdp(0, num_actions=2, horizon=3, logit_scale=0.7)
+  rows = {r["name"]: r for r in T.root_siblings_table(mdp, leaves=4)}
+  tree, group = rows["BPO K'=4 at the root, K=2 below"], rows["RLOO N=4"]
+  # The tree's sizes are expectations: sums over its 8⁴ outcomes, in float64.
+  assert_close(tree["leaves"], 4.0, steps=2 * 8**4, dtype=np.float64)
+  assert_close(tree["env_steps"], group["env_steps"], steps=2 * 8**4, dtype=np.float64)
+  horizon, num_params = mdp.horizon, mdp.logits.size
+  e = (horizon + 4 + 2) * eps(np.float32) * horizon**2 * np.abs(mdp.rewards).max()
+  mean_norm = np.linalg.norm(T.true_gradient(mdp))
+  second = np.sqrt(group["variance"] + mean_norm**2)
+  atol = 2 * e * np.sqrt(num_params) * (second + mean_norm) + 2 * num_params * e**2
+  np.testing.assert_allclose(tree["variance"], group["variance"], rtol=0, atol=atol)
+  # Fewer siblings at the root (more forks below) is another estimator, measurably apart.
+  assert abs(rows["BPO K'=3 at the root, K=2 below"]["variance"] - group["variance"]) > 100 * atol
+
+
 def test_wrong_weights_would_be_caught():
   # The same enumeration with every weight set to 1 (forks not averaged) is far from the truth,
   # so the unbiasedness tests above can fail.

@@ -445,10 +445,41 @@ def variance_table(mdp: TabularMDP, *, threshold: float, fork_k: int, max_forks:
   return rows
 
 
-def format_variance_table(rows: list[dict]) -> str:
-  lines = [f"{'estimator':<40} {'leaves':>7} {'steps':>7} {'Var total':>10} {'BPO/RLOO':>9}"]
+def root_siblings_table(mdp: TabularMDP, *, leaves: int = 4,
+                        max_groups: int = MAX_ENUMERATED_GROUPS) -> list[dict]:
+  """Exact total gradient variance of BPO trees of `leaves` leaves that fork at every state
+  (threshold 0, zero trunk baseline) with K' = 2..`leaves` siblings at the root and K = 2 below,
+  then of RLOO with N = 2.. episodes (groups of more than `max_groups` outcomes skipped).
+
+  A tree spends fewer env steps the more of its leaves fork below the root (they share the
+  prefix), so each row also gives variance × env steps: the variance of an average of such
+  trees or groups over a fixed env-step budget (lower is better).
+  """
+  rows = []
+  for root_k in range(2, leaves + 1):
+    outcomes = enumerate_online_trees(mdp, threshold=0.0, fork_k=2,
+                                      max_forks=1 + leaves - root_k, root_k=root_k)
+    batch = to_batch(outcomes, mdp)
+    tree_leaves, steps = expected_size(batch)
+    _, var = bpo_gradient_moments(batch, mdp, "zero", 1)
+    rows.append(dict(name=f"BPO K'={root_k} at the root, K=2 below", leaves=tree_leaves,
+                     env_steps=steps, variance=var, per_step=var * steps))
+  for n in range(2, leaves + 2):
+    if (mdp.num_actions**mdp.horizon)**n > max_groups:
+      break
+    _, var = rloo_gradient_moments(mdp, n)
+    steps = n * mdp.horizon
+    rows.append(dict(name=f"RLOO N={n}", leaves=n, env_steps=steps, variance=var,
+                     per_step=var * steps))
+  return rows
+
+
+def format_variance_table(rows: list[dict], last: str = "ratio",
+                          header: str = "BPO/RLOO") -> str:
+  """`rows` as text: name, leaves, env steps, variance and the column `last` (`header`)."""
+  lines = [f"{'estimator':<40} {'leaves':>7} {'steps':>7} {'Var total':>10} {header:>9}"]
   for r in rows:
-    ratio = f"{r['ratio']:.3f}" if "ratio" in r else ""
+    extra = f"{r[last]:.3f}" if last in r else ""
     lines.append(f"{r['name']:<40} {r['leaves']:>7.2f} {r['env_steps']:>7.2f} "
-                 f"{r['variance']:>10.4f} {ratio:>9}")
+                 f"{r['variance']:>10.4f} {extra:>9}")
   return "\n".join(lines)
