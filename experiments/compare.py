@@ -216,16 +216,8 @@ def _saved_differences(run: Run, config) -> list[str]:
   with open(os.path.join(run.workdir, "config.json"), encoding="utf-8") as f:
     saved = json.load(f)
   saved.pop("env_protections", None)
-
-  def flat(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-      out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-  a, b = flat(saved), flat(plain(config))
   # How many checkpoints a run keeps does not change its numbers (a resumed run may change it).
-  return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k != "checkpoint.keep")
+  return list(config_lib.saved_differences(saved, plain(config), ignore=("checkpoint.keep",)))
 
 
 def plan(config, estimators, seeds: int, out: str) -> list[tuple[Run, ml_collections.ConfigDict]]:

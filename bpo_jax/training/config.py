@@ -562,6 +562,30 @@ def to_plain(config) -> dict:
   return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
 
+def _flat(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+  return out
+
+
+def saved_differences(saved: dict, current: dict,
+                      ignore: Sequence[str] = ()) -> dict[str, tuple[Any, Any]]:
+  """{dotted key: (saved value, current value)} for the keys whose values differ between a
+  run's saved configuration and `current` (both `to_plain` dicts; a missing key's value is
+  None), in key order, except those in `ignore` and keys added to the library since the run was
+  saved that `current` holds at their default (they change nothing).
+
+  Example: saved {"rollout": {"k": 2}}, current {"rollout": {"k": 2, "root_k": 0}} → {};
+  current {"rollout": {"k": 2, "root_k": 3}} → {"rollout.root_k": (None, 3)}.
+  """
+  a, b = _flat(saved), _flat(current)
+  defaults = _flat(to_plain(default_config()))
+  return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+          if a.get(k) != b.get(k) and k not in ignore
+          and not (k not in a and k in defaults and b[k] == defaults[k])}
+
+
 # ----------------------------------------------------------------------------- overrides
 
 

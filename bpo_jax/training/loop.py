@@ -122,25 +122,12 @@ def _check_workdir_config(config, workdir: str):
     with open(path, encoding="utf-8") as f:
       saved = json.load(f)
 
-    def flat(d, prefix=""):
-      out = {}
-      for k, v in d.items():
-        if isinstance(v, dict):
-          out.update(flat(v, f"{prefix}{k}."))
-        else:
-          out[f"{prefix}{k}"] = v
-      return out
-
-    a, b = flat(saved), flat(current)
-    # A key added to the library since the run was saved, at its default, changes nothing.
-    defaults = flat(config_lib.to_plain(config_lib.default_config()))
-    changed = sorted(k for k in set(a) | set(b)
-                     if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES
-                     and not (k not in a and k in defaults and b[k] == defaults[k]))
+    changed = config_lib.saved_differences(saved, current, RESUMABLE_CHANGES)
     if changed:
       raise config_lib.ConfigError([
-          f"{k}: the workdir {workdir!r} holds a run with {k} = {a.get(k)!r}, not {b.get(k)!r} "
-          "(use a new workdir, or the same settings to resume)" for k in changed])
+          f"{k}: the workdir {workdir!r} holds a run with {k} = {was!r}, not {now!r} "
+          "(use a new workdir, or the same settings to resume)"
+          for k, (was, now) in changed.items()])
   distributed.barrier("workdir config checked")
   return current
 

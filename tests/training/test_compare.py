@@ -224,6 +224,16 @@ def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_pat
   assert second.returncode == 0, second.stderr[-2000:]
   assert second.stdout.count("finished, skipped") == 4 and "trained in" not in second.stdout
   assert json.load(open(os.path.join(out, "results.json"), encoding="utf-8")) == results
+  # A run saved before a key existed is the same run while the key is at its default.
+  path = os.path.join(out, "runs", "grpo", "seed1", "config.json")
+  with open(path, encoding="utf-8") as f:
+    saved = json.load(f)
+  del saved["rollout"]["root_k"]
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(saved, f)
+  third = _compare(*args)
+  assert third.returncode == 0, third.stderr[-2000:]
+  assert third.stdout.count("finished, skipped") == 4
   # Finished runs of other settings are not reused.
   other = _compare(*args, "--config.train.learning_rate=0.001")
   assert other.returncode == 2

@@ -1,5 +1,6 @@
 """The experiment configuration: each invalid case gives a message naming its key."""
 
+import copy
 import dataclasses
 import importlib
 import os
@@ -125,6 +126,21 @@ def test_root_k(root_k, expected):
   assert translate.rollout_config(config).siblings_at(1) == 2
   config.rollout.root_k = 0  # rollout.k at the root too
   assert translate.rollout_config(config).root_siblings is None
+
+
+def test_saved_differences_name_what_changed_but_not_a_new_key_at_its_default():
+  current = config_lib.to_plain(config_lib.default_config())
+  saved = copy.deepcopy(current)
+  del saved["rollout"]["root_k"]           # saved before the key existed
+  saved["train"]["learning_rate"] = 0.5
+  saved["old_section"] = {"gone": 1}
+  assert config_lib.saved_differences(saved, current) == {
+      "old_section.gone": (1, None),
+      "train.learning_rate": (0.5, current["train"]["learning_rate"])}
+  assert list(config_lib.saved_differences(saved, current, ignore=("old_section.gone",))) == [
+      "train.learning_rate"]
+  current["rollout"]["root_k"] = 3         # not its default: the saved run is another one
+  assert "rollout.root_k" in config_lib.saved_differences(saved, current)
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "gigpo"])
