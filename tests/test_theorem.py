@@ -113,7 +113,7 @@ def test_a_root_fork_of_all_the_leaves_is_rloo():
   # H·max|r|, a gradient entry sums H of them (scores in [−1, 1], weights ≤ 1): |δg_j| ≤ e =
   # s·eps·H²·max|r|; then |δ(E‖g‖² − ‖E g‖²)| ≤ 2e√P(√E‖g‖² + ‖E g‖) + 2Pe² over P entries.
   mdp = T.make_mdp(0, num_actions=2, horizon=3, logit_scale=0.7)
-  rows = {r["name"]: r for r in T.root_siblings_table(mdp, leaves=4)}
+  rows = {r["name"]: r for r in T.root_siblings_table(mdp, leaves=4, max_groups=8**4)}
   tree, group = rows["BPO K'=4 at the root, K=2 below"], rows["RLOO N=4"]
   # The tree's sizes are expectations: sums over its 8⁴ outcomes, in float64.
   assert_close(tree["leaves"], 4.0, steps=2 * 8**4, dtype=np.float64)
