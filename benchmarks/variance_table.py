@@ -8,7 +8,7 @@ leaves and at equal env steps. The reference is RLOO; the ratio is Var(BPO) / Va
 
 A second table takes MDPs whose root is uncertain and trees of 4 leaves that fork at every
 state, with K' = 2, 3 or 4 siblings at the root (`rollout.root_k`) and 2 below, against RLOO
-with 2-5 episodes; its last column is variance × env steps (the variance of an average over a
+with 2-5 episodes (as many as can be enumerated); its last column is variance × env steps (the variance of an average over a
 fixed env-step budget; lower is better).
 
   python benchmarks/variance_table.py [--json]
@@ -30,7 +30,7 @@ SETTINGS = (
     dict(seed=0, num_actions=3, horizon=3, threshold=0.9, max_forks=1),
 )
 
-# Uncertain roots (logit scale 0.7 everywhere: root entropy 0.66-0.68 nats).
+# Uncertain roots (logit scale 0.7 everywhere: root entropy 0.66-0.69 nats).
 ROOT_SETTINGS = (
     dict(seed=0, num_actions=2, horizon=3),
     dict(seed=1, num_actions=2, horizon=4),
