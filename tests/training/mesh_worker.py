@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bpo_jax import rollout as rollout_lib
+from bpo_jax.testing import model_rounding
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import experiment as experiment_lib
 from bpo_jax.training import iteration as iteration_lib
@@ -82,6 +83,32 @@ def warm_started_checkpoint(root: str) -> str:
 # learning rate (a fresh Adam's first steps move every parameter by about the learning rate),
 # which give the policy-gradient steps Adam moments to continue, as in a run of its own.
 CONTINUED_WARM_START = {"steps": 8, "learning_rate": 1e-3}
+# Elementwise roundings of one clipped AdamW step per parameter: the clipping's scale (square,
+# square root, division, product), each moment's decay and increment (3 + 4), the two bias
+# corrections, the square root and epsilon of the denominator, the division, the weight decay,
+# the learning rate's product and the addition to the parameter.
+ADAM_ROUNDINGS = 20
+
+
+def step_roundings(model_config, row_length: int, positions: int, num_params: int) -> int:
+  """Roundings (`testing.tolerance`, in units of the magnitude compared) by which one update
+  step may differ between two placements from equal parameters: the loss's forward over rows of
+  `row_length` (`model_rounding.forward_roundings`, with the log-probabilities), the backward
+  (each reduction transposed: as many again), each gradient element's sum over the batch's
+  `positions`, the clipping's global norm over `num_params` squares, and `ADAM_ROUNDINGS`."""
+  forward = model_rounding.forward_roundings(model_config, attended_slots=row_length,
+                                             logprobs=True)
+  return (2 * forward + model_rounding.sum_roundings(positions)
+          + model_rounding.sum_roundings(num_params) + ADAM_ROUNDINGS)
+
+
+def update_roundings(model_config, records, num_params: int) -> int:
+  """Roundings by which the iterations of `records` may differ between two placements: each
+  iteration's `step_roundings` at its row length and distinct tokens, added up (an iteration
+  starts from the parameters the one before left, already that far apart). The fork threshold
+  and the states' entropies (forwards of those parameters) are within the same count."""
+  return sum(step_roundings(model_config, r["row_length"], r["unique_tokens"], num_params)
+             for r in records)
 
 
 def from_checkpoint(config, checkpoint: str):
@@ -145,6 +172,8 @@ def main(workdir: str, out_path: str, checkpoint: str):
       print(f"{name} done at {time.perf_counter() - clock:.1f} s", file=sys.stderr)
       out[f"{name}/records"] = np.asarray(json.dumps(records))
       out[f"{name}/trees"] = np.asarray(json.dumps(trees))
+      out[f"{name}/roundings"] = np.asarray(update_roundings(
+          exp.model_config, records, sum(x.size for x in jax.tree.leaves(start.params))))
       out[f"{name}/mesh"] = np.asarray(json.dumps(
           None if setup.placement.mesh is None else dict(setup.placement.mesh.shape)))
   finally:
