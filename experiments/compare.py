@@ -8,7 +8,8 @@ r"""Runs estimators x seeds of one configuration and writes the comparison: tabl
 run.py); each estimator of `--estimators` gets it through `configs/base.with_estimator` (a
 baseline rolls as many whole episodes as fit in the env-step budget BPO's tree grows in), the
 way rooms_grpo.py and the other baseline configs are built, and
-each seed 0..N-1 of `--seeds=N` sets `seed`. Every (estimator, seed) is a normal training run,
+each seed 0..N-1 of `--seeds=N` (S..S+N-1 with `--first_seed=S`; the table covers this call's
+seeds) sets `seed`. Every (estimator, seed) is a normal training run,
 
     python experiments/run.py --config=experiments/json_config.py:OUT/runs/EST/seedS.json \
         --workdir=OUT/runs/EST/seedS
@@ -92,6 +93,9 @@ def _define_flags():
   _FLAGS["estimators"] = flags.DEFINE_list("estimators", ["bpo", "grpo", "rloo", "gigpo"],
                                            "Estimators to compare (registered names).")
   _FLAGS["seeds"] = flags.DEFINE_integer("seeds", 5, "Seeds 0..N-1 per estimator.")
+  _FLAGS["first_seed"] = flags.DEFINE_integer(
+      "first_seed", 0, "With --seeds=N, the seeds S..S+N-1: e.g. one more seed of a sweep, or "
+      "measurements at one seed's runs.")
   _FLAGS["out"] = flags.DEFINE_string("out", None,
                                       "Output directory (default results/<config name>).")
   _FLAGS["jobs"] = flags.DEFINE_integer("jobs", 0, "Runs at once; 0 = the machine's cores.")
@@ -220,18 +224,22 @@ def _saved_differences(run: Run, config) -> list[str]:
   return list(config_lib.saved_differences(saved, plain(config), ignore=("checkpoint.keep",)))
 
 
-def plan(config, estimators, seeds: int, out: str) -> list[tuple[Run, ml_collections.ConfigDict]]:
-  """Every (estimator, seed) run with its configuration, validated; exits 2 on a problem."""
+def plan(config, estimators, seeds: int, out: str,
+         first_seed: int = 0) -> list[tuple[Run, ml_collections.ConfigDict]]:
+  """Every (estimator, seed) run of seeds first_seed..first_seed+seeds-1 with its configuration,
+  validated; exits 2 on a problem."""
   unknown = [e for e in estimators if e not in estimator_registry.names()]
   if unknown or not estimators:
     _fail(f"--estimators={','.join(estimators)}: each must be one of "
           f"{', '.join(estimator_registry.names())}")
   if seeds < 1:
     _fail(f"--seeds={seeds}: must be >= 1")
+  if first_seed < 0:
+    _fail(f"--first_seed={first_seed}: must be >= 0")
   runs = []
   # Seed by seed: the first seeds of every method finish first, and a method's later seeds
   # find its programs in the persistent compilation cache when one is set.
-  for seed in range(seeds):
+  for seed in range(first_seed, first_seed + seeds):
     for estimator in estimators:
       run = Run(estimator, seed, os.path.join(out, "runs", estimator, f"seed{seed}"))
       c = run_config(config, estimator, seed)
@@ -457,11 +465,11 @@ def write_results(runs, out: str, spec: str, params_of: str | None = None,
 GRADIENT_VARIANCE_JSON = "gradient_variance.json"
 
 
-def source_runs(directory: str, estimator: str, seeds: int):
-  """`estimator`'s finished runs of seeds 0..N-1 in another comparison's `directory`, with
-  their saved configurations; exits 2 if one is missing or unfinished."""
+def source_runs(directory: str, estimator: str, seeds: int, first_seed: int = 0):
+  """`estimator`'s finished runs of seeds first_seed..first_seed+seeds-1 in another comparison's
+  `directory`, with their saved configurations; exits 2 if one is missing or unfinished."""
   out = []
-  for seed in range(seeds):
+  for seed in range(first_seed, first_seed + seeds):
     run = Run(estimator, seed, os.path.join(directory, "runs", estimator, f"seed{seed}"))
     if not os.path.exists(run.config_path):
       _fail(f"--grad_params_from={directory}: no run {run.config_path}")
@@ -538,8 +546,9 @@ def main(argv):
   params_from = _FLAGS["grad_params_from"].value or None
   if params_from and not params_of:
     _fail(f"--grad_params_from={params_from}: needs --grad_params")
-  runs = plan(_FLAGS["config"].value, _FLAGS["estimators"].value, _FLAGS["seeds"].value, out)
-  sources = source_runs(params_from, params_of, _FLAGS["seeds"].value) if params_from else None
+  seeds, first_seed = _FLAGS["seeds"].value, _FLAGS["first_seed"].value
+  runs = plan(_FLAGS["config"].value, _FLAGS["estimators"].value, seeds, out, first_seed)
+  sources = source_runs(params_from, params_of, seeds, first_seed) if params_from else None
   os.makedirs(out, exist_ok=True)
   trained = [(r, c) for r, c in runs if r.estimator == (params_of or r.estimator)]
   leads = warm_start_leads(trained) if _FLAGS["share_warm_start"].value else None

@@ -159,6 +159,18 @@ def test_a_baseline_is_built_as_its_config_file_builds_it(world, estimator):
   assert compare.plain(built) == compare.plain(expected)
 
 
+def test_first_seed_plans_the_seeds_from_it(tmp_path):
+  config = importlib.import_module("experiments.configs.rooms_bpo").get_config("tiny")
+  runs = compare.plan(config, ["bpo", "grpo"], 2, str(tmp_path), first_seed=3)
+  assert [(r.estimator, r.seed, c.seed) for r, c in runs] == [
+      ("bpo", 3, 3), ("grpo", 3, 3), ("bpo", 4, 4), ("grpo", 4, 4)]
+  assert runs[-1][0].workdir == str(tmp_path / "runs" / "grpo" / "seed4")
+  # Another directory's runs are read from the same seed: one without seed 3 is refused.
+  with pytest.raises(SystemExit) as error:
+    compare.source_runs(str(tmp_path), "bpo", 1, first_seed=3)
+  assert error.value.code == 2
+
+
 def _compare(*args, **kwargs):
   return subprocess.run([sys.executable, COMPARE, *args], capture_output=True, text=True,
                         cwd=ROOT, check=False, **kwargs)
@@ -243,6 +255,7 @@ def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_pat
 
 @pytest.mark.parametrize("flag, message", [
     ("--seeds=0", "error: --seeds=0: must be >= 1"),
+    ("--first_seed=-1", "error: --first_seed=-1: must be >= 0"),
     ("--estimators=bpo,ppo", "error: --estimators=bpo,ppo: each must be one of bpo, rloo, grpo, "
                              "gigpo"),
     ("--jobs=-1", "error: --jobs=-1: must be >= 0"),
