@@ -7,9 +7,9 @@ on each of two placements built by the loop's `build_update`: one device, and a 
 fsdp 2 x tensor 2 that uses all three axes (fsdp 4 x tensor 2 is the two-process test's mesh),
 the trees decoded on the placement's devices. The trees must be equal; the metrics and each leaf
 of the final parameters and optimiser state may differ by the rounding of sums run in another
-order, counted by `mesh_worker.update_roundings` at the magnitude compared (about 690 roundings, 8e-5
-of a leaf's largest |value|; the mesh differs by at most 24); and each device must hold at most
-1/(fsdp x tensor) of the train state plus 10% (the embedding, whose odd vocabulary is not split
+order, counted by `mesh_worker.update_roundings` at the magnitude compared (about 690 roundings,
+8e-5 of a leaf's largest |value|; the mesh differs by at most 24); and each device must hold at
+most 1/(fsdp x tensor) of the train state plus 10% (the embedding, whose odd vocabulary is not split
 over tensor, and the replicated norms make up the excess).
 
 Two processes: `experiments/run.py` runs the same configuration in two processes of four fake CPU
