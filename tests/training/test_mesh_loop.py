@@ -60,8 +60,8 @@ TREE_KEYS = ("success", "tree_success", "return", "leaves", "nodes", "forks", "e
 # Numbers of float sums in another order (the update; the tensor-parallel logits of the states'
 # entropies, whose quantile is the fork threshold), or of parameters that differ by such
 # rounding (the entropies of iteration 2's states): compared by `_assert_metrics_close`.
-UPDATE_KEYS = ("state_entropy_mean", "fork_threshold", "loss", "grad_norm", "approx_kl", "entropy", "clip_fraction",
-               "advantage_mean", "advantage_std")
+UPDATE_KEYS = ("state_entropy_mean", "fork_threshold", "loss", "grad_norm", "approx_kl",
+               "entropy", "clip_fraction", "advantage_mean", "advantage_std")
 # name -> (fsdp x tensor, the mesh's shape).
 MESHES = {"data2_fsdp2_tensor2": (4, {"data": 2, "fsdp": 2, "tensor": 2})}
 
