@@ -8,8 +8,8 @@ leaves and at equal env steps. The reference is RLOO; the ratio is Var(BPO) / Va
 
 A second table takes MDPs whose root is uncertain and trees of 4 leaves that fork at every
 state, with K' = 2, 3 or 4 siblings at the root (`rollout.root_k`) and 2 below, against RLOO
-with 2-5 episodes (as many as can be enumerated); its last column is variance × env steps (the variance of an average over a
-fixed env-step budget; lower is better).
+with 2-5 episodes (as many as can be enumerated); its last column is variance × env steps (the
+variance of an average over a fixed env-step budget; lower is better).
 
   python benchmarks/variance_table.py [--json]
 """

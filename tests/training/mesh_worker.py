@@ -90,25 +90,24 @@ CONTINUED_WARM_START = {"steps": 8, "learning_rate": 1e-3}
 ADAM_ROUNDINGS = 20
 
 
-def step_roundings(model_config, row_length: int, positions: int, num_params: int) -> int:
+def step_roundings(model_config, row_length: int, positions: int) -> int:
   """Roundings (`testing.tolerance`, in units of the magnitude compared) by which one update
   step may differ between two placements from equal parameters: the loss's forward over rows of
   `row_length` (`model_rounding.forward_roundings`, with the log-probabilities), the backward
   (each reduction transposed: as many again), each gradient element's sum over the batch's
-  `positions`, the clipping's global norm over `num_params` squares, and `ADAM_ROUNDINGS`."""
+  `positions`, the clipping's global norm over the model's parameters, and `ADAM_ROUNDINGS`."""
   forward = model_rounding.forward_roundings(model_config, attended_slots=row_length,
                                              logprobs=True)
   return (2 * forward + model_rounding.sum_roundings(positions)
-          + model_rounding.sum_roundings(num_params) + ADAM_ROUNDINGS)
+          + model_rounding.sum_roundings(model_config.num_params()) + ADAM_ROUNDINGS)
 
 
-def update_roundings(model_config, records, num_params: int) -> int:
+def update_roundings(model_config, records) -> int:
   """Roundings by which the iterations of `records` may differ between two placements: each
   iteration's `step_roundings` at its row length and distinct tokens, added up (an iteration
   starts from the parameters the one before left, already that far apart). The fork threshold
   and the states' entropies (forwards of those parameters) are within the same count."""
-  return sum(step_roundings(model_config, r["row_length"], r["unique_tokens"], num_params)
-             for r in records)
+  return sum(step_roundings(model_config, r["row_length"], r["unique_tokens"]) for r in records)
 
 
 def from_checkpoint(config, checkpoint: str):
@@ -172,8 +171,7 @@ def main(workdir: str, out_path: str, checkpoint: str):
       print(f"{name} done at {time.perf_counter() - clock:.1f} s", file=sys.stderr)
       out[f"{name}/records"] = np.asarray(json.dumps(records))
       out[f"{name}/trees"] = np.asarray(json.dumps(trees))
-      out[f"{name}/roundings"] = np.asarray(update_roundings(
-          exp.model_config, records, sum(x.size for x in jax.tree.leaves(start.params))))
+      out[f"{name}/roundings"] = np.asarray(update_roundings(exp.model_config, records))
       out[f"{name}/mesh"] = np.asarray(json.dumps(
           None if setup.placement.mesh is None else dict(setup.placement.mesh.shape)))
   finally:
