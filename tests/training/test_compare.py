@@ -55,12 +55,20 @@ def _write_run(workdir, successes, env_steps, tokens, grad_norms, epochs=2, task
 def test_claim_three_takes_the_tied_baseline_that_reached_first_and_skips_no_step():
   curve = lambda *points: [{"updates": u, "success": v} for u, v in points]
   methods = {"bpo": {"curve": curve((0, 0.1), (2, 0.25), (4, 0.5))},
-             "grpo": {"final_success": {"mean": 0.5}, "curve": curve((0, 0.1), (2, 0.25), (4, 0.5))},
+             "grpo": {"final_success": {"mean": 0.5},
+                      "curve": curve((0, 0.1), (2, 0.25), (4, 0.5))},
              "rloo": {"final_success": {"mean": 0.5}, "curve": curve((0, 0.1), (2, 0.5), (4, 0.5))},
              "gigpo": {"final_success": {"mean": 0.25}, "curve": curve((0, 0.25), (4, 0.25))}}
   assert aggregate.claim_three(methods) == {
-      "baseline": "rloo", "target_success": 0.5, "reference_updates": 4,
+      "baseline": "rloo", "target_success": 0.5, "baseline_start": 0.1, "reference_updates": 4,
       "baseline_updates": 2, "fewer_updates": -1.0}
+  # A best baseline that ends where it started gained nothing: no updates to compare, though
+  # both curves are at the target from 0 updates (RLOO dips and comes back).
+  flat = {"bpo": {"curve": curve((0, 0.25), (2, 0.25), (4, 0.5))},
+          "rloo": {"final_success": {"mean": 0.25}, "curve": curve((0, 0.25), (2, 0.0), (4, 0.25))}}
+  assert aggregate.claim_three(flat) == {
+      "baseline": "rloo", "target_success": 0.25, "baseline_start": 0.25, "reference_updates": 0,
+      "baseline_updates": 4, "fewer_updates": None}
   # Touching the target and falling back is not reaching it; reaching it again is, from there.
   assert aggregate.first_reach(curve((0, 0.1), (5, 0.3), (10, 0.2), (15, 0.3)), 0.3) == 15
   assert aggregate.first_reach(curve((0, 0.1), (5, 0.3), (10, 0.2)), 0.3) is None
@@ -114,13 +122,17 @@ def test_aggregation_of_hand_made_metrics(tmp_path):
   assert [p["success"] for p in g["curve"]] == [0.125, 0.25, 0.375]
   # Claim 3: GRPO's final 0.375 is first reached after 4 updates; BPO passes it after 2.
   assert results["claim_3"] == {"baseline": "grpo", "target_success": 0.375,
-                                "reference_updates": 2.0, "baseline_updates": 4.0,
-                                "fewer_updates": 0.5}
+                                "baseline_start": 0.125, "reference_updates": 2.0,
+                                "baseline_updates": 4.0, "fewer_updates": 0.5}
   table = aggregate.markdown(results)
   assert (f"| bpo | 3 | 0.500 [{0.5 - half:.3f}, {0.5 + half:.3f}] | 6.0 | 1.00 | 61 | 1.00 | "
           "4 |") in table
   assert "| grpo | 3 | 0.375 [0.375, 0.375] | 8.0 | 1.33 | 100 | 1.64 | 4 |" in table
   assert "BPO reaches it to stay after 2 policy updates (50% fewer)" in table
+  flat = dict(results, claim_3=dict(results["claim_3"], baseline_start=0.375, fewer_updates=None))
+  assert ("grpo, ends at a mean success of 0.375, no higher than before its first update "
+          "(0.375): no gain to reach in fewer updates; BPO reaches it to stay after 2 policy "
+          "updates.") in aggregate.markdown(flat)
   # The explained share, weighted by the trees measured: (0.25 x 2 + 0.5 x 6) / 8; none for GRPO.
   assert one["prefix_explained_share"] == 0.4375
   assert per_method["grpo"][0]["prefix_explained_share"] is None
