@@ -1,0 +1,180 @@
+"""Training iterations of a `<world>_qwen2_5.py` config at a Qwen2.5 checkpoint's shape: BPO's
+trees against GRPO's groups (the reference) at the config's env-step budget.
+
+No weights are downloaded. A random checkpoint of a preset's shape (`--preset`, a
+`ModelConfig` classmethod, default `qwen2_5_0_5b`) is written with transformers'
+`save_pretrained`, in bfloat16, beside a Qwen2-family tokenizer (`bpo_jax.testing.
+chat_tokenizers`, the repository's Qwen2.5 chat template) fitted to the world's texts. The run
+is the config's own (rank-16 adapters on bfloat16 weights, its turns, budgets and trees) on
+whatever devices JAX sees; random weights write unparseable actions, so every episode runs to
+its last turn: the largest rollouts the budget allows (every return is 0, which leaves the
+update's work as it is). Each estimator trains `--iterations`
+iterations in a process of its own (one after the other, so each one's peak device memory is
+its own); the first iteration compiles and is left out, the figures are medians over the rest:
+seconds per iteration, its rollout and update, tokens decoded and processed per second of
+rollout, and the peak device memory (`memory_stats`, where the backend reports it). Each run's
+log and progress bar go to stderr, with the time each step took.
+
+    python benchmarks/pretrained_iteration.py [--json] [--config rooms_qwen2_5]
+        [--preset qwen2_5_0_5b] [--iterations 4] [--tasks N] [--shape num_layers=2,...]
+
+`--shape` overrides preset fields (a smaller model for a CPU check); `--tasks` sets
+`rollout.tasks_per_iteration`. With --json: one object with, per estimator, the medians
+(`iteration_s`, `rollout_s`, `update_s`, `decode_tokens_per_s`, `processed_tokens_per_s`),
+`env_steps` and `policy_tokens` per task, `peak_bytes`, and `bpo_over_grpo_iteration_time`
+(BPO's median iteration time over GRPO's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging as std_logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+TEMPLATE = os.path.join(ROOT, "tests", "fixtures", "chat_templates", "qwen2_5.jinja")
+ESTIMATORS = ("bpo", "grpo")
+
+
+def _parse_shape(text: str) -> dict[str, int]:
+  out = {}
+  for item in filter(None, text.split(",")):
+    key, _, value = item.partition("=")
+    out[key.strip()] = int(value)
+  return out
+
+
+def write_checkpoint(config, preset: str, shape: dict[str, int], directory: str) -> None:
+  """A random bfloat16 checkpoint of `preset` (with `shape`'s fields) and a Qwen2-family
+  tokenizer fitted to `config`'s world, in `directory`."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bpo_jax.models import ModelConfig  # pylint: disable=g-import-not-at-top
+  from bpo_jax.testing import chat_tokenizers  # pylint: disable=g-import-not-at-top
+  from bpo_jax.text import corpus  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import experiment  # pylint: disable=g-import-not-at-top
+  model_config = getattr(ModelConfig, preset)(**shape)
+  hf = model_config.to_hf_config()
+  hf.update(initializer_range=0.02, torch_dtype="float32", dtype="float32")
+  torch.manual_seed(0)
+  model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**hf))
+  model.to(torch.bfloat16).save_pretrained(directory)
+  del model
+  options = dict(config.env.options)
+  tasks = experiment.make_tasks(config, "train", min(64, config.env.num_train_tasks))
+  texts = corpus.environment_texts(config.env.name, tasks, options)
+  with open(TEMPLATE, encoding="utf-8") as f:
+    template = f.read()
+  tokenizer = chat_tokenizers.family_tokenizer("qwen2", texts, template, vocab_size=2000)
+  chat_tokenizers.save_family_tokenizer(tokenizer, "qwen2", directory)
+
+
+def world_config(name: str, estimator: str, checkpoint: str, iterations: int, tasks: int):
+  from experiments.configs import base  # pylint: disable=g-import-not-at-top
+  config = importlib.import_module(f"experiments.configs.{name}").get_config()
+  config = base.with_estimator(config, estimator)
+  config.model.checkpoint = checkpoint
+  config.train.iterations = iterations
+  config.eval.every = 0
+  config.eval.num_tasks = 1
+  config.checkpoint.every = iterations
+  if tasks:
+    config.rollout.tasks_per_iteration = tasks
+  return config
+
+
+def run_one(args) -> dict:
+  """Trains one estimator (in this process) and returns its figures."""
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
+  # The loop's progress on stderr (where a slow run is), without the checkpointer's chatter.
+  logging.set_verbosity(logging.INFO)
+  std_logging.getLogger("absl").addFilter(lambda record: "orbax" not in record.pathname)
+  config = world_config(args.config, args.estimator, args.checkpoint, args.iterations, args.tasks)
+  workdir = os.path.join(args.workdir, args.estimator)
+  loop.train(config, workdir)
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    records = [json.loads(line) for line in f]
+  train = [r for r in records if r.get("phase") == "train"][1:]  # the first one compiles
+  if not train:
+    raise SystemExit("error: --iterations must be >= 2 (the first iteration compiles)")
+  median = lambda key: statistics.median(r[key] for r in train)  # noqa: E731
+  tasks = config.rollout.tasks_per_iteration
+  rollout = median("time/rollout")
+  stats = jax.devices()[0].memory_stats() or {}
+  return dict(
+      iteration_s=median("time/rollout") + median("time/estimate_and_pack")
+      + median("time/update"),
+      rollout_s=rollout, update_s=median("time/update"),
+      decode_tokens_per_s=median("tokens_decoded") / rollout,
+      processed_tokens_per_s=median("tokens_processed") / rollout,
+      env_steps=median("env_steps") / tasks, policy_tokens=median("num_action_tokens") / tasks,
+      iterations_timed=len(train), peak_bytes=stats.get("peak_bytes_in_use"),
+      device=str(jax.devices()[0].device_kind))
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--json", action="store_true", help="print one JSON object with the figures")
+  p.add_argument("--config", default="rooms_qwen2_5", help="experiments/configs/<name>.py")
+  p.add_argument("--preset", default="qwen2_5_0_5b", help="a ModelConfig preset (classmethod)")
+  p.add_argument("--shape", default="", help="preset fields to override: key=int,...")
+  p.add_argument("--iterations", type=int, default=4)
+  p.add_argument("--tasks", type=int, default=0, help="tasks per iteration (0: the config's)")
+  p.add_argument("--estimator", help=argparse.SUPPRESS)
+  p.add_argument("--checkpoint", help=argparse.SUPPRESS)
+  p.add_argument("--workdir", help=argparse.SUPPRESS)
+  args = p.parse_args()
+  if args.iterations < 2:
+    p.error(f"--iterations={args.iterations}: must be >= 2 (the first iteration compiles)")
+  if args.estimator:  # one estimator's process
+    print(json.dumps(run_one(args)))
+    return
+  with tempfile.TemporaryDirectory() as tmp:
+    checkpoint = os.path.join(tmp, "checkpoint")
+    start = time.perf_counter()
+    write_checkpoint(world_config(args.config, "bpo", "", 2, 0), args.preset,
+                     _parse_shape(args.shape), checkpoint)
+    print(f"checkpoint written in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    figures = {}
+    for estimator in ESTIMATORS:
+      command = [sys.executable, os.path.abspath(__file__), f"--config={args.config}",
+                 f"--iterations={args.iterations}", f"--tasks={args.tasks}",
+                 f"--estimator={estimator}", f"--checkpoint={checkpoint}", f"--workdir={tmp}"]
+      start = time.perf_counter()
+      done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
+      print(f"{estimator} run in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+      if done.returncode:
+        raise SystemExit(f"error: the {estimator} run failed (exit {done.returncode})")
+      figures[estimator] = json.loads(done.stdout.strip().splitlines()[-1])
+  bpo, grpo = figures["bpo"], figures["grpo"]
+  figures.update(config=args.config, preset=args.preset, shape=_parse_shape(args.shape),
+                 bpo_over_grpo_iteration_time=bpo["iteration_s"] / grpo["iteration_s"])
+  if args.json:
+    print(json.dumps(figures, sort_keys=True))
+    return
+  gib = lambda b: "n/a" if b is None else f"{b / 2**30:.1f} GiB"  # noqa: E731
+  print(f"{args.config} at {args.preset} {figures['shape'] or ''} on {bpo['device']}, medians "
+        f"of {bpo['iterations_timed']} iterations after the first:")
+  for name in ESTIMATORS:
+    f = figures[name]
+    print(f"  {name:5s} iteration {f['iteration_s']:.2f} s (rollout {f['rollout_s']:.2f}, "
+          f"update {f['update_s']:.2f}); {f['decode_tokens_per_s']:.0f} decoded and "
+          f"{f['processed_tokens_per_s']:.0f} processed tokens/s of rollout; per task "
+          f"{f['env_steps']:.1f} env steps, {f['policy_tokens']:.0f} policy tokens; peak "
+          f"{gib(f['peak_bytes'])}")
+  print(f"  BPO's iteration takes {figures['bpo_over_grpo_iteration_time']:.2f}x GRPO's")
+
+
+if __name__ == "__main__":
+  main()
