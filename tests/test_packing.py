@@ -186,3 +186,57 @@ def test_errors_name_the_fault():
                        action_logprobs=[[0.]], observation_tokens=[[]])
   with pytest.raises(ValueError, match="exceeds the largest bucket 4"):
     packing.stack_rows([packing.pack_tree(_hand_tree(), [0] * 3, [0] * 3)], buckets=(4,))
+
+
+def _chunk_case(seed=0):
+  """Hidden states [2, 7, 8], 13 output rows, and predecessors with forks (several tokens
+  predicted from one position), a token with none and row 1's padding."""
+  rng = np.random.default_rng(seed)
+  hidden = rng.normal(size=(2, 7, 8)).astype(np.float32)
+  rows = rng.normal(size=(13, 8)).astype(np.float32)
+  tokens = rng.integers(0, 13, (2, 7)).astype(np.int32)
+  predecessor = np.array([[-1, 0, 1, 2, 1, 4, 1], [-1, 0, 1, 1, 3, -1, -1]], np.int32)
+  return hidden, rows, tokens, predecessor
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 14, 1024])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_logprobs_match_a_float64_reference(chunk, temperature):
+  hidden, rows, tokens, predecessor = _chunk_case()
+  logprob, entropy = jax.jit(packing.token_logprobs_from_hidden, static_argnums=(4, 5))(
+      hidden, rows, tokens, predecessor, temperature, chunk)
+  pred = np.maximum(predecessor, 0)
+  states = np.take_along_axis(hidden.astype(np.float64), pred[..., None], axis=1)
+  z = states @ rows.astype(np.float64).T / temperature  # [2, 7, 13]
+  log_norm = np.log(np.sum(np.exp(z - z.max(-1, keepdims=True)), -1)) + z.max(-1)
+  ref = np.take_along_axis(z, tokens[..., None], -1)[..., 0] - log_norm
+  ref_h = log_norm - np.sum(np.exp(z - log_norm[..., None]) * z, -1)
+  has = predecessor >= 0
+  magnitude = float(np.max(np.abs(z)))
+  # An 8-term dot, a division, then a 13-way logsumexp and a difference: under 32 roundings at
+  # the largest |logit|; the entropy adds 13 products and their sum.
+  assert_close(np.where(has, logprob, 0), np.where(has, ref, 0), steps=32, magnitude=magnitude)
+  assert_close(np.where(has, entropy, 0), np.where(has, ref_h, 0), steps=64,
+               magnitude=magnitude)
+  assert np.all(np.asarray(logprob)[~has] == 0) and np.all(np.asarray(entropy)[~has] == 0)
+
+
+def test_chunked_logprobs_have_the_gradient_of_the_full_logits():
+  hidden, rows, tokens, predecessor = _chunk_case(1)
+  weights = np.random.default_rng(2).normal(size=tokens.shape).astype(np.float32)
+
+  def objective(h, e, chunk):
+    if chunk:
+      logprob, entropy = packing.token_logprobs_from_hidden(h, e, tokens, predecessor, 0.7, chunk)
+    else:
+      logprob, entropy = packing.gather_token_logprobs(h @ e.T / np.float32(0.7), tokens,
+                                                       predecessor)
+    return jnp.sum(weights * logprob) + 0.1 * jnp.sum(entropy)
+
+  grad = jax.jit(jax.grad(objective, argnums=(0, 1)), static_argnums=2)
+  full = grad(hidden, rows, 0)
+  for chunk in (3, 1024):
+    for ours, ref in zip(grad(hidden, rows, chunk), full):
+      # Sums over up to 14 tokens of 13-way softmax terms, each an 8-term dot: under 128
+      # roundings at the largest gradient entry.
+      assert_close(ours, ref, steps=128)

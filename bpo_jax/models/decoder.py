@@ -440,6 +440,26 @@ class Decoder(nnx.Module):
         x = step(layer_state, x)
     return x
 
+  def output_embedding(self) -> jax.Array:
+    """The output projection as [vocab, hidden] rows: the token embedding of a tied model, the
+    transposed `lm_head` of an untied one; logits are `hidden @ output_embedding().T`."""
+    if self.config.tie_word_embeddings:
+      return self.embed[...]
+    return self.lm_head[...].T
+
+  def hidden_states(self, tokens: jax.Array, positions: Optional[jax.Array] = None,
+                    attention_mask: Optional[jax.Array] = None) -> jax.Array:
+    """The final-normed hidden states [B, T, hidden] of a cache-free call (the input of the
+    output projection): for callers that need the logits a few tokens at a time, e.g.
+    `packing.token_logprobs_from_hidden` on a large vocabulary."""
+    positions, mask, _ = self._positions_and_mask(tokens, positions, attention_mask, None, None,
+                                                  ForwardOptions())
+    inv_freq = rope_inverse_frequencies(self.config.head_dim, self.config.rope_theta,
+                                        self.config.rope_scaling)
+    cos, sin = rope_cos_sin(positions, inv_freq)
+    x = jnp.take(self.embed[...], tokens, axis=0).astype(self.config.compute_dtype)
+    return self.final_norm(self._layers_without_cache(x, cos, sin, mask))
+
   def __call__(self, tokens: jax.Array, positions: Optional[jax.Array] = None,
                attention_mask: Optional[jax.Array] = None, cache: Optional[KVCache] = None,
                input_lengths: Optional[jax.Array] = None, *,
@@ -580,6 +600,14 @@ def forward(graphdef, state, tokens, positions=None, attention_mask=None, cache=
   model = nnx.merge(graphdef, state)
   return model(tokens, positions=positions, attention_mask=attention_mask, cache=cache,
                input_lengths=input_lengths, options=options)
+
+
+def forward_hidden(graphdef, state, tokens, positions=None, attention_mask=None):
+  """Pure form of `Decoder.hidden_states`: (hidden states [B, T, hidden], the output projection
+  as [vocab, hidden] rows in the compute dtype)."""
+  model = nnx.merge(graphdef, state)
+  hidden = model.hidden_states(tokens, positions=positions, attention_mask=attention_mask)
+  return hidden, model.output_embedding().astype(hidden.dtype)
 
 
 def logprobs_and_entropy_from_logits(logits: jax.Array, targets: jax.Array,

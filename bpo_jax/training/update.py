@@ -42,6 +42,7 @@ import optax
 from bpo_jax import losses
 from bpo_jax import packing
 from bpo_jax.models.decoder import forward
+from bpo_jax.models.decoder import forward_hidden
 
 
 @jax.tree_util.register_dataclass
@@ -107,6 +108,9 @@ class UpdateConfig:
   kl_coef: float = 0.0
   normalization: str = "per_tree"
   temperature: float = 1.0  # the sampling temperature, so old and new logprobs match
+  # Tokens whose logits are formed at once (`packing.token_logprobs_from_hidden`); 0: the
+  # logits of every position at once, [rows, length, vocab].
+  logits_chunk: int = 1024
 
   def __post_init__(self):
     if self.normalization not in losses.NORMALIZATIONS:
@@ -114,13 +118,22 @@ class UpdateConfig:
                        f"got {self.normalization!r}")
     if self.num_micro_batches < 1:
       raise ValueError(f"num_micro_batches must be >= 1, got {self.num_micro_batches}")
+    if self.logits_chunk < 0:
+      raise ValueError(f"logits_chunk must be >= 0, got {self.logits_chunk}")
     if self.temperature <= 0:
       raise ValueError(f"temperature must be > 0 for training, got {self.temperature}")
 
 
-def packed_logprobs(graphdef, params, batch: packing.PackedBatch, temperature: float = 1.0):
-  """Per-token logprob and entropy of a packed batch under the model (ancestor attention)."""
+def packed_logprobs(graphdef, params, batch: packing.PackedBatch, temperature: float = 1.0,
+                    logits_chunk: int = 0):
+  """Per-token logprob and entropy of a packed batch under the model (ancestor attention);
+  with `logits_chunk` > 0, the logits formed that many tokens at a time (see UpdateConfig)."""
   mask = packing.attention_mask(batch.segment_start, batch.segment_end)
+  if logits_chunk:
+    hidden, rows = forward_hidden(graphdef, params, batch.tokens, positions=batch.positions,
+                                  attention_mask=mask)
+    return packing.token_logprobs_from_hidden(hidden, rows, batch.tokens, batch.predecessor,
+                                              temperature, logits_chunk)
   logits, _ = forward(graphdef, params, batch.tokens, positions=batch.positions,
                       attention_mask=mask)
   if temperature != 1.0:
@@ -216,11 +229,12 @@ def make_gradient_fn(graphdef, config: UpdateConfig, use_ref: bool = False,
   """
 
   def micro_loss(params, mb, denominator, ref, frozen):
-    logprob, entropy = packed_logprobs(graphdef, _joined(params, frozen), mb, config.temperature)
+    logprob, entropy = packed_logprobs(graphdef, _joined(params, frozen), mb, config.temperature,
+                                       config.logits_chunk)
     ref_logprob = None
     if use_ref:
       ref_logprob, _ = packed_logprobs(graphdef, _joined(jax.lax.stop_gradient(ref), frozen),
-                                       mb, config.temperature)
+                                       mb, config.temperature, config.logits_chunk)
     total, metrics = losses.policy_loss(
         logprob, mb.old_logprob, mb.advantage, _token_weights(mb, config.normalization),
         mb.loss_mask, ref_logprobs=ref_logprob, clip_eps=config.clip_eps,
@@ -315,17 +329,18 @@ def ppo_update(train_step: Callable, state: TrainState, batch: packing.PackedBat
 
 
 def make_sft_step(graphdef, tx: optax.GradientTransformation, num_micro_batches: int = 1,
-                  state_sharding: Any = None, batch_sharding: Any = None):
+                  state_sharding: Any = None, batch_sharding: Any = None,
+                  logits_chunk: int = UpdateConfig.logits_chunk):
   """A jitted supervised step: mean negative log-likelihood of the loss-masked (action) tokens.
 
   Used for warm starts from expert trajectories packed as `PackedBatch` (advantage and weight
   are ignored). `sft_step(state, batch, frozen=None)`; `frozen`, `state_sharding` and
   `batch_sharding` as for `make_train_step` (sharded, the state keeps its layout and each
-  micro-batch is spread over the batch axes).
+  micro-batch is spread over the batch axes); `logits_chunk` as `UpdateConfig`'s.
   """
 
   def micro_loss(params, mb, denominator, frozen):
-    logprob, _ = packed_logprobs(graphdef, _joined(params, frozen), mb)
+    logprob, _ = packed_logprobs(graphdef, _joined(params, frozen), mb, 1.0, logits_chunk)
     return -jnp.sum(jnp.where(mb.loss_mask, logprob, 0.0)) / denominator
 
   def sft_step(state: TrainState, batch: packing.PackedBatch, frozen=None):
