@@ -52,7 +52,7 @@ def small_config():
   m = config.model
   m.hidden_size, m.intermediate_size, m.num_layers = 32, 1024, 2
   m.num_heads, m.num_kv_heads, m.head_dim = 4, 2, 8
-  config.warm_start.steps = 160
+  config.warm_start.steps = 200
   config.warm_start.learning_rate = 1e-2
   config.warm_start.num_trajectories = 16
   config.warm_start.batch_size = 8
