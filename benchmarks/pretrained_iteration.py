@@ -46,10 +46,14 @@ ESTIMATORS = ("bpo", "grpo")
 
 
 def _parse_shape(text: str) -> dict[str, int]:
+  """`key=int,...` as a dict; ValueError naming the item that is not of that form."""
   out = {}
   for item in filter(None, text.split(",")):
     key, _, value = item.partition("=")
-    out[key.strip()] = int(value)
+    try:
+      out[key.strip()] = int(value)
+    except ValueError:
+      raise ValueError(f"--shape item {item!r} is not key=int") from None
   return out
 
 
@@ -106,15 +110,13 @@ def run_one(args) -> dict:
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     records = [json.loads(line) for line in f]
   train = [r for r in records if r.get("phase") == "train"][1:]  # the first one compiles
-  if not train:
-    raise SystemExit("error: --iterations must be >= 2 (the first iteration compiles)")
   median = lambda key: statistics.median(r[key] for r in train)  # noqa: E731
   tasks = config.rollout.tasks_per_iteration
   rollout = median("time/rollout")
   stats = jax.devices()[0].memory_stats() or {}
   return dict(
-      iteration_s=median("time/rollout") + median("time/estimate_and_pack")
-      + median("time/update"),
+      iteration_s=statistics.median(
+          r["time/rollout"] + r["time/estimate_and_pack"] + r["time/update"] for r in train),
       rollout_s=rollout, update_s=median("time/update"),
       decode_tokens_per_s=median("tokens_decoded") / rollout,
       processed_tokens_per_s=median("tokens_processed") / rollout,
@@ -137,14 +139,20 @@ def main():
   args = p.parse_args()
   if args.iterations < 2:
     p.error(f"--iterations={args.iterations}: must be >= 2 (the first iteration compiles)")
+  from bpo_jax.models import ModelConfig  # pylint: disable=g-import-not-at-top
+  if not callable(getattr(ModelConfig, args.preset, None)) or args.preset.startswith("_"):
+    p.error(f"--preset={args.preset}: not a ModelConfig preset (e.g. qwen2_5_0_5b)")
+  try:
+    shape = _parse_shape(args.shape)
+  except ValueError as error:
+    p.error(str(error))
   if args.estimator:  # one estimator's process
     print(json.dumps(run_one(args)))
     return
   with tempfile.TemporaryDirectory() as tmp:
     checkpoint = os.path.join(tmp, "checkpoint")
     start = time.perf_counter()
-    write_checkpoint(world_config(args.config, "bpo", "", 2, 0), args.preset,
-                     _parse_shape(args.shape), checkpoint)
+    write_checkpoint(world_config(args.config, "bpo", "", 2, 0), args.preset, shape, checkpoint)
     print(f"checkpoint written in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     figures = {}
     for estimator in ESTIMATORS:
@@ -158,7 +166,7 @@ def main():
         raise SystemExit(f"error: the {estimator} run failed (exit {done.returncode})")
       figures[estimator] = json.loads(done.stdout.strip().splitlines()[-1])
   bpo, grpo = figures["bpo"], figures["grpo"]
-  figures.update(config=args.config, preset=args.preset, shape=_parse_shape(args.shape),
+  figures.update(config=args.config, preset=args.preset, shape=shape,
                  bpo_over_grpo_iteration_time=bpo["iteration_s"] / grpo["iteration_s"])
   if args.json:
     print(json.dumps(figures, sort_keys=True))

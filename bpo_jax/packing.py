@@ -350,9 +350,9 @@ def token_logprobs_from_hidden(hidden: jax.Array, output_rows: jax.Array, tokens
 
   Args:
     hidden: [B, L, H], the final-normed hidden states (`Decoder.hidden_states`).
-    output_rows: [V, H], the output projection as rows (`Decoder.output_embedding`), in the
-      hidden states' dtype; logits are computed in that dtype and cast to float32, as the
-      decoder's own output is.
+    output_rows: [V, H], the output projection as rows (`Decoder.output_embedding`); the
+      logits are computed in the hidden states' dtype and cast to float32, as the decoder's
+      own output is.
     tokens: int32[B, L].
     predecessor: int32[B, L], the position predicting each token (-1: none).
     temperature: a Python float > 0, dividing the logits.

@@ -454,11 +454,16 @@ class Decoder(nnx.Module):
     `packing.token_logprobs_from_hidden` on a large vocabulary."""
     positions, mask, _ = self._positions_and_mask(tokens, positions, attention_mask, None, None,
                                                   ForwardOptions())
+    x, cos, sin = self._embed_and_rope(tokens, positions)
+    return self.final_norm(self._layers_without_cache(x, cos, sin, mask))
+
+  def _embed_and_rope(self, tokens: jax.Array, positions: jax.Array):
+    """The first layer's input (token embeddings in the compute dtype) and RoPE's cos, sin."""
+    # Recomputed at trace time (numpy constants) rather than stored as a non-Variable attribute.
     inv_freq = rope_inverse_frequencies(self.config.head_dim, self.config.rope_theta,
                                         self.config.rope_scaling)
     cos, sin = rope_cos_sin(positions, inv_freq)
-    x = jnp.take(self.embed[...], tokens, axis=0).astype(self.config.compute_dtype)
-    return self.final_norm(self._layers_without_cache(x, cos, sin, mask))
+    return jnp.take(self.embed[...], tokens, axis=0).astype(self.config.compute_dtype), cos, sin
 
   def __call__(self, tokens: jax.Array, positions: Optional[jax.Array] = None,
                attention_mask: Optional[jax.Array] = None, cache: Optional[KVCache] = None,
@@ -469,12 +474,7 @@ class Decoder(nnx.Module):
         tokens, positions, attention_mask, cache, input_lengths, options)
     b, t = tokens.shape
     logits_at, unembedding = options.logits_at, options.unembedding
-
-    # Recomputed at trace time (numpy constants) rather than stored as a non-Variable attribute.
-    inv_freq = rope_inverse_frequencies(self.config.head_dim, self.config.rope_theta,
-                                        self.config.rope_scaling)
-    cos, sin = rope_cos_sin(positions, inv_freq)
-    x = jnp.take(self.embed[...], tokens, axis=0).astype(self.config.compute_dtype)
+    x, cos, sin = self._embed_and_rope(tokens, positions)
     new_keys, new_values = [], []
     # With a cache, the last layer's output is read only where logits are wanted: it runs its
     # queries and MLP there alone, unless that is every step anyway (a decoding step).
@@ -604,10 +604,10 @@ def forward(graphdef, state, tokens, positions=None, attention_mask=None, cache=
 
 def forward_hidden(graphdef, state, tokens, positions=None, attention_mask=None):
   """Pure form of `Decoder.hidden_states`: (hidden states [B, T, hidden], the output projection
-  as [vocab, hidden] rows in the compute dtype)."""
+  as [vocab, hidden] rows, `Decoder.output_embedding`)."""
   model = nnx.merge(graphdef, state)
   hidden = model.hidden_states(tokens, positions=positions, attention_mask=attention_mask)
-  return hidden, model.output_embedding().astype(hidden.dtype)
+  return hidden, model.output_embedding()
 
 
 def logprobs_and_entropy_from_logits(logits: jax.Array, targets: jax.Array,
