@@ -204,6 +204,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.scale.chip = ""                # the dry run's target chip (training/chips.py CHIPS)
   c.scale.num_devices = 0          # devices of the mesh; 0 = all (the dry run fakes this many)
   c.scale.decode_batch = 0         # rows decoded at once; 0 = tasks x trees x max_leaves
+  # Compiled programs kept between processes (training/compile_cache.py): a directory; ""
+  # = $JAX_COMPILATION_CACHE_DIR, else ~/.cache/bpo_jax/jax; "none" = no cache.
+  c.scale.compile_cache_dir = ""
   c.scale.distributed = ml_collections.ConfigDict({
       "coordinator_address": "",   # "host:port" of process 0; "" with one process
       "num_processes": 1,

@@ -92,6 +92,7 @@ from bpo_jax import rollout as rollout_lib
 from bpo_jax.models import params as params_lib
 from bpo_jax.sandboxes import registry
 from bpo_jax.training import checkpoint as checkpoint_lib
+from bpo_jax.training import compile_cache
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import distributed
 from bpo_jax.training import evaluation
@@ -106,7 +107,7 @@ from bpo_jax.training import warm_start as warm_start_lib
 # Keys a resumed run may change without breaking exactness (they do not touch the numbers).
 RESUMABLE_CHANGES = ("train.iterations", "log.tensorboard", "log.progress_bar", "checkpoint.keep",
                      "env.num_workers", "env.timeout_s", "scale.distributed.process_id",
-                     "scale.distributed.coordinator_address")
+                     "scale.distributed.coordinator_address", "scale.compile_cache_dir")
 
 
 def _check_workdir_config(config, workdir: str):
@@ -152,6 +153,7 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
     intervals, the iterations run, the workdir's paths.
   """
   config_lib.validate(config, "train", workdir)
+  compile_cache.enable(config.scale.compile_cache_dir)  # before the run's first compile
   _connect_processes(config)
   created = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -409,6 +411,7 @@ def evaluate(config, workdir: str) -> dict:
   `eval.confidence`, mean return and episode length, and the checkpoint's iteration.
   """
   config_lib.validate(config, "eval", workdir)
+  compile_cache.enable(config.scale.compile_cache_dir)
   exp, state, loop = load_checkpoint(config, workdir)
   try:
     record = evaluation.eval_record(exp, exp.full_params(state.params), loop["iteration"])

@@ -1,0 +1,51 @@
+"""The persistent compilation cache: where it lives, and that a second process on the same
+directory compiles (almost) nothing that the first compiled."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bpo_jax.training import compile_cache
+from bpo_jax.training import config as config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_the_directory_is_the_key_then_jax_variable_then_the_user_cache(monkeypatch, tmp_path):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  assert compile_cache.resolve_directory("") == str(tmp_path / "xdg" / "bpo_jax" / "jax")
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jaxvar"))
+  assert compile_cache.resolve_directory("") == str(tmp_path / "jaxvar")
+  assert compile_cache.resolve_directory(str(tmp_path / "key")) == str(tmp_path / "key")
+  assert compile_cache.resolve_directory("none") is None
+  monkeypatch.delenv("XDG_CACHE_HOME")
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+  assert compile_cache.resolve_directory("") == os.path.join(
+      os.path.expanduser("~"), ".cache", "bpo_jax", "jax")
+
+
+def test_the_cache_is_on_by_default():
+  assert config_lib.default_config().scale.compile_cache_dir == ""
+
+
+def run_counted(spec: dict) -> dict:
+  """`tests/training/compile_worker.py` on `spec` in a process of its own."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  done = subprocess.run([sys.executable, "-m", "tests.training.compile_worker", json.dumps(spec)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_second_process_on_the_same_cache_compiles_at_most_a_tenth(tmp_path):
+  spec = dict(cache_dir=str(tmp_path / "cache"), estimator="bpo", iterations=2)
+  first = run_counted(dict(spec, workdir=str(tmp_path / "first")))["at_end"]
+  second = run_counted(dict(spec, workdir=str(tmp_path / "second")))["at_end"]
+  assert first["compiles"] >= 20, first  # a run compiles dozens of programs
+  assert second["requests"] == first["requests"], (first, second)  # the same programs ...
+  assert second["compiles"] <= 0.1 * first["compiles"], (first, second)  # ... read back
