@@ -1,11 +1,12 @@
 """WebShop (Yao et al., 2022): buy the product an instruction describes, in a synthetic shop.
 
 The shop is generated offline (1000 products of 12 types, two instructions each: 1600 train,
-200 eval and 200 test goals). To train on WebShop's own data instead, set `data_dir` to a
-directory of its released files (`data_size`: "1000" for items_shuffle_1000.json, "full" for
-items_shuffle.json) or point `products_path`, `attributes_path`, `human_instructions_path` at
-them; `catalogue_seed` and `goals_per_product` then do not apply, `num_products` keeps the first
-N products, and the search index is saved once under `index_cache_dir`.
+200 eval and 200 test goals). WebShop's own released files are `webshop_qwen2_5.py`'s
+(`--config.env.options.data_dir=D`); a config of your own names them with `data_dir` (a
+directory of the released files; `data_size`: "1000" for items_shuffle_1000.json, "full" for
+items_shuffle.json) or `products_path`, `attributes_path`, `human_instructions_path`, in place
+of `catalogue_seed` and `goals_per_product`; `num_products` keeps the first N products, and the
+search index is saved once under `index_cache_dir`.
 
 Pages are long (a result page lists ten titles, about 360 words), so observations are cut at
 384 tokens and the context holds 10 turns (a path of up to ~4250 tokens in the chat format); the

@@ -19,6 +19,7 @@ budget (four whole episodes) are the comparison's (`base.pretrained`), so
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 from experiments.configs import base
 from experiments.configs import webshop
@@ -26,8 +27,10 @@ from experiments.configs import webshop
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
   c = webshop.get_config()
+  # Typed placeholders (None until given) so that the command line can set them.
   c.env.options = ml_collections.ConfigDict({
-      "data_dir": None, "data_size": "full", "index_cache_dir": None, "max_steps": 15,
+      "data_dir": config_dict.placeholder(str), "data_size": "full",
+      "index_cache_dir": config_dict.placeholder(str), "max_steps": 15,
       "results_per_page": 10})
   c.env.num_train_tasks = 10000
   c.env.num_eval_tasks = 500

@@ -528,9 +528,10 @@ def test_webshop_files_bad_input(tmp_path):
   bad = tmp_path / "bad.json"
   bad.write_text(json.dumps([{"asin": "B0X", "category": "c", "query": "q",
                               "product_category": "p"}]), encoding="utf-8")
-  with pytest.raises(ValueError, match="product 0 \\(asin 'B0X'\\) has no 'name' field"):
+  with pytest.raises(base.TaskInputError,
+                     match="bad.json', product 0 \\(asin 'B0X'\\): has no 'name' field$"):
     load_webshop_files(bad, human_goals=False, attributes_path=bad)
-  with pytest.raises(FileNotFoundError, match="products file not found"):
+  with pytest.raises(base.TaskInputError, match="products file .*missing.json': No such file"):
     load_webshop_files(tmp_path / "missing.json", human_instructions_path=bad)
   with pytest.raises(ValueError, match="needs human_instructions_path"):
     load_webshop_files(bad)

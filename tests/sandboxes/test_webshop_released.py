@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 
+from bpo_jax.sandboxes.base import TaskInputError
 from bpo_jax.sandboxes.webshop import jsonstream, make_sandbox, make_tasks, search, shop
 from bpo_jax.testing.tolerance import assert_close
 from bpo_jax.testing.webshop_files import write_released_files
@@ -153,5 +154,5 @@ def test_released_config_errors(released, tmp_path):
     make_sandbox(data_size="full")
   with pytest.raises(ValueError, match="'index_cache_dir' needs products_path or data_dir"):
     make_sandbox(index_cache_dir=str(tmp_path))
-  with pytest.raises(FileNotFoundError, match="WebShop data file not found: .*items_"):
+  with pytest.raises(TaskInputError, match="WebShop data file .*items_.*No such file"):
     make_sandbox(data_dir=str(tmp_path), index_cache_dir=str(tmp_path))

@@ -7,16 +7,23 @@ top-level object (`iter_object`) one by one, each parsed with `json.JSONDecoder.
 so at most one chunk and one element are held besides what the caller keeps. Every byte read
 goes into a SHA-256, and `close()` reads the rest of the file into it, so `digest()` names the
 whole file however much of it was parsed.
+
+A file that cannot be opened or is not valid JSON raises `TaskInputError` (the user's data to
+fix) in one line naming the file, the element or member being read and the character offset
+in the file.
 """
 
 from __future__ import annotations
 
 import codecs
 import hashlib
+import itertools
 import json
 import os
 import re
 from typing import Any, Iterator
+
+from bpo_jax.sandboxes.base import TaskInputError
 
 CHUNK_BYTES = 1 << 20
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
@@ -30,14 +37,16 @@ class JsonStream:
     self.what = what
     try:
       self._file = open(self.path, "rb")
-    except FileNotFoundError:
-      raise FileNotFoundError(f"WebShop {what} file not found: {self.path!r}") from None
+    except OSError as e:  # missing, a directory, unreadable
+      raise TaskInputError(f"WebShop {what} file {self.path!r}: {e.strerror or e}") from None
     self._sha = hashlib.sha256()
     self._utf8 = codecs.getincrementaldecoder("utf-8")()
     self._decoder = json.JSONDecoder()
     self._buf = ""
     self._pos = 0
+    self._offset = 0  # characters of the file before the buffer's start
     self._eof = False
+    self._where = "the top level"  # what is being read, for error messages
 
   def __enter__(self) -> "JsonStream":
     return self
@@ -45,8 +54,10 @@ class JsonStream:
   def __exit__(self, *exc) -> None:
     self.close()
 
-  def _error(self, reason: str) -> ValueError:
-    return ValueError(f"WebShop {self.what} file {self.path!r} is not valid JSON: {reason}")
+  def _error(self, reason: str, pos: int | None = None) -> TaskInputError:
+    at = self._offset + (self._pos if pos is None else pos)
+    return TaskInputError(f"WebShop {self.what} file {self.path!r} is not valid JSON: {reason} "
+                          f"(in {self._where}, character {at} of the file)")
 
   def _fill(self) -> bool:
     """Appends the next chunk to the buffer; False at the end of the file."""
@@ -59,6 +70,7 @@ class JsonStream:
     except UnicodeDecodeError as e:
       raise self._error(f"not UTF-8 ({e.reason})") from None
     self._eof = not chunk
+    self._offset += self._pos
     self._buf = self._buf[self._pos:] + text
     self._pos = 0
     return not self._eof
@@ -76,7 +88,7 @@ class JsonStream:
     c = self._peek()
     if not c or c not in chars:
       found = repr(c) if c else "the end of the file"
-      raise self._error(f"expected one of {list(chars)} at character {self._pos}, found {found}")
+      raise self._error(f"expected one of {list(chars)}, found {found}")
     self._pos += 1
     return c
 
@@ -89,22 +101,32 @@ class JsonStream:
       except json.JSONDecodeError as e:
         if self._fill():
           continue
-        raise self._error(str(e)) from None
+        raise self._error(e.msg, e.pos) from None
       # A number at the end of the buffer may continue in the next chunk.
       if end == len(self._buf) and self._fill():
         continue
       self._pos = end
       return value
 
+  def _end(self) -> None:
+    """Checks that nothing but whitespace follows the top-level value."""
+    self._where = "the end of the file"
+    if self._peek():
+      raise self._error("text after the top-level value")
+
   def iter_array(self) -> Iterator[Any]:
     """The elements of the top-level array, in order."""
     self._expect("[")
     if self._peek() == "]":
       self._pos += 1
+      self._end()
       return
-    while True:
+    for i in itertools.count():
+      self._where = f"element {i}"
       yield self._value()
+      self._where = f"the array after element {i}"
       if self._expect(",]") == "]":
+        self._end()
         return
 
   def iter_object(self) -> Iterator[tuple[str, Any]]:
@@ -112,14 +134,20 @@ class JsonStream:
     self._expect("{")
     if self._peek() == "}":
       self._pos += 1
+      self._end()
       return
+    key = None
     while True:
+      self._where = "the first member" if key is None else f"the member after {key!r}"
       if self._peek() != '"':
-        raise self._error(f"expected a string key at character {self._pos}")
+        raise self._error("expected a string key")
       key = self._value()
+      self._where = f"member {key!r}"
       self._expect(":")
       yield key, self._value()
+      self._where = f"the object after member {key!r}"
       if self._expect(",}") == "}":
+        self._end()
         return
 
   def close(self) -> None:

@@ -37,7 +37,8 @@ import re
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
-from bpo_jax.sandboxes.base import Snapshot, Step, check_action, invalid_action_step
+from bpo_jax.sandboxes.base import (Snapshot, Step, TaskInputError, check_action,
+                                   invalid_action_step)
 from bpo_jax.sandboxes.webshop import catalogue as catalogue_lib
 from bpo_jax.sandboxes.webshop import index_cache
 from bpo_jax.sandboxes.webshop import released as released_lib
@@ -484,12 +485,12 @@ _by_config: dict[tuple, tuple[Catalogue, ProductIndex]] = {}
 _by_fingerprint: dict[str, tuple[Catalogue, ProductIndex]] = {}
 
 
-def _file_key(path: Any) -> tuple:
+def _file_key(name: str, path: Any) -> tuple:
   path = os.fspath(path)
   try:
     st = os.stat(path)
-  except FileNotFoundError:
-    raise FileNotFoundError(f"WebShop data file not found: {path!r}") from None
+  except OSError as e:
+    raise TaskInputError(f"WebShop data file {path!r} ({name}): {e.strerror or e}") from None
   return (os.path.abspath(path), st.st_size, st.st_mtime_ns)
 
 
@@ -499,22 +500,27 @@ def _resolve_files(config: dict[str, Any]) -> dict[str, Any]:
   if config.get("data_dir") is not None:
     given = [k for k in _FILE_KEYS[:3] if config.get(k) is not None]
     if given:
-      raise ValueError(f"give data_dir or {given}, not both")
-    config.update(released_lib.released_paths(config.pop("data_dir"),
-                                              config.pop("data_size", "1000")))
+      raise TaskInputError(f"give data_dir or {given}, not both")
+    data_dir = config.pop("data_dir")
+    if not isinstance(data_dir, (str, os.PathLike)) or not os.path.isdir(data_dir):
+      raise TaskInputError(f"env.options.data_dir = {data_dir!r}: no such directory (a "
+                           "directory of WebShop's released files)")
+    config.update(released_lib.released_paths(data_dir, config.pop("data_size", "1000")))
   elif config.get("data_size") is not None:
-    raise ValueError("'data_size' needs data_dir (a directory of WebShop's released files)")
+    raise TaskInputError("'data_size' needs data_dir (a directory of WebShop's released files): "
+                         "give --config.env.options.data_dir=DIR")
   else:
     config.pop("data_dir", None)
     config.pop("data_size", None)
   if config.get("products_path") is not None:
     for k in ("catalogue_seed", "goals_per_product"):
       if k in config:
-        raise ValueError(f"{k!r} applies to the synthetic catalogue, not to WebShop files")
+        raise TaskInputError(f"{k!r} applies to the synthetic catalogue, not to WebShop files")
   else:
     for k in (*_FILE_KEYS[1:], "human_goals", "price_seed", "index_cache_dir"):
       if config.get(k) is not None:
-        raise ValueError(f"{k!r} needs products_path or data_dir (it applies to WebShop files only)")
+        raise TaskInputError(f"{k!r} needs products_path or data_dir (it applies to WebShop "
+                             "files only)")
   return config
 
 
@@ -550,9 +556,9 @@ def get_shop(**config: Any) -> tuple[Catalogue, ProductIndex]:
   """
   unknown = sorted(set(config) - set(_CATALOGUE_KEYS))
   if unknown:
-    raise ValueError(f"unknown WebShop catalogue option(s) {unknown}; known: {list(_CATALOGUE_KEYS)}")
+    raise TaskInputError(f"unknown WebShop catalogue option(s) {unknown}; known: {list(_CATALOGUE_KEYS)}")
   config = _resolve_files(config)
-  key = tuple((k, _file_key(v) if k.endswith("_path") and v is not None else v)
+  key = tuple((k, _file_key(k, v) if k.endswith("_path") and v is not None else v)
               for k, v in sorted(config.items()))
   with _lock:
     if key in _by_config:
@@ -607,6 +613,7 @@ def make_tasks(split: str, num: int | None, seed: int = 0, **config: Any) -> lis
   if not isinstance(num, int) or isinstance(num, bool) or num < 0:
     raise ValueError(f"num must be a non-negative integer or None, got {num!r}")
   if num > len(indices):
-    raise ValueError(f"split {split!r} has {len(indices)} goals; {num} were asked for")
+    raise TaskInputError(f"WebShop's {split!r} split has {len(indices)} goals; {num} were asked "
+                         "for (env.num_train_tasks or env.num_eval_tasks)")
   chosen = random.Random(f"bpo_jax.webshop.tasks/{seed}").sample(indices, num)
   return [catalogue.goals[i] for i in chosen]
