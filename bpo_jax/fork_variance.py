@@ -1,5 +1,7 @@
 """How much of the return's variance the states of a tree's forks explain, without bias.
 
+The estimator side of docs/DESIGN.md §3's variance measurement.
+
 For a path drawn through a tree by its path weights (a uniform choice at each fork, so that the
 path is a draw of the policy's episode, `estimators.bpo_advantages`), let τ_k be the state of
 the k-th fork the path crosses (its k-th set of siblings), or its end when it crosses fewer.
@@ -22,9 +24,10 @@ import chex
 import jax
 import jax.numpy as jnp
 
-# The estimators' tree checks and kernels, shared with them.
+from bpo_jax import _tree_kernels as kernels
+# The estimators' tree checks, shared with them.
 # pylint: disable-next=protected-access
-from bpo_jax.estimators import _check_tree, _parent_slot, _solve_affine_down
+from bpo_jax.estimators import _check_tree, _parent_slot
 from bpo_jax.estimators import leaf_mask, path_weights, sibling_counts
 from bpo_jax.tree import RolloutTree
 
@@ -68,7 +71,7 @@ def fork_moments(tree: RolloutTree, gamma: float = 1.0, level: int = 1) -> Retur
   f32 = jnp.float32
   discount = jnp.asarray(gamma, f32) ** tree.depth.astype(f32)
   reward = jnp.where(tree.valid, tree.reward, 0.0)
-  returns = _solve_affine_down(tree, jnp.ones((n,), f32), discount * reward, 0.0)
+  returns = kernels.solve_down(tree, jnp.ones((n,), f32), discount * reward, 0.0)
   weights = path_weights(tree)
   w = jnp.where(leaf_mask(tree), weights, 0.0)
   mean = jnp.sum(w * returns)
@@ -78,10 +81,10 @@ def fork_moments(tree: RolloutTree, gamma: float = 1.0, level: int = 1) -> Retur
   # exact in float32), the members of level `level`, and each node's member ancestor (1 + its
   # index; 0 where the path has none).
   forked = tree.valid & (sibling_counts(tree) >= 2)
-  count = _solve_affine_down(tree, jnp.ones((n,), f32), forked.astype(f32), 0.0)
+  count = kernels.solve_down(tree, jnp.ones((n,), f32), forked.astype(f32), 0.0)
   member = forked & (count == level)
   index = jnp.arange(1, n + 1, dtype=f32)
-  anchor = _solve_affine_down(tree, jnp.where(member, 0.0, 1.0), jnp.where(member, index, 0.0),
+  anchor = kernels.solve_down(tree, jnp.where(member, 0.0, 1.0), jnp.where(member, index, 0.0),
                               0.0)
   below = jnp.where((w > 0) & (anchor > 0), anchor - 1, n).astype(jnp.int32)
   x = jax.ops.segment_sum(w * centred, below, num_segments=n + 1)[:n]
