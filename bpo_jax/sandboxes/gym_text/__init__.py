@@ -6,8 +6,9 @@ random draw depends on the generator's state. A snapshot here is the pickled tup
 `(task, steps, episode over, the environment's state attributes, the numpy bit generator's
 state)`, which any process can restore.
 
-Each environment has its own module (`frozenlake`, `taxi`, `cliffwalking`, `blackjack`) with the
-registry interface:
+Each environment has its own module (`frozenlake`, `taxi`, `cliffwalking`, `blackjack`) that
+describes it in a `GymTextSpec` and takes the registry's interface (docs/DESIGN.md §4) from the
+functions here, its spec bound:
 
     make_sandbox(**config) -> GymTextSandbox
     make_tasks(split, num, seed, **config) -> list[GymTask]
@@ -16,7 +17,7 @@ A task is a reset seed (plus, for FrozenLake, a generated map); "train" uses eve
 and "test" odd ones. Actions are words ("left", "pickup", "hit"); anything else gets an
 observation listing the valid ones. For language-model agents each module also has
 `SYSTEM_PROMPT` and `parse_action(text)` (the first line of a reply that starts with an action
-word; see `free_text.py`), built here from its spec by `system_prompt` and `parse_action`.
+word; see `free_text.py`), from `system_prompt` and `parse_action` here.
 """
 
 from __future__ import annotations
@@ -54,6 +55,21 @@ class GymTextSpec:
   describe: Callable[[Any], str]       # env -> the current state in words
   is_success: Callable[[float, bool], bool]  # (reward, terminated) -> success
   max_steps: int
+  # (rng, **task options) -> one task's env_kwargs; the task options are `make_tasks`'s keyword
+  # arguments (env.options), and it ignores those it does not name.
+  task_env_kwargs: Callable[..., tuple[tuple[str, Any], ...]]
+
+
+# The worlds' success rules, as functions rather than lambdas so that a spec (and a module's
+# `make_sandbox`, a partial of it) pickles for the sandbox pool's workers.
+def success_on_positive_reward(reward: float, terminated: bool) -> bool:
+  del terminated
+  return reward > 0
+
+
+def success_on_termination(reward: float, terminated: bool) -> bool:
+  del reward
+  return terminated
 
 
 class GymTextSandbox:
@@ -159,10 +175,17 @@ class GymTextSandbox:
     self._task = None
 
 
-def make_split_tasks(env_name: str, split: str, num: int, seed: int,
-                     env_kwargs_for: Callable[[random.Random], tuple] = lambda rng: ()
-                     ) -> list[GymTask]:
-  """`num` distinct tasks; reset seeds are even for "train" and odd for "test"."""
+def make_sandbox(spec: GymTextSpec, max_steps: int | None = None, **unused) -> GymTextSandbox:
+  """A sandbox of `spec`'s environment; `max_steps` None takes the spec's."""
+  del unused  # the task options
+  return GymTextSandbox(spec, max_steps=max_steps)
+
+
+def make_tasks(spec: GymTextSpec, split: str, num: int, seed: int, **options) -> list[GymTask]:
+  """`num` distinct tasks of `spec`'s environment; reset seeds are even for "train" and odd for
+  "test". `options` go to `spec.task_env_kwargs`, called once per task after its reset seed is
+  drawn, with the same generator."""
+  env_name = spec.name
   if split not in ("train", "test"):
     raise ValueError(f"split must be 'train' or 'test', got {split!r}")
   if num < 0:
@@ -176,7 +199,7 @@ def make_split_tasks(env_name: str, split: str, num: int, seed: int,
       continue
     seen.add(reset_seed)
     tasks.append(GymTask(task_id=f"{env_name}-{reset_seed}", env_name=env_name,
-                         reset_seed=reset_seed, env_kwargs=env_kwargs_for(rng)))
+                         reset_seed=reset_seed, env_kwargs=spec.task_env_kwargs(rng, **options)))
   return tasks
 
 

@@ -2,9 +2,13 @@
 
 The deck is drawn from the environment's generator, so the snapshot's RNG state decides the
 next card: restoring it replays the same cards.
+
+The sandbox contract and the registry's interface: docs/DESIGN.md §4.
 """
 
 from __future__ import annotations
+
+import functools
 
 from gymnasium.envs.toy_text import blackjack
 
@@ -23,6 +27,11 @@ def _describe(env) -> str:
   return f"Your cards: {cards} (sum {total}{ace}). The dealer shows {env.dealer[0]}."
 
 
+def _task_env_kwargs(rng, natural=False, sab=False, **unused):
+  del rng, unused
+  return (("natural", natural), ("sab", sab))
+
+
 SPEC = gym_text.GymTextSpec(
     name="blackjack",
     make_env=_make_env,
@@ -30,27 +39,14 @@ SPEC = gym_text.GymTextSpec(
     state_attributes=("player", "dealer"),
     goal="Goal: beat the dealer without going over 21. The dealer's first card is shown.",
     describe=_describe,
-    is_success=lambda reward, terminated: reward > 0,
+    is_success=gym_text.success_on_positive_reward,
     max_steps=20,
+    task_env_kwargs=_task_env_kwargs,
 )
 
 
-# The action syntax for language-model agents (see free_text.py).
-SYSTEM_PROMPT = gym_text.system_prompt(SPEC)
-NO_ACTION_HINT = SYSTEM_PROMPT
-
-
-def parse_action(text: str) -> str | None:
-  return gym_text.parse_action(SPEC, text)
-
-
-def make_sandbox(max_steps: int | None = None, **unused) -> gym_text.GymTextSandbox:
-  del unused
-  return gym_text.GymTextSandbox(SPEC, max_steps=max_steps)
-
-
-def make_tasks(split: str, num: int, seed: int, natural: bool = False, sab: bool = False,
-               **unused) -> list[gym_text.GymTask]:
-  del unused
-  kwargs = (("natural", natural), ("sab", sab))
-  return gym_text.make_split_tasks("blackjack", split, num, seed, lambda rng: kwargs)
+# The registry's interface, and the action syntax for language-model agents (free_text.py).
+make_sandbox = functools.partial(gym_text.make_sandbox, SPEC)
+make_tasks = functools.partial(gym_text.make_tasks, SPEC)
+parse_action = functools.partial(gym_text.parse_action, SPEC)
+SYSTEM_PROMPT = NO_ACTION_HINT = gym_text.system_prompt(SPEC)

@@ -1,6 +1,11 @@
-"""CliffWalking (slippery) as a text sandbox; see `bpo_jax.sandboxes.gym_text`."""
+"""CliffWalking (slippery) as a text sandbox; see `bpo_jax.sandboxes.gym_text`.
+
+The sandbox contract and the registry's interface: docs/DESIGN.md §4.
+"""
 
 from __future__ import annotations
+
+import functools
 
 from gymnasium.envs.toy_text import cliffwalking
 
@@ -18,6 +23,11 @@ def _describe(env) -> str:
           f"row {rows} between columns 2 and {cols - 1}; the goal is row {rows}, column {cols}.")
 
 
+def _task_env_kwargs(rng, is_slippery=True, **unused):
+  del rng, unused
+  return (("is_slippery", is_slippery),)
+
+
 SPEC = gym_text.GymTextSpec(
     name="cliffwalking",
     make_env=_make_env,
@@ -25,27 +35,14 @@ SPEC = gym_text.GymTextSpec(
     state_attributes=("s", "lastaction"),
     goal="Goal: walk from the start to the goal without falling off the cliff.",
     describe=_describe,
-    is_success=lambda reward, terminated: terminated,
+    is_success=gym_text.success_on_termination,
     max_steps=100,
+    task_env_kwargs=_task_env_kwargs,
 )
 
 
-# The action syntax for language-model agents (see free_text.py).
-SYSTEM_PROMPT = gym_text.system_prompt(SPEC)
-NO_ACTION_HINT = SYSTEM_PROMPT
-
-
-def parse_action(text: str) -> str | None:
-  return gym_text.parse_action(SPEC, text)
-
-
-def make_sandbox(max_steps: int | None = None, **unused) -> gym_text.GymTextSandbox:
-  del unused
-  return gym_text.GymTextSandbox(SPEC, max_steps=max_steps)
-
-
-def make_tasks(split: str, num: int, seed: int, is_slippery: bool = True,
-               **unused) -> list[gym_text.GymTask]:
-  del unused
-  kwargs = (("is_slippery", is_slippery),)
-  return gym_text.make_split_tasks("cliffwalking", split, num, seed, lambda rng: kwargs)
+# The registry's interface, and the action syntax for language-model agents (free_text.py).
+make_sandbox = functools.partial(gym_text.make_sandbox, SPEC)
+make_tasks = functools.partial(gym_text.make_tasks, SPEC)
+parse_action = functools.partial(gym_text.parse_action, SPEC)
+SYSTEM_PROMPT = NO_ACTION_HINT = gym_text.system_prompt(SPEC)

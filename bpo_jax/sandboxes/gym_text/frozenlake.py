@@ -2,9 +2,13 @@
 
 Each task has its own random map (size `size`, generated from the task's seed). Observation:
 "Row 1, column 2 of 4. Map: S F F F / F H F H / ... The X marks you."
+
+The sandbox contract and the registry's interface: docs/DESIGN.md §4.
 """
 
 from __future__ import annotations
+
+import functools
 
 from gymnasium.envs.toy_text import frozen_lake
 
@@ -26,6 +30,13 @@ def _describe(env) -> str:
           f"Map: {' / '.join(' '.join(line) for line in grid)}.")
 
 
+def _task_env_kwargs(rng, size=4, is_slippery=True, **unused):
+  """A random map of `size` x `size` cells, from the task's generator."""
+  del unused
+  desc = frozen_lake.generate_random_map(size=size, seed=rng.randrange(1 << 30))
+  return (("desc", tuple(desc)), ("is_slippery", is_slippery))
+
+
 SPEC = gym_text.GymTextSpec(
     name="frozenlake",
     make_env=_make_env,
@@ -33,31 +44,14 @@ SPEC = gym_text.GymTextSpec(
     state_attributes=("s", "lastaction"),
     goal="Goal: cross the slippery ice from S to G without falling into a hole H.",
     describe=_describe,
-    is_success=lambda reward, terminated: reward > 0,
+    is_success=gym_text.success_on_positive_reward,
     max_steps=100,
+    task_env_kwargs=_task_env_kwargs,
 )
 
 
-# The action syntax for language-model agents (see free_text.py).
-SYSTEM_PROMPT = gym_text.system_prompt(SPEC)
-NO_ACTION_HINT = SYSTEM_PROMPT
-
-
-def parse_action(text: str) -> str | None:
-  return gym_text.parse_action(SPEC, text)
-
-
-def make_sandbox(max_steps: int | None = None, **unused) -> gym_text.GymTextSandbox:
-  del unused
-  return gym_text.GymTextSandbox(SPEC, max_steps=max_steps)
-
-
-def make_tasks(split: str, num: int, seed: int, size: int = 4, is_slippery: bool = True,
-               **unused) -> list[gym_text.GymTask]:
-  del unused
-
-  def env_kwargs(rng):
-    desc = frozen_lake.generate_random_map(size=size, seed=rng.randrange(1 << 30))
-    return (("desc", tuple(desc)), ("is_slippery", is_slippery))
-
-  return gym_text.make_split_tasks("frozenlake", split, num, seed, env_kwargs)
+# The registry's interface, and the action syntax for language-model agents (free_text.py).
+make_sandbox = functools.partial(gym_text.make_sandbox, SPEC)
+make_tasks = functools.partial(gym_text.make_tasks, SPEC)
+parse_action = functools.partial(gym_text.parse_action, SPEC)
+SYSTEM_PROMPT = NO_ACTION_HINT = gym_text.system_prompt(SPEC)
