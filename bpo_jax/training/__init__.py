@@ -7,7 +7,8 @@
                          warm_start.py, evaluation.py, placement.py, iteration.py
   display.py             one tree grown with a checkpoint, drawn as text
   update.py              train state, optimisers, the jitted policy-gradient and SFT steps
-  dry_run.py, chips.py   a pod layout compiled on fake devices, checked against a chip's HBM
+  program_memory.py, chips.py  a pod layout compiled, checked against a chip's HBM;
+                         dry_run.py its command line, on fake devices
 
 Import the submodules directly (`from bpo_jax.training import update`); this package imports
 nothing itself, so loading one part does not load the others.
