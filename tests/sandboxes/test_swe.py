@@ -386,9 +386,11 @@ def test_protections_are_reported():
   assert fallback["process_group_timeout"] and fallback["scrubbed_env"] and fallback["rlimits"]
   assert not fallback["network_namespace"] and not fallback["private_filesystem_view"]
   # Under root even the fallback runs commands as an unprivileged uid of their own.
-  assert fallback["unprivileged_uid"] == fallback["process_limit"] == (os.geteuid() == 0)
+  assert fallback["unprivileged_uid"] == (os.geteuid() == 0)
+  assert fallback["process_limit"] and fallback["ends_every_descendant"]
   if NAMESPACES:
-    assert all(confinement.protections().values()), confinement.protections()
+    assert all(v for k, v in confinement.protections().items()
+               if k not in ("user_namespace", "total_memory_limit", "process_cgroup"))
   else:
     with pytest.raises(confinement.ConfinementError, match="rlimits-only"):
       confinement.protections("namespaces")
@@ -396,7 +398,8 @@ def test_protections_are_reported():
     confinement.protections("none")
   assert swe.protections_record(max_steps=3, **MODE) == {
       "confinement": MODE.get("confinement", "namespaces"),
-      "protections": confinement.protections(MODE.get("confinement", "namespaces"))}
+      "protections": confinement.protections(MODE.get("confinement", "namespaces")),
+      "not_protected": confinement.unprotected(MODE.get("confinement", "namespaces"))}
 
 
 def test_command_output_and_exit_status(jail_dir):

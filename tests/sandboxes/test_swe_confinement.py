@@ -18,6 +18,7 @@ import pytest
 import bpo_jax
 from bpo_jax.sandboxes import pool as pool_lib
 from bpo_jax.sandboxes import swe
+from bpo_jax.sandboxes.swe import cgroups
 from bpo_jax.sandboxes.swe import confinement
 from bpo_jax.sandboxes.swe import grading
 from bpo_jax.sandboxes.swe import sandbox as sandbox_lib
@@ -112,7 +113,9 @@ def test_escape_attempts_from_a_virtualenv_are_contained(venv):
   # The driver ran in the virtualenv, and so do the commands: its python, with pytest.
   assert os.path.realpath(out["prefix"]) == os.path.realpath(venv)
   assert out["python"]["exit_code"] == 0 and out["python"]["output"].startswith(out["prefix"])
-  assert all(out["protections"].values()), out["protections"]
+  assert all(v for k, v in out["protections"].items()
+             if k not in ("user_namespace", "total_memory_limit", "process_cgroup")), out
+  assert out["protections"]["user_namespace"] == (os.geteuid() != 0)
   uid = out["uid"]["output"].split("\n")[0]
   assert out["uid"]["exit_code"] == 0 and uid.isdigit() and int(uid) != 0
   assert out["shadow"]["exit_code"] != 0 and "root:" not in out["shadow"]["output"]
@@ -297,10 +300,12 @@ def test_a_root_host_refuses_uid_0():
       # the clean-up that follows a command, which never touches uid 0 either).
       spec = confinement._spec(["/bin/sh", "-c", "touch ran"], parent, confinement.Limits(),
                                namespaces, 0, confinement.command_env())
-      _, fd, wait = confinement._launch_once(spec)
+      _, fd, wait, release = confinement._launch({**spec, "cgroups": []})
       with os.fdopen(fd, "rb") as f:
         output = f.read().decode()
-      assert os.WEXITSTATUS(wait()) == confinement.SETUP_FAILED, output
+      status, left = wait()
+      release()
+      assert os.WEXITSTATUS(status) == confinement.SETUP_FAILED and left == 0, output
       assert "refusing to run a command as uid 0" in output
       assert not os.path.exists(os.path.join(parent, "ran"))
   finally:
@@ -309,14 +314,25 @@ def test_a_root_host_refuses_uid_0():
     confinement._wait_until_gone(0)
 
 
-def test_a_host_without_namespaces_needs_the_explicit_fallback(monkeypatch):
+def test_a_host_without_user_namespaces_needs_the_explicit_fallback(monkeypatch):
+  # A non-root user on a kernel with unprivileged user namespaces off gets no namespaces: the
+  # default mode refuses in one line pointing at the explicit fallback, which says what it
+  # leaves open.
   monkeypatch.setattr(os, "geteuid", lambda: 1000)
+  monkeypatch.setattr(confinement, "_user_namespaces_off", lambda: (
+      "unprivileged user namespaces are off (/proc/sys/user/max_user_namespaces is 0)"))
   confinement._namespaces_missing.cache_clear()
   try:
-    with pytest.raises(confinement.ConfinementError,
-                       match="need root.*confinement='rlimits-only'"):
+    with pytest.raises(confinement.ConfinementError) as raised:
       confinement.protections("namespaces")
-    assert not confinement.protections("rlimits-only")["unprivileged_uid"]
+    message = str(raised.value)
+    assert "\n" not in message and "max_user_namespaces is 0" in message
+    assert "confinement='rlimits-only'" in message
+    fallback = confinement.protections("rlimits-only")
+    assert not fallback["unprivileged_uid"] and not fallback["user_namespace"]
+    notes = confinement.unprotected("rlimits-only")
+    assert any(n.startswith("the host's processes: commands run as the host's user")
+               for n in notes)
   finally:
     monkeypatch.undo()
     confinement._namespaces_missing.cache_clear()
@@ -327,12 +343,19 @@ def test_the_sandbox_says_which_protections_its_commands_get(caplog, monkeypatch
   with caplog.at_level(logging.INFO, logger="absl"):
     sandbox = swe.make_sandbox(confinement="rlimits-only")
     swe.make_sandbox(confinement="rlimits-only")
-  lines = [r.getMessage() for r in caplog.records if "SWE sandbox commands" in r.getMessage()]
+  lines = [r.getMessage() for r in caplog.records
+           if r.getMessage().startswith("SWE sandbox commands run with")]
   assert len(lines) == 1, lines  # once per process and mode
   assert lines[0].startswith("SWE sandbox commands run with confinement 'rlimits-only': on: ")
   assert "off: network_namespace, read_only_filesystem" in lines[0]
   assert swe.protections_record(confinement="rlimits-only", max_steps=3) == {
-      "confinement": "rlimits-only", "protections": sandbox.protections}
+      "confinement": "rlimits-only", "protections": sandbox.protections,
+      "not_protected": confinement.unprotected("rlimits-only")}
+  # What the mode leaves open, one warning line each.
+  warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and
+            "are not protected against" in r.getMessage()]
+  assert len(warned) == len(confinement.unprotected("rlimits-only")) >= 2, warned
+  assert any("the network: commands use the host's" in line for line in warned)
 
 
 # ------------------------------------------------------------- infrastructure is no reward
@@ -415,6 +438,53 @@ def test_the_run_records_the_protections_in_its_config(tmp_path):
   with open(tmp_path / "config.json", encoding="utf-8") as f:
     saved = json.load(f)
   assert saved["env_protections"] == {"confinement": MODE,
-                                      "protections": confinement.protections(MODE)}
+                                      "protections": confinement.protections(MODE),
+                                      "not_protected": confinement.unprotected(MODE)}
   assert saved["env"]["options"]["confinement"] == MODE
   loop._check_workdir_config(config, str(tmp_path))  # the same host resumes the run
+
+
+# ------------------------------------------------------------------ memory and sparse files
+
+
+def test_disk_usage_counts_sparse_files_at_their_apparent_size(tmp_path):
+  # 3 files claiming 5 MiB each, holding one written byte (or none): 15 MiB by their apparent
+  # size, the bytes a snapshot of them reads, though they take a few blocks at most.
+  for i in range(3):
+    with open(tmp_path / f"s{i}", "wb") as f:
+      f.truncate(5 << 20)
+      if i:
+        f.write(b"x")
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "sub" / "dense").write_bytes(b"y" * 10_000)  # 10,000 bytes in 3 blocks of 4 KiB
+  blocks = os.stat(tmp_path / "sub" / "dense").st_blocks * 512
+  directory = os.stat(tmp_path / "sub").st_blocks * 512
+  assert confinement.disk_usage(str(tmp_path)) == 3 * (5 << 20) + max(blocks, 10_000) + max(
+      directory, os.stat(tmp_path / "sub").st_size)
+
+
+@pytest.mark.skipif("memory" not in cgroups.available(),
+                    reason="no writable memory cgroup on this host: memory is bounded per process")
+def test_a_commands_memory_is_bounded_in_total():
+  # Four processes of 100 MB under a 256 MB limit: at most two hold their memory at once (each
+  # is within the per-process RLIMIT_AS; only the command's memory cgroup stops the rest).
+  parent = tempfile.mkdtemp(prefix="bpo_jail_")  # reachable by a root host's command uid
+  os.chmod(parent, 0o755)
+  work = os.path.join(parent, "work")
+  os.mkdir(work)
+  if os.geteuid() == 0:
+    os.chown(work, confinement.default_uid(), confinement.default_uid())
+  command = ("pids=''; for i in 1 2 3 4; do python -I -S -c 'import time; "
+             "b = b\"x\" * (100 << 20); time.sleep(3)' & pids=\"$pids $!\"; done; sleep 1.5; "
+             "n=0; for p in $pids; do grep -qs '^State:.*[RS]' /proc/$p/status && n=$((n + 1)); "
+             "done; echo holding $n; kill $pids")
+  try:
+    for namespaces in (False, True) if NAMESPACES else (False,):
+      result = confinement.run_confined(command, work, confinement.Limits(
+          memory_bytes=256 << 20, wall_seconds=20), namespaces=namespaces)
+      held = int(result.output.split("holding ")[1].split()[0])
+      assert held <= 2, (namespaces, result.output)
+      assert confinement.protections("namespaces" if namespaces else "rlimits-only")[
+          "total_memory_limit"]
+  finally:
+    shutil.rmtree(parent)

@@ -12,8 +12,9 @@ Modules: `sandbox` (actions, reward), `confinement` (how commands are contained)
 shipped tasks), `instances` (real SWE-bench instances selected by config: `env.options.instances`,
 `repos_dir`, `envs_dir`), `envs` (one Python environment per repository and setup commit).
 
-Commands run in namespaces by default; `make_sandbox(confinement="rlimits-only")` (the
-`env.options.confinement` of a run) is the explicit fallback for hosts without them.
+Commands run in namespaces by default, with or without root (without, in a user namespace);
+`make_sandbox(confinement="rlimits-only")` (the `env.options.confinement` of a run) is the
+explicit fallback for hosts without them.
 `protections_record(**options)` is what a run records of it in its config.json.
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from bpo_jax.sandboxes.swe.confinement import (MODES, CommandResult, ConfinementError, Limits,
-                                               protections, run_confined)
+                                               protections, run_confined, unprotected)
 from bpo_jax.sandboxes.swe.grading import GradingError, evaluate_patch
 from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes.swe import instances as instances_lib
@@ -57,19 +58,21 @@ def make_tasks(split: str, num: int, seed: int, **config) -> list[SweTask]:
 
 
 def protections_record(**options: Any) -> dict[str, Any]:
-  """The confinement mode that sandboxes built with `options` use and the protections their
-  commands get here, e.g. {"confinement": "namespaces", "protections": {"network_namespace":
-  True, ...}}. Other sandbox options are ignored.
+  """The confinement mode that sandboxes built with `options` use, the protections their
+  commands get here and, in words, what they are not protected against, e.g. {"confinement":
+  "rlimits-only", "protections": {"network_namespace": False, ...}, "not_protected": ["the
+  network: commands use the host's", ...]}. Other sandbox options are ignored.
 
   Raises:
     ValueError: an unknown mode. ConfinementError: the mode cannot be had on this host.
   """
   mode = options.get("confinement", "namespaces")
-  return {"confinement": mode, "protections": dict(protections(mode))}
+  return {"confinement": mode, "protections": dict(protections(mode)),
+          "not_protected": unprotected(mode)}
 
 
 __all__ = ["MODES", "CommandResult", "ConfinementError", "EnvBuildError", "GradingError",
            "Limits", "PythonEnv", "SweSandbox", "ensure_env",
            "SweTask", "evaluate_patch", "load_shipped_task", "load_swebench_instances",
            "make_sandbox", "make_tasks", "protections", "protections_record", "run_confined",
-           "shipped_task_names"]
+           "shipped_task_names", "unprotected"]

@@ -1,17 +1,22 @@
 """Starts confined commands for `confinement.py`.
 
-Run as `python -I -S _jail.py SPEC_JSON` it launches one command; as `python -I -S _jail.py
---serve FD HOST_PID` it stays up and launches one command per request received on socket FD
-(see `_serve`), which saves an interpreter start-up per command.
+Run as `python -I -S _jail.py --serve FD HOST_PID` it stays up and launches one command per
+request received on socket FD (see `_serve`), which saves an interpreter start-up per command.
+The server is a child subreaper: whatever a command leaves running, even a process that left
+its session (`setsid`), becomes the server's child once its parent is gone, and the server kills
+all of them before it reports the command's end.
 
 A fresh, single-threaded interpreter does the namespace, mount, credential and rlimit set-up and
 then `execve`s the command, because doing this in a `preexec_fn` of a multi-threaded host (JAX
 starts threads) can deadlock. The file imports nothing from the package so `-S` keeps start-up
 near 15 ms.
 
-With `"namespaces": true` (root only) the order is:
-  1. unshare mount, network, PID, IPC and UTS namespaces; fork so the child is PID 1 of the new
-     PID namespace (when it exits the kernel kills every process left in it);
+Each launcher first joins the command's control groups (`spec["cgroups"]`, see cgroups.py).
+With `"namespaces": true` the order is:
+  1. unshare mount, network, PID, IPC and UTS namespaces, and without root a user namespace
+     too, in which the host's uid and gid are mapped to themselves (and nothing else is:
+     setgroups is denied), as bubblewrap does; fork so the child is PID 1 of the new PID
+     namespace (when it exits the kernel kills every process left in it);
   2. make every mount private and build a new root on an empty tmpfs, holding only: the
      system's executables and libraries (`/usr`, `/bin`, `/lib*`, `/sbin`), a few files of
      `/etc` (`_ETC_ENTRIES`: users, groups, the loader's cache; not `/etc/shadow`), a minimal
@@ -24,15 +29,20 @@ With `"namespaces": true` (root only) the order is:
      and a virtualenv) or live in the host's /tmp are all reachable;
   3. pivot into the new root and detach the old one: nothing else of the host is reachable;
      cover each `hidden` directory (the package's own files, with the shipped tasks' reference
-     patches and tests) with an empty read-only tmpfs, mount a fresh /proc (only this
-     namespace's processes) and make every mount read-only except the writable directory and
-     /tmp;
-  4. drop to an unprivileged uid/gid with no supplementary groups, set no_new_privs and a
+     patches and tests) with an empty read-only tmpfs and make every mount read-only except
+     the writable directory and /tmp (a fresh /proc, showing only this namespace's processes,
+     is mounted before the pivot: in a user namespace the kernel allows it only while the
+     host's /proc is visible);
+  4. drop the capability bounding set, and under root switch to the unprivileged uid/gid with
+     no supplementary groups (in a user namespace the uid is already the unprivileged host
+     user's, and the capabilities the namespace gave end at exec), set no_new_privs and a
      parent-death SIGKILL, apply the rlimits, exec.
 Without namespaces a root process still drops to the spec's unprivileged uid before the
-rlimits and the exec; a spec that would run a command as uid 0 is refused. Any failing step
-exits with status 125 and "confinement set-up failed at step '<step>': <why>" on stderr: the
-command never runs less confined than the host was told.
+rlimits and the exec; a spec that would run a command as uid 0 is refused. A non-root host's
+RLIMIT_NPROC (it counts every process of the uid, the host's own included) is set to the
+processes the uid runs at the start plus the spec's allowance. Any failing step exits with
+status 125 and "confinement set-up failed at step '<step>': <why>" on stderr: the command never
+runs less confined than the host was told.
 """
 
 import ctypes
@@ -42,12 +52,14 @@ import resource
 import signal
 import stat
 import sys
+import time
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
 MNT_DETACH = 2
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -62,7 +74,11 @@ MS_PRIVATE = 1 << 18
 MS_RELATIME = 1 << 21
 MS_STRICTATIME = 1 << 24
 PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
 SETUP_FAILED = 125
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 
@@ -252,6 +268,8 @@ def _build_root(spec, sources):
   _populate_dev(root)
   for name in ("proc", "run", "tmp"):
     os.mkdir(f"{root}/{name}", 0o755)
+  _at("mount /proc")
+  _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
   _at("mount the private /tmp")
   _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
          f"size={spec['tmp_bytes']},mode=1777")
@@ -300,8 +318,6 @@ def _confine_filesystem(spec):
     if os.path.isdir(path) and not os.path.islink(path):
       _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
              "size=4k,mode=0755")
-  _at("mount /proc")
-  _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
   keep = {"/tmp", "/proc"} | {target for _, target in spec["writable"]}
   for point, flags in _mount_points():
     if point not in keep:
@@ -311,23 +327,50 @@ def _confine_filesystem(spec):
 
 
 def _drop_privileges(spec):
+  """Leaves the command no privilege: its own uid under root, no capabilities, no way to gain
+  any (no_new_privs), and a SIGKILL when the launcher dies."""
   _at("drop privileges")
   uid, gid = spec["uid"], spec["gid"]
-  if uid is None or uid == 0 or gid == 0:
+  if uid is None or uid == 0 or gid is None or gid == 0:
     _fail(f"refusing to run a command as uid {uid} / gid {gid}")
-  os.setgroups([])
-  os.setresgid(gid, gid, gid)
-  os.setresuid(uid, uid, uid)
-  if 0 in os.getresuid() or 0 in os.getresgid():
-    _fail("the process still holds uid or gid 0")
+  if spec["private_uid"] or spec["userns"]:  # capabilities held: root, or a user namespace's
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+      last = int(f.read())
+    for cap in range(last + 1):
+      _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"prctl(CAPBSET_DROP, {cap})")
+  if spec["private_uid"]:
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+  if 0 in os.getresuid() or 0 in os.getresgid() or os.getuid() != uid:
+    _fail(f"the process holds uids {os.getresuid()} and gids {os.getresgid()}, not {uid}")
+  _check(_libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "prctl(CAP_AMBIENT)")
   _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
   # Changing credentials clears the parent-death signal; set it again.
   _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
 
 
+def _tasks_of(uid):
+  """Processes and threads whose real uid is `uid` (what RLIMIT_NPROC counts)."""
+  count = 0
+  for name in os.listdir("/proc"):
+    if name.isdigit():
+      try:
+        with open(f"/proc/{name}/status") as f:
+          fields = dict(line.split(":", 1) for line in f if ":" in line)
+        if int(fields["Uid"].split()[0]) == uid:
+          count += int(fields["Threads"])
+      except (OSError, KeyError, ValueError):
+        pass
+  return count
+
+
 def _apply_rlimits(spec):
   _at("apply the rlimits")
-  for name, value in spec["rlimits"].items():
+  rlimits = dict(spec["rlimits"])
+  if spec["shared_uid_nproc"]:  # the uid's processes, the host's included, plus the allowance
+    rlimits["NPROC"] += _tasks_of(os.getuid())
+  for name, value in rlimits.items():
     limit = getattr(resource, f"RLIMIT_{name}")
     _, hard = resource.getrlimit(limit)
     value = value if hard == resource.RLIM_INFINITY else min(value, hard)
@@ -341,19 +384,43 @@ def _exec(spec):
   os.execve(spec["argv"][0], spec["argv"], spec["env"])
 
 
+def _join_groups(spec):
+  _at("join the control groups")
+  for path in spec["cgroups"]:
+    with open(path, "w") as f:
+      f.write(str(os.getpid()))
+
+
+def _map_user(spec):
+  """Maps the host's uid and gid to themselves in the new user namespace (nothing else)."""
+  _at("map the user")
+  for name, content in (("setgroups", "deny"), ("uid_map", f"{spec['uid']} {spec['uid']} 1"),
+                        ("gid_map", f"{spec['gid']} {spec['gid']} 1")):
+    with open(f"/proc/self/{name}", "w") as f:
+      f.write(content)
+
+
 def _launch(spec):
   """Becomes the launcher of one command: confines and execs it (never returns)."""
+  try:
+    _join_groups(spec)
+  except OSError as e:
+    _fail(str(e))
   if not spec["namespaces"]:
     try:
-      if os.geteuid() == 0:
-        _drop_privileges(spec)  # a root host never runs an agent's command as root
+      _drop_privileges(spec)  # a root host never runs an agent's command as root
       _apply_rlimits(spec)
       _exec(spec)
     except OSError as e:
       _fail(str(e))
   _at("unshare namespaces")
-  _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS),
-         "unshare")
+  flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+  _check(_libc.unshare(flags | (CLONE_NEWUSER if spec["userns"] else 0)), "unshare")
+  if spec["userns"]:
+    try:
+      _map_user(spec)
+    except OSError as e:
+      _fail(str(e))
   pid = os.fork()
   if pid == 0:
     try:
@@ -383,17 +450,78 @@ def _die_with(host_pid):
     _fail("the host process died before the command started")
 
 
+def _children():
+  """This (single-threaded) process's children."""
+  try:
+    with open(f"/proc/self/task/{os.getpid()}/children") as f:
+      return [int(p) for p in f.read().split()]
+  except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: read every parent pid
+    found = []
+    for name in os.listdir("/proc"):
+      try:
+        with open(f"/proc/{name}/stat") as f:
+          if name.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+            found.append(int(name))
+      except (OSError, IndexError, ValueError):
+        pass
+    return found
+
+
+def _end_orphans(timeout=5.0):
+  """Kills and reaps every child of this subreaper (what a finished command left running,
+  reparented here), until none is left; returns how many were still there at the deadline."""
+  deadline = time.monotonic() + timeout
+  while True:
+    for pid in _children():
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except OSError:
+        pass
+    try:
+      while os.waitpid(-1, os.WNOHANG)[0]:
+        pass
+    except ChildProcessError:
+      return 0
+    if time.monotonic() > deadline:
+      return max(1, len(_children()))
+    time.sleep(0.001)
+
+
+def _start_launcher(spec, sock, out_fd):
+  """Forks the command's launcher in its own session, the output pipe as stdout and stderr."""
+  pid = os.fork()
+  if pid == 0:
+    try:
+      sock.close()
+      os.setsid()
+      null = os.open(os.devnull, os.O_RDONLY)
+      os.dup2(null, 0)
+      os.dup2(out_fd, 1)
+      os.dup2(out_fd, 2)
+      os.close(out_fd)
+      os.close(null)
+      _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+      _launch(spec)
+    except OSError as e:
+      _fail(str(e))
+  os.close(out_fd)
+  return pid
+
+
 def _serve(sock_fd, host_pid):
   """Launches commands on request, one at a time, so each avoids an interpreter start-up.
 
   Protocol on a SOCK_SEQPACKET socket: the host sends a spec (JSON) with the write end of the
   output pipe attached (SCM_RIGHTS); the server forks a launcher in its own session with that
   pipe as stdout and stderr, replies with its pid (8 bytes), reaps it, kills what is left of
-  its process group and replies with the wait status (8 + 4 bytes).
+  its process group and every other process the command left (they are the server's children
+  by then), and replies with the wait status and the number of processes it could not end
+  (8 + 4 + 4 bytes).
   """
   import socket  # pylint: disable=g-import-not-at-top
   import struct  # pylint: disable=g-import-not-at-top
   _die_with(host_pid)
+  _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(CHILD_SUBREAPER)")
   sock = socket.socket(fileno=sock_fd)
   while True:
     try:
@@ -402,40 +530,20 @@ def _serve(sock_fd, host_pid):
       os._exit(0)
     if not message:
       os._exit(0)
-    spec = json.loads(message)
-    out_fd = fds[0]
-    pid = os.fork()
-    if pid == 0:
-      try:
-        sock.close()
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
-        os.close(out_fd)
-        os.close(null)
-        _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
-        _launch(spec)
-      except OSError as e:
-        _fail(str(e))
-    os.close(out_fd)
+    pid = _start_launcher(json.loads(message), sock, fds[0])
     sock.sendall(struct.pack("!q", pid))
-    _, status = os.waitpid(pid, 0)
+    while True:  # orphans that end meanwhile are reaped too
+      got, status = os.waitpid(-1, 0)
+      if got == pid:
+        break
     try:
-      os.killpg(pid, signal.SIGKILL)  # background processes left in its group (no namespaces)
+      os.killpg(pid, signal.SIGKILL)  # its process group first (a command without namespaces)
     except OSError:
       pass
-    sock.sendall(struct.pack("!qi", pid, status))
-
-
-def main():
-  if sys.argv[1] == "--serve":
-    _serve(int(sys.argv[2]), int(sys.argv[3]))
-  spec = json.loads(sys.argv[1])
-  _die_with(spec["host_pid"])
-  _launch(spec)
+    sock.sendall(struct.pack("!qii", pid, status, _end_orphans()))
 
 
 if __name__ == "__main__":
-  main()
+  if sys.argv[1:2] != ["--serve"] or len(sys.argv) != 4:
+    sys.exit("usage: _jail.py --serve SOCKET_FD HOST_PID")
+  _serve(int(sys.argv[2]), int(sys.argv[3]))

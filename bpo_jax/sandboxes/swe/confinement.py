@@ -1,42 +1,53 @@
 """Runs shell commands confined to one writable directory.
 
 Every command gets, in both modes: its own session and process group (killed as a whole at the
-wall-clock timeout), CPU-time / address-space / file-size / open-file rlimits, an environment
-rebuilt from a short whitelist (nothing of the host's is inherited), stdin from /dev/null, its
-output truncated (the process group is killed once it has printed `kill_output_bytes`), and a
-disk limit on the writable directory (watched while it runs). The command dies with the process
-that started it. A root process never runs a command as uid 0: it drops to an unprivileged uid
-private to the host process first, which also gives a process-count limit and a clean-up that
-kills whatever the command left running.
+wall-clock timeout), CPU-time / address-space / file-size / open-file / process-count rlimits,
+an environment rebuilt from a short whitelist (nothing of the host's is inherited), stdin from
+/dev/null, its output truncated (the process group is killed once it has printed
+`kill_output_bytes`), and a disk limit on the writable directory (watched while it runs; sparse
+files count at their apparent size). Nothing a command starts outlives its call: the launcher
+server is a child subreaper, so a process that left the command's session (`setsid`, a daemon's
+double fork) becomes its child once its parent is gone, and it kills all of them before it
+reports the command's end. The command dies with the process that started it. A root process
+never runs a command as uid 0: it drops to an unprivileged uid private to the host process.
+
+Where the host lets this process create control groups (`cgroups.py`: root, or a delegated
+hierarchy), each command also runs in its own memory and pids groups: `memory_bytes` bounds all
+of its processes together and `max_processes` their number, and whatever is left in the groups
+is killed when it returns. Elsewhere memory is bounded per process only (RLIMIT_AS), and
+`unprotected()` says so.
 
 Two modes (`MODES`), chosen by the caller, never by the host:
 
-* "namespaces" (the default; needs root on Linux): the command also runs in fresh mount,
-  network, PID, IPC and UTS namespaces, in a filesystem built for it (see `_jail.py`) that
-  holds only the task directory (read-write, at the fixed path `CONFINED_WORKDIR`, so what
-  commands print about paths does not depend on where the host keeps it), the interpreter with
-  its packages, the system's executables and libraries, a few files of /etc, and a private,
-  size-capped /tmp; all of it read-only but the task directory and /tmp. The host's other
-  directories, its /tmp, /run (host daemons' sockets) and the package's own files (the shipped
-  tasks' instances, reference patches and hidden tests, even when the interpreter's
-  site-packages point at them) are not there. The network namespace has no usable interface;
-  /proc shows only the command's own processes; when the command ends the kernel kills what it
-  left behind. If this host cannot give namespaces, or setting them up fails, commands do not
+* "namespaces" (the default): the command also runs in fresh mount, network, PID, IPC and UTS
+  namespaces, and without root in a user namespace too (the host's uid mapped to itself, as
+  bubblewrap does; the kernel must allow unprivileged user namespaces), in a filesystem built
+  for it (see `_jail.py`) that holds only the task directory (read-write, at the fixed path
+  `CONFINED_WORKDIR`, so what commands print about paths does not depend on where the host
+  keeps it), the interpreter with its packages, the system's executables and libraries, a few
+  files of /etc, and a private, size-capped /tmp; all of it read-only but the task directory
+  and /tmp. The host's other directories (the user's home among them), its /tmp, /run (host
+  daemons' sockets) and the package's own files (the shipped tasks' instances, reference
+  patches and hidden tests, even when the interpreter's site-packages point at them) are not
+  there. The network namespace has no usable interface; /proc shows only the command's own
+  processes; when the command ends the kernel kills what it left behind; it holds no
+  capability. If this host cannot give namespaces, or setting them up fails, commands do not
   run: `ConfinementError` says why, naming the step that failed.
 * "rlimits-only" (explicit): no namespaces; the host's filesystem is seen with the permissions
   of the command's uid (the package's task data included), the network is the host's, paths are
   the host's. Under root the uid is unprivileged, so the interpreter must be reachable for it
-  (a 0700 home directory holding it is not).
+  (a 0700 home directory holding it is not). Without root the command runs as the host's user:
+  RLIMIT_NPROC then counts the user's processes, the host's included, so it is set to those
+  running at the command's start plus `max_processes`.
 
-`protections(mode)` reports what commands get; it probes the namespaces once per process by
-running one command in them, so a host that lacks them is told apart from a set-up that fails.
+`protections(mode)` reports what commands get and `unprotected(mode)` what they do not, in
+words; it probes the namespaces once per process by running one command in them, so a host
+that lacks them is told apart from a set-up that fails.
 
-Memory is bounded per process (RLIMIT_AS); all of a command's processes together stay under
-`max_processes * memory_bytes`, not a single total (that would need a cgroup).
-
-Commands are launched by a small server process (`_jail.py --serve`, one per host process,
-started on first use), which forks a launcher per command; the set-up happens in that
-single-threaded process, never in the host, which may run JAX's threads.
+Commands are launched by small server processes (`_jail.py --serve`, started on first use, one
+more for each command run at the same time from another thread), which fork a launcher per
+command; the set-up happens in that single-threaded process, never in the host, which may run
+JAX's threads.
 
 Example:
 
@@ -65,6 +76,7 @@ import time
 from typing import Callable, Mapping, Sequence
 
 from bpo_jax.sandboxes import base
+from bpo_jax.sandboxes.swe import cgroups as cgroups_lib
 
 _JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jail.py")
 # Where the writable directory appears inside the namespaces: one fixed path, so that anything a
@@ -101,9 +113,12 @@ class Limits:
 
   wall_seconds: wall-clock timeout; the whole process group is killed then.
   cpu_seconds: RLIMIT_CPU (SIGXCPU, then SIGKILL).
-  memory_bytes: RLIMIT_AS per process.
+  memory_bytes: the memory of all of the command's processes together (its memory cgroup,
+    where the host has one) and RLIMIT_AS of each.
   file_bytes: RLIMIT_FSIZE, the largest file a command may write (SIGXFSZ beyond).
-  max_processes: RLIMIT_NPROC for the command's uid (only with namespaces: it needs its own uid).
+  max_processes: processes at once: RLIMIT_NPROC, counted for the command's own uid (root),
+    its user namespace (namespaces without root) or, without either, on top of the processes
+    the user runs at its start; and pids.max of its pids cgroup (the launcher included).
   max_open_files: RLIMIT_NOFILE.
   tmp_bytes: size of the private /tmp (only with namespaces).
   max_output_chars: output kept (head and tail) in the observation.
@@ -234,17 +249,23 @@ def default_uid() -> int:
 
 
 def _spec(argv, cwd, limits, namespaces, uid, env, readonly=None, copy_in=None,
-          reachable=()) -> dict:
+          reachable=(), cgroups=()) -> dict:
+  """What the launcher (`_jail.py`) needs to start one command. `uid` None: this process's
+  user (a non-root host); under root the command's own unprivileged uid."""
+  root = os.geteuid() == 0
+  uid = os.getuid() if uid is None else uid
   rlimits = {"CPU": int(limits.cpu_seconds), "AS": int(limits.memory_bytes),
              "FSIZE": int(limits.file_bytes), "NOFILE": int(limits.max_open_files),
-             "CORE": 0}
-  if uid is not None:  # a uid of its own: the process count is the command's alone
-    rlimits["NPROC"] = int(limits.max_processes)
+             "CORE": 0, "NPROC": int(limits.max_processes)}
   target = CONFINED_WORKDIR if namespaces else cwd
   seen = sorted(set(_python_paths()) | {os.path.realpath(p) for p in reachable})
   return {"argv": list(argv), "cwd": target, "env": env, "namespaces": namespaces,
           "writable": [[cwd, target]], "reachable": seen,
-          "hidden": list(_hidden_paths()), "uid": uid, "gid": uid,
+          "hidden": list(_hidden_paths()), "uid": uid, "gid": uid if root else os.getgid(),
+          # Root: a uid of the command's own. Else, with namespaces, a user namespace (its
+          # process count is the command's alone); without, the uid is shared with the host.
+          "private_uid": root, "userns": namespaces and not root,
+          "shared_uid_nproc": not namespaces and not root, "cgroups": list(cgroups),
           "tmp_bytes": int(limits.tmp_bytes), "rlimits": rlimits, "host_pid": os.getpid(),
           "readonly": [[source, target] for target, source in (readonly or {}).items()],
           "copy_in": [[source, target] for target, source in (copy_in or {}).items()]}
@@ -259,8 +280,8 @@ def _truncate(data: bytes, max_chars: int) -> str:
 
 
 class _LaunchServer:
-  """This process's `_jail.py --serve` process: launches commands without an interpreter
-  start-up each. Started on first use; restarted if it died. One command at a time."""
+  """A `_jail.py --serve` process of this process: launches commands without an interpreter
+  start-up each, one at a time (`lock`). Started on first use; restarted if it died."""
 
   def __init__(self):
     self.lock = threading.Lock()
@@ -277,9 +298,10 @@ class _LaunchServer:
     theirs.close()
     self.sock, self.owner_pid = ours, os.getpid()
 
-  def launch(self, spec: dict) -> tuple[int, int, Callable[[], int]]:
-    """Starts a command; returns (pid, output fd, wait() -> raw wait status)."""
-    for attempt in range(2):
+  def launch(self, spec: dict) -> tuple[int, int, Callable[[], tuple[int, int]]]:
+    """Starts a command; returns (pid, output fd, wait() -> (raw wait status, processes the
+    server could not end))."""
+    for _ in range(2):
       if self.owner_pid != os.getpid() or self.proc is None or self.proc.poll() is not None:
         self._start()
       read_fd, write_fd = os.pipe()
@@ -297,38 +319,41 @@ class _LaunchServer:
       self.proc = None  # the server died: start a new one and try once more
     raise RuntimeError("the command launcher does not answer")
 
-  def _wait(self, pid: int) -> int:
+  def _wait(self, pid: int) -> tuple[int, int]:
     reply = self.sock.recv(64)
-    if len(reply) != 12:
+    if len(reply) != 16:
       self.proc = None
-      return signal.SIGKILL  # the server died with the command: report it killed
-    got, status = struct.unpack("!qi", reply)
+      return signal.SIGKILL, 0  # the server died with the command: report it killed
+    got, status, left = struct.unpack("!qii", reply)
     assert got == pid, (got, pid)
-    return status
+    return status, left
 
 
-_SERVER = _LaunchServer()
+_SERVERS: list[_LaunchServer] = []
+_SERVERS_LOCK = threading.Lock()
 
 
-def _launch_once(spec: dict) -> tuple[int, int, Callable[[], int]]:
-  """The slow path (another command is running in this process): one interpreter per command."""
-  proc = subprocess.Popen(
-      [sys.executable, "-I", "-S", _JAIL, json.dumps(spec)],
-      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      start_new_session=True, close_fds=True, env={"PATH": "/usr/bin:/bin"})
-  read_fd = os.dup(proc.stdout.fileno())
-  proc.stdout.close()
-
-  def wait():
-    proc.wait()
-    _kill_group(proc.pid)  # background processes left in its group (no namespaces)
-    return _raw_status(proc.returncode)
-
-  return proc.pid, read_fd, wait
+def _free_server() -> _LaunchServer:
+  """A server of this process not running a command (locked for the caller); a new one when
+  every server is busy (commands run from several threads at once)."""
+  with _SERVERS_LOCK:
+    for server in _SERVERS:
+      if server.lock.acquire(blocking=False):
+        return server
+    server = _LaunchServer()
+    server.lock.acquire()
+    _SERVERS.append(server)
+    return server
 
 
-def _raw_status(returncode: int) -> int:
-  return -returncode if returncode < 0 else returncode << 8
+def _launch(spec: dict) -> tuple[int, int, Callable[[], tuple[int, int]], Callable[[], None]]:
+  """Starts a command on a free server: (pid, output fd, wait, release the server)."""
+  server = _free_server()
+  try:
+    return (*server.launch(spec), server.lock.release)
+  except BaseException:
+    server.lock.release()
+    raise
 
 
 def _exit_code(status: int) -> int:
@@ -336,18 +361,36 @@ def _exit_code(status: int) -> int:
 
 
 def _run_spec(spec: dict, limits: Limits) -> CommandResult:
+  """Runs a command: its control groups (where the host has them), launch, watch, clean-up.
+
+  Raises:
+    ConfinementError: the groups could not be made, or processes the command left could not be
+      ended (the server's or the groups' kill did not finish).
+  """
   start = time.monotonic()
-  if _SERVER.lock.acquire(blocking=False):
+  try:
+    groups = cgroups_lib.CommandGroups(limits.memory_bytes, limits.max_processes)
+  except OSError as e:
+    raise ConfinementError(f"could not confine the command: {e}") from e
+  try:
+    pid, fd, wait, release = _launch({**spec, "cgroups": groups.procs_files})
     try:
-      return _watch(spec, limits, start, *_SERVER.launch(spec))
+      result, left = _watch(spec, limits, start, pid, fd, wait)
     finally:
-      _SERVER.lock.release()
-  return _watch(spec, limits, start, *_launch_once(spec))
+      release()
+  finally:
+    stuck = groups.end()
+  if left or stuck:
+    raise ConfinementError(
+        f"could not end what the command left running ({left} processes outlived the "
+        f"clean-up; control groups not emptied: {stuck})")
+  return result
 
 
 def _watch(spec: dict, limits: Limits, start: float, pid: int, fd: int,
-           wait: Callable[[], int]) -> CommandResult:
-  """Reads a started command's output under the limits; kills it when one is passed."""
+           wait: Callable[[], tuple[int, int]]) -> tuple[CommandResult, int]:
+  """Reads a started command's output under the limits; kills it when one is passed. Returns
+  the result and how many processes it left that could not be ended."""
   keep = limits.max_output_chars * 4 + 4
   head, tail, total = bytearray(), b"", 0
   timed_out = output_limited = disk_limited = False
@@ -386,19 +429,25 @@ def _watch(spec: dict, limits: Limits, start: float, pid: int, fd: int,
     if timed_out or output_limited or disk_limited:
       _kill_group(pid)
     os.close(fd)
-    exit_code = _exit_code(wait())
-    if spec["uid"] not in (None, 0):  # the command's own uid: nothing of it outlives the call
+    status, left = wait()
+    exit_code = _exit_code(status)
+    if spec["private_uid"]:  # the command's own uid: nothing of it outlives the call
       _wait_until_gone(spec["uid"])
   disk_limited = disk_limited or disk_usage(watched) > limits.disk_bytes
   data = bytes(head) if total <= keep else bytes(head) + b"\n...\n" + tail
   return CommandResult(output=_truncate(data, limits.max_output_chars), exit_code=exit_code,
                        timed_out=timed_out, output_limited=output_limited,
                        disk_limited=disk_limited, output_bytes=total,
-                       seconds=time.monotonic() - start)
+                       seconds=time.monotonic() - start), left
 
 
 def disk_usage(path: str) -> int:
-  """Bytes allocated to the files under `path` (symlinks not followed)."""
+  """Bytes the files under `path` take or claim: per file the larger of its allocated blocks
+  and its apparent size (symlinks not followed; each path counted, hard links each time).
+
+  A sparse file counts at its apparent size: a snapshot reads that many bytes (holes read as
+  zeros), so a directory within `Limits.disk_bytes` by this count is one whose snapshot is too.
+  """
   total = 0
   stack = [path]
   while stack:
@@ -411,7 +460,7 @@ def disk_usage(path: str) -> int:
         info = entry.stat(follow_symlinks=False)
       except OSError:
         continue
-      total += info.st_blocks * 512
+      total += max(info.st_blocks * 512, info.st_size)
       if entry.is_dir(follow_symlinks=False):
         stack.append(entry.path)
   return total
@@ -460,13 +509,14 @@ def _kill_group(pid: int) -> None:
       pass
 
 
-_ALWAYS = ("process_group_timeout", "rlimits", "scrubbed_env", "output_truncation", "disk_limit")
+_ALWAYS = ("process_group_timeout", "rlimits", "scrubbed_env", "output_truncation", "disk_limit",
+           "process_limit", "ends_every_descendant")
 _NAMESPACED = ("network_namespace", "read_only_filesystem", "private_tmp", "pid_namespace",
                "private_filesystem_view")
-_OWN_UID = ("unprivileged_uid", "process_limit")
-# What the probe writes: its pid, uid, network interfaces, root mount's flag, the interpreter's
-# output and /tmp's listing (in its own directory).
-_PROBE = ("echo $$ > pid; id -u > uid; wc -l < /proc/net/dev > net; "
+# What the probe writes: its pid, uid, effective capabilities, network interfaces, root mount's
+# flag, the interpreter's output and /tmp's listing (in its own directory).
+_PROBE = ("echo $$ > pid; id -u > uid; awk '/^CapEff/ {print $2}' /proc/self/status > caps; "
+          "wc -l < /proc/net/dev > net; "
           "awk '$5 == \"/\" {split($6, o, \",\"); print o[1]}' /proc/self/mountinfo > root; "
           "python -I -S -c 'print(7 * 6)' > python 2>&1; ls -A /tmp | tr '\\n' ' ' > tmp")
 
@@ -476,10 +526,26 @@ def _check_mode(mode: str) -> None:
     raise ValueError(f"confinement must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
 
 
+def _command_uid() -> int:
+  """The uid commands run as: their own under root, else this process's user's."""
+  return default_uid() if os.geteuid() == 0 else os.getuid()
+
+
+def _user_namespaces_off() -> str | None:
+  """Why a non-root process gets no user namespace here, when the kernel says so up front."""
+  try:
+    with open("/proc/sys/user/max_user_namespaces", encoding="utf-8") as f:
+      if int(f.read()) == 0:
+        return "unprivileged user namespaces are off (/proc/sys/user/max_user_namespaces is 0)"
+  except (OSError, ValueError):
+    pass
+  return None
+
+
 @functools.lru_cache(maxsize=None)
 def _namespaces_missing() -> str | None:
   """None when commands run confined in namespaces here; else why this host cannot give them
-  (not Linux, not root, the kernel refuses to unshare).
+  (not Linux, user namespaces off for a non-root user, the kernel refuses to unshare).
 
   Raises:
     ConfinementError: the namespaces were granted but a later set-up step failed, or the probe
@@ -487,37 +553,46 @@ def _namespaces_missing() -> str | None:
   """
   if not sys.platform.startswith("linux"):
     return f"namespaces need Linux, this is {sys.platform}"
-  if os.geteuid() != 0:
-    return "namespaces need root, this process runs as uid %d" % os.geteuid()
+  if os.geteuid() != 0 and _user_namespaces_off():
+    return _user_namespaces_off()
   import tempfile  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory(prefix="bpo_probe_") as probe_dir:
-    os.chown(probe_dir, default_uid(), default_uid())
+    if os.geteuid() == 0:
+      os.chown(probe_dir, default_uid(), default_uid())
     limits = Limits(wall_seconds=20.0)
-    spec = _spec(["/bin/sh", "-c", _PROBE], probe_dir, limits, True, default_uid(),
-                 command_env())
+    spec = _spec(["/bin/sh", "-c", _PROBE], probe_dir, limits, True,
+                 default_uid() if os.geteuid() == 0 else None, command_env())
     result = _run_spec(spec, limits)
     if result.exit_code == SETUP_FAILED and "confinement set-up failed" in result.output:
       if "at step 'unshare namespaces'" in result.output:
-        return result.output.strip().rsplit(": ", 1)[-1] + " (unshare refused)"
+        who = "" if os.geteuid() == 0 else "an unprivileged user's "
+        return (result.output.strip().rsplit(": ", 1)[-1] +
+                f" (the kernel refused {who}unshare)")
       raise ConfinementError(result.output.strip())
-
-    def read(name):
-      path = os.path.join(probe_dir, name)
-      return open(path, encoding="utf-8").read().strip() if os.path.exists(path) else ""
-
-    expected = {"pid": ("1", "its process id (1 in a new PID namespace)"),
-                "uid": (str(default_uid()), "its uid"),
-                "net": ("3", "the lines of /proc/net/dev (loopback only)"),
-                "root": ("ro", "the root mount's flag"),
-                "python": ("42", "the interpreter's output")}
-    for name, (want, what) in expected.items():
-      if read(name) != want:
-        raise ConfinementError(
-            f"the confinement probe printed {read(name)!r} for {what}, not {want!r} "
-            f"(exit code {result.exit_code}; output {result.output.strip()!r})")
-    if os.path.basename(probe_dir) in read("tmp").split():
-      raise ConfinementError(f"the confinement probe saw the host's /tmp: {read('tmp')!r}")
+    _check_probe(probe_dir, result)
   return None
+
+
+def _check_probe(probe_dir: str, result: CommandResult) -> None:
+  """Raises ConfinementError unless the probe saw what the confinement promises."""
+
+  def read(name):
+    path = os.path.join(probe_dir, name)
+    return open(path, encoding="utf-8").read().strip() if os.path.exists(path) else ""
+
+  expected = {"pid": ("1", "its process id (1 in a new PID namespace)"),
+              "uid": (str(_command_uid()), "its uid"),
+              "caps": ("0" * 16, "its effective capabilities"),
+              "net": ("3", "the lines of /proc/net/dev (loopback only)"),
+              "root": ("ro", "the root mount's flag"),
+              "python": ("42", "the interpreter's output")}
+  for name, (want, what) in expected.items():
+    if read(name) != want:
+      raise ConfinementError(
+          f"the confinement probe printed {read(name)!r} for {what}, not {want!r} "
+          f"(exit code {result.exit_code}; output {result.output.strip()!r})")
+  if os.path.basename(probe_dir) in read("tmp").split():
+    raise ConfinementError(f"the confinement probe saw the host's /tmp: {read('tmp')!r}")
 
 
 def namespaces_available() -> bool:
@@ -529,30 +604,80 @@ def namespaces_available() -> bool:
   return _namespaces_missing() is None
 
 
+_FALLBACK = ("Configure the confinement 'rlimits-only' (the sandbox option "
+             "confinement='rlimits-only') to run them with resource limits only, seeing the "
+             "host's files")
+
+
 def protections(mode: str = "namespaces") -> dict[str, bool]:
   """Which protections commands get in `mode` on this host.
 
-  Always on: process_group_timeout, rlimits, scrubbed_env, output_truncation, disk_limit.
-  Under root: unprivileged_uid, process_limit (the command's own uid). With namespaces also:
-  network_namespace, read_only_filesystem, private_tmp, pid_namespace, private_filesystem_view
-  (only the task, the interpreter and the system's files; not the package's task data).
+  Always: process_group_timeout, rlimits, scrubbed_env, output_truncation, disk_limit,
+  process_limit, ends_every_descendant. With namespaces also: network_namespace,
+  read_only_filesystem, private_tmp, pid_namespace, private_filesystem_view (only the task,
+  the interpreter and the system's files; not the package's task data). Depending on the host:
+  unprivileged_uid (root: a uid of the commands' own), user_namespace (namespaces without
+  root), total_memory_limit and process_cgroup (a writable memory / pids cgroup). What is not
+  protected, in words: `unprotected(mode)`.
 
   Raises:
     ValueError: `mode` is not one of `MODES`.
     ConfinementError: "namespaces" is not available on this host, or its set-up fails.
   """
   _check_mode(mode)
-  report = {name: True for name in _ALWAYS}
-  if mode == "namespaces":
-    missing = _namespaces_missing()
+  namespaces = mode == "namespaces"
+  if namespaces:
+    try:
+      missing = _namespaces_missing()
+    except ConfinementError as e:
+      raise ConfinementError(f"{e}. {_FALLBACK}") from e
     if missing is not None:
       raise ConfinementError(
-          f"commands cannot run in namespaces on this host: {missing}. Configure the "
-          "confinement 'rlimits-only' (the sandbox option confinement='rlimits-only') to run "
-          "them with resource limits only, seeing the host's files")
-    return {**report, **{name: True for name in _NAMESPACED + _OWN_UID}}
+          f"commands cannot run in namespaces on this host: {missing}. {_FALLBACK}")
   root = os.geteuid() == 0
-  return {**report, **{name: False for name in _NAMESPACED}, **{name: root for name in _OWN_UID}}
+  groups = cgroups_lib.available()
+  return {**{name: True for name in _ALWAYS}, **{name: namespaces for name in _NAMESPACED},
+          "unprivileged_uid": root, "user_namespace": namespaces and not root,
+          "total_memory_limit": "memory" in groups, "process_cgroup": "pids" in groups}
+
+
+def _kernel_counts_nproc_per_namespace() -> bool:
+  """Linux >= 5.14 counts RLIMIT_NPROC per user namespace and uid (its ucounts)."""
+  try:
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", os.uname().release).groups())
+  except (AttributeError, ValueError):
+    return False
+  return (major, minor) >= (5, 14)
+
+
+def unprotected(mode: str = "namespaces") -> list[str]:
+  """What commands in `mode` are not protected against on this host, one plain sentence each
+  (empty: nothing this module knows of). Logged when a sandbox is built, and recorded in a
+  run's config.json (`protections_record`)."""
+  _check_mode(mode)
+  root = os.geteuid() == 0
+  groups = cgroups_lib.available()
+  notes = []
+  if mode == "rlimits-only":
+    who = "their own unprivileged uid" if root else "the host's user"
+    notes += [f"the host's files: commands see them with the permissions of {who}, the "
+              "package's task data (reference patches, hidden tests) included, and write "
+              "wherever that uid may (the host's /tmp" + ("" if root else ", the user's home") +
+              ")", "the network: commands use the host's"]
+    if not root:
+      notes.append("the host's processes: commands run as the host's user, so they can signal "
+                   "or trace its processes, the launcher included (killing it cuts the "
+                   "clean-up of what they left running short)")
+  if "pids" not in groups and not root and (
+      mode == "rlimits-only" or not _kernel_counts_nproc_per_namespace()):
+    notes.append("the process count: RLIMIT_NPROC counts every process of the user, the "
+                 "host's own included, so a command may start max_processes more than the "
+                 "user ran when it started, shared with whatever else the user starts meanwhile")
+  if "memory" not in groups:
+    notes.append("total memory: no writable memory cgroup here, so memory is bounded per "
+                 "process (RLIMIT_AS): a command's processes together may hold up to "
+                 "max_processes x memory_bytes")
+  return notes
 
 
 def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
@@ -565,7 +690,8 @@ def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
   `namespaces=True` is the mode "namespaces", False the mode "rlimits-only". Under root the
   command runs as `uid` (default `default_uid()`; never 0), and `cwd` must be writable by it;
   the caller owns that (the SWE sandbox chowns its task directory). Without root `uid` is
-  ignored: the command runs as this process's user.
+  ignored: the command runs as this process's user (with namespaces, in a user namespace that
+  maps that uid to itself).
 
   Only with namespaces: `readonly` maps paths under /tmp to host directories bound there
   read-only; `copy_in` maps paths under /tmp to host files copied there, owned by `uid`;
@@ -574,8 +700,8 @@ def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
 
   Raises:
     ValueError: bad arguments.
-    ConfinementError: namespaces are not available here, or the command's confinement could not
-      be set up (the command did not run).
+    ConfinementError: namespaces are not available here, the command's confinement could not
+      be set up (the command did not run), or what it left running could not be ended.
   """
   if not isinstance(command, str) or not command.strip():
     raise ValueError(f"command must be non-empty text, got {command!r}")

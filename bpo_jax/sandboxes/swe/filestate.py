@@ -101,8 +101,22 @@ class FileState:
     self._hashed[rel] = (key, blob, now)
     return mode, blob, content
 
-  def scan(self) -> tuple[dict[str, tuple[str, str]], list[str], dict[str, bytes]]:
-    """(manifest, empty directories, contents read by this scan) of the task directory."""
+  def _paths(self) -> set[str]:
+    """The task directory's files and links (what `scan` hashes), listed without reading."""
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(self.root):
+      rel_dir = os.path.relpath(dirpath, self.root)
+      prefix = "" if rel_dir == "." else rel_dir + "/"
+      for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+        mode = os.lstat(os.path.join(dirpath, name)).st_mode
+        if stat.S_ISREG(mode) or stat.S_ISLNK(mode):  # FIFOs, sockets: not state
+          found.add(prefix + name)
+    return found
+
+  def scan(self, keep: bool = True
+          ) -> tuple[dict[str, tuple[str, str]], list[str], dict[str, bytes]]:
+    """(manifest, empty directories, contents read by this scan if `keep`) of the task
+    directory. Without `keep` at most one file's content is in memory at a time."""
     manifest, empty, read = {}, [], {}
     for dirpath, dirnames, filenames in os.walk(self.root):
       rel_dir = os.path.relpath(dirpath, self.root)
@@ -117,7 +131,7 @@ class FileState:
           continue  # FIFOs, sockets: not state
         mode, blob, content = self._entry(prefix + name, full, info)
         manifest[prefix + name] = (mode, blob)
-        if content is not None:
+        if content is not None and keep:
           read[prefix + name] = content
     return manifest, sorted(empty), read
 
@@ -196,10 +210,12 @@ class FileState:
     """
     target = {p: e for p, e in self.base.items() if p not in set(state.deleted)}
     target.update({p: (mode, blob_id(c)) for p, (mode, c) in state.files.items()})
-    current, empty, _ = self.scan()
-    removed = sorted(set(current) - set(target), reverse=True)
+    # Files that go are removed unread: a command may have left more (sparse) bytes than a
+    # snapshot may hold, and reading them is what the disk limit guards the host against.
+    removed = sorted(self._paths() - set(target), reverse=True)
     for path in removed:
       self._unlink(path)
+    current, empty, _ = self.scan(keep=False)
     stale = [p for p, e in target.items() if current.get(p) != e]
     from_base = self._base_contents([p for p in stale if p not in state.files])
     writes = [(p, *state.files[p]) if p in state.files else (p, target[p][0], from_base[p])
@@ -209,7 +225,7 @@ class FileState:
     for path in state.empty_dirs:
       os.makedirs(self.ws.resolve(path), exist_ok=True)
     self._give([p for p, _, _ in writes] + list(state.empty_dirs))
-    manifest, empty, _ = self.scan()
+    manifest, empty, _ = self.scan(keep=False)
     if state_key(manifest, empty) != state.key:
       raise ValueError(f"restored state {state_key(manifest, empty)} differs from the "
                        f"snapshot's {state.key}")

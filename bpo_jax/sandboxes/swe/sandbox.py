@@ -32,11 +32,13 @@ mode "namespaces" (the default) they see nothing else of the host but the interp
 system's files: not the package's shipped task data (instances, reference patches, hidden
 tests), not the host's other directories or its /tmp; the task's repository is readable there
 (HEAD = the state after reset), so `git diff`, `git status` and `git checkout -- <file>` work,
-while commits do not (it is read-only). A host that cannot give namespaces fails the sandbox's
+while commits do not (it is read-only). Without root the same holds, in a user namespace, where
+the kernel allows unprivileged ones. A host that cannot give namespaces fails the sandbox's
 construction unless it is built with `confinement="rlimits-only"` (commands then see the host's
 files; under root they run as an unprivileged uid). The sandbox logs which protections its
-commands get when it is built (`protections` holds them; `protections_record` in the package
-gives the same for a run's config.json).
+commands get when it is built, and one line per thing they are not protected against
+(`protections` holds them; `protections_record` in the package gives the same, with the
+sentences, for a run's config.json).
 
 Reward is 1.0 on the final step if the graded state resolves the task (every FAIL_TO_PASS and
 PASS_TO_PASS test passes under swebench's report), else 0.0; every other step gives 0.0. After
@@ -570,7 +572,8 @@ _LOG_LOCK = threading.Lock()
 
 
 def _log_protections(mode: str, protections: Mapping[str, bool]) -> None:
-  """Says once per process and mode which protections the sandbox's commands get."""
+  """Says once per process and mode which protections the sandbox's commands get, and what
+  they are not protected against."""
   with _LOG_LOCK:
     if mode in _LOGGED_MODES:
       return
@@ -578,6 +581,9 @@ def _log_protections(mode: str, protections: Mapping[str, bool]) -> None:
   on = ", ".join(name for name, value in protections.items() if value)
   off = ", ".join(name for name, value in protections.items() if not value) or "none"
   logging.info("SWE sandbox commands run with confinement %r: on: %s; off: %s", mode, on, off)
+  for note in confinement_lib.unprotected(mode):
+    logging.warning("SWE sandbox commands (confinement %r) are not protected against %s", mode,
+                    note)
 
 
 _REFERENCE_FILES: dict[str, list[tuple[str, bytes | None]]] = {}
