@@ -181,9 +181,21 @@ def swe_instance_spec(root):
   _git(clone, "add", ".")
   _git(clone, "commit", "-qm", "base")
   base_commit = _git(clone, "rev-parse", "HEAD")
+  # A later commit with the fix and a hidden test: the row's patch and test patch (checked at
+  # load to apply at the base).
+  with open(os.path.join(clone, "mathlib", "__init__.py"), "w") as f:
+    f.write("def double(x):\n    return 2 * x\n")
+  with open(os.path.join(clone, "tests", "test_double.py"), "a") as f:
+    f.write("\n\ndef test_two():\n    assert double(2) == 4\n")
+  _git(clone, "commit", "-qam", "fix")
+  fix = _git(clone, "rev-parse", "HEAD")
+  _git(clone, "checkout", "-q", base_commit)
   row = {"repo": "acme/mathlib", "instance_id": "acme__mathlib-1", "base_commit": base_commit,
-         "patch": "", "test_patch": "", "problem_statement": "double(2) is 5", "version": "0.1",
-         "FAIL_TO_PASS": [], "PASS_TO_PASS": ["tests/test_double.py::test_zero"],
+         "patch": _git(clone, "diff", base_commit, fix, "--", "mathlib") + "\n",
+         "test_patch": _git(clone, "diff", base_commit, fix, "--", "tests") + "\n",
+         "problem_statement": "double(2) is 5", "version": "0.1",
+         "FAIL_TO_PASS": ["tests/test_double.py::test_two"],
+         "PASS_TO_PASS": ["tests/test_double.py::test_zero"],
          "environment_setup_commit": base_commit, "log_parser": "parse_log_pytest",
          "test_cmd": "python -m pytest -rA -p no:cacheprovider"}
   with open(os.path.join(root, "rows.jsonl"), "w") as f:

@@ -312,7 +312,10 @@ def test_loader_reads_swebench_instance_json(tmp_path):
                 "+    assert double(2) == 4\n")
   instance = {  # the Hugging Face dataset form: test lists as JSON strings
       "repo": "acme/mathlib", "instance_id": "acme__mathlib-7", "base_commit": commit,
-      "patch": "", "test_patch": test_patch, "problem_statement": "double(2) is 5",
+      "patch": ("diff --git a/mathlib/__init__.py b/mathlib/__init__.py\n"
+                "--- a/mathlib/__init__.py\n+++ b/mathlib/__init__.py\n"
+                "@@ -1,2 +1,2 @@\n def double(x):\n-    return x + x + 1\n+    return 2 * x\n"),
+      "test_patch": test_patch, "problem_statement": "double(2) is 5",
       "hints_text": "", "created_at": "2024-01-01", "version": "0.1",
       "FAIL_TO_PASS": json.dumps(["tests/test_double.py::test_two"]),
       "PASS_TO_PASS": json.dumps(["tests/test_double.py::test_zero"]),
@@ -330,10 +333,11 @@ def test_loader_reads_swebench_instance_json(tmp_path):
   sandbox.step("write mathlib/__init__.py\ndef double(x):\n    return 2 * x")
   assert sandbox.step("submit").info["success"] is True
   sandbox.close()
-  with pytest.raises(FileNotFoundError, match="needs a clone"):
+  with pytest.raises(base.TaskInputError, match="row 0 \\(instance acme__mathlib-7\\): field "
+                                                "repo: needs a clone"):
     swe.load_swebench_instances(str(path), str(tmp_path / "elsewhere"))
   path.write_text(json.dumps({"instance_id": "x", "repo": "a/b"}))
-  with pytest.raises(ValueError, match="lacks SWE-bench fields: base_commit"):
+  with pytest.raises(base.TaskInputError, match="row 0 \\(instance x\\): lacks fields base_commit"):
     swe.load_swebench_instances(str(path), str(tmp_path / "repos"))
 
 

@@ -148,13 +148,14 @@ def test_bad_input_is_one_clear_error(instance_files):
 
   fails("env.options.instances = '.*nowhere.jsonl': no such file",
         instances=str(tmp / "nowhere.jsonl"))
-  fails("instance acme__mathlib-7 lacks field environment_setup_commit",
+  fails(r"bad.jsonl: row 0 \(instance acme__mathlib-7\): lacks field environment_setup_commit$",
         instances=with_row(environment_setup_commit=None))
-  fails("repository acme/other is not in env.options.repos_dir",
-        instances=with_row(repo="acme/other"))
-  fails("base_commit 0123456789abcdef0123 is not a commit of the clone",
+  fails(r"row 0 \(instance acme__mathlib-7\): field repo: acme/other is not in "
+        "env.options.repos_dir", instances=with_row(repo="acme/other"))
+  fails("field base_commit: 0123456789abcdef0123 is not a commit of the clone",
         instances=with_row(base_commit="0123456789abcdef0123"))
-  fails(r"no log_parser; give eval_script \(or test_cmd\) and log_parser",
+  fails(r"row 0 \(instance acme__mathlib-7\): field log_parser: none for acme/mathlib version "
+        r"0.1, no log_parser; give eval_script \(or test_cmd\) and log_parser",
         instances=with_row(log_parser=None))
   fails("env.options.envs_dir", envs_dir=None)
   with pytest.raises(ValueError, match="env.options.repos_dir is given without env.options.inst"):

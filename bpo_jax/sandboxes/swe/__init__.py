@@ -10,7 +10,8 @@
 Modules: `sandbox` (actions, reward), `confinement` (how commands are contained), `workspace`
 (git trees and snapshot bytes), `grading` (swebench's log parser and report), `tasks` (the
 shipped tasks), `instances` (real SWE-bench instances selected by config: `env.options.instances`,
-`repos_dir`, `envs_dir`), `envs` (one Python environment per repository and setup commit).
+`repos_dir`, `envs_dir`), `rows` (each row checked against its clone at load: patches, parser,
+tests), `envs` (one Python environment per repository and setup commit).
 
 Commands run in namespaces by default, with or without root (without, in a user namespace);
 `make_sandbox(confinement="rlimits-only")` (the `env.options.confinement` of a run) is the

@@ -12,9 +12,12 @@ Only the grading half of `swebench` is used (log parsers and report); its Docker
 dataset download are not needed.
 
 Infrastructure is never a verdict: a test command that cannot start (exit status 126 or 127, or
-a confinement that cannot be set up), a log without the harness's markers, or a grader that
-crashes raises `GradingError`, which fails the branch (see sandboxes/pool.py) instead of
-scoring it. Harness markers printed by the tests themselves are defanged, so the command's
+a confinement that cannot be set up), a log without the harness's markers, a grader that
+crashes, a git or OS error (a full disk), a test patch that does not apply (the test files are
+put back as at the base first, clearing whatever the agent put in their way, and the patch
+applies there: `rows.check_row` checks it at load), or a disk with under `MIN_FREE_BYTES` free
+before or after the tests raises `GradingError`, which fails the branch (see
+sandboxes/pool.py) instead of scoring it. Harness markers printed by the tests themselves are defanged, so the command's
 output cannot forge or cut the harness's own lines. Grading leaves no trace of the test patch
 in the task's git directory (commands can read it), not even a copy that the tests or the
 agent's code made while they ran, so tests hidden from the agent stay hidden.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from typing import Any
 
@@ -39,6 +43,8 @@ GRADING_LIMITS = confinement.Limits(wall_seconds=60.0, cpu_seconds=60, max_outpu
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
 # Exit statuses of `sh -c` for a command that could not start (not executable; not found).
 CANNOT_START = (126, 127)
+# Free space the task directory's disk must have before and after the tests run.
+MIN_FREE_BYTES = 1 << 20
 
 
 class GradingError(base.EnvironmentFailure):
@@ -57,15 +63,48 @@ def _swebench():
   return constants, grading, types
 
 
+def _clear_way(workdir: str, path: str) -> None:
+  """Removes what stands where the test file `path` goes: a file or link in place of one of its
+  directories, a directory or link in place of the file. Nothing is followed, so a link the
+  agent made cannot point the hidden tests, or their removal, outside the task directory."""
+  parts = path.split("/")
+  if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+    raise GradingError(f"the test patch names the path {path!r}, which leaves the task directory")
+  current = workdir
+  for part in parts[:-1]:
+    current = os.path.join(current, part)
+    if not os.path.lexists(current):
+      return
+    if os.path.islink(current) or not os.path.isdir(current):
+      os.unlink(current)
+      return
+  current = os.path.join(current, parts[-1])
+  if os.path.islink(current):
+    os.unlink(current)
+  elif os.path.isdir(current):
+    shutil.rmtree(current)
+
+
 def _reset_test_files(ws: workspace_lib.Workspace, tree: str, test_files: list[str]) -> None:
   """Puts each of `test_files` back as it is in `tree` (removed if not there), from the object
-  store, so no other version of them is ever written into it."""
+  store, so no other version of them is ever written into it; whatever the agent put in their
+  way goes first, so the test patch then applies as it does at the base."""
   for path in test_files:
-    ws.git("checkout", tree, "--", path, check=False)
-    if path not in ws.git("ls-tree", "-r", "--name-only", tree, "--", path).decode():
-      full = ws.resolve(path)
-      if os.path.lexists(full) and not os.path.isdir(full):
-        os.unlink(full)
+    _clear_way(ws.workdir, path)
+    if path in ws.git("ls-tree", "-r", "--name-only", tree, "--", path).decode().splitlines():
+      ws.git("checkout", tree, "--", path)
+    elif os.path.lexists(os.path.join(ws.workdir, path)):
+      os.unlink(os.path.join(ws.workdir, path))
+
+
+def check_free_space(path: str, task_id: str, when: str) -> None:
+  """Raises GradingError when the filesystem of `path` has under MIN_FREE_BYTES free: a run
+  of the tests there may fail for want of space, and its verdict would not be the patch's."""
+  st = os.statvfs(path)
+  free = st.f_bavail * st.f_frsize
+  if free < MIN_FREE_BYTES:
+    raise GradingError(f"the disk of the task directory of {task_id} has {free} bytes free "
+                       f"{when} (under {MIN_FREE_BYTES}): no verdict")
 
 
 def _defang(output: str) -> str:
@@ -100,8 +139,11 @@ def run_tests(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib.SweTa
   try:
     ws.git("apply", "--whitespace=nowarn", "-", input=test_patch.encode())
   except workspace_lib.GitError as e:
-    return f"{constants.APPLY_PATCH_FAIL}\n{e}\n"
+    # The test files were just put back as at the base, where the patch applies (checked at
+    # load): a failure here is the host's, not the agent's.
+    raise GradingError(f"the test patch of {task.task_id} does not apply: {e}") from e
   ws.fix_ownership()
+  check_free_space(ws.workdir, task.task_id, "before the tests")
   lines = [constants.APPLY_PATCH_PASS]
   command = task.grading_command(test_files)
   try:
@@ -112,6 +154,7 @@ def run_tests(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib.SweTa
   if result.exit_code in CANNOT_START:
     raise GradingError(f"the test command of {task.task_id} could not start (exit code "
                        f"{result.exit_code}): {result.output.strip()[-500:]}")
+  check_free_space(ws.workdir, task.task_id, "after the tests")
   lines += [constants.START_TEST_OUTPUT, _defang(result.output), constants.END_TEST_OUTPUT,
             f"{constants.TEST_EXIT_CODE}: {result.exit_code}"]
   if result.timed_out:
@@ -123,8 +166,6 @@ def run_tests(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib.SweTa
 
 def _check_log(log: str) -> None:
   constants, _, _ = _swebench()
-  if log.startswith(constants.APPLY_PATCH_FAIL):
-    return
   for marker in (constants.APPLY_PATCH_PASS, constants.START_TEST_OUTPUT,
                  constants.END_TEST_OUTPUT, constants.TEST_EXIT_CODE):
     if log.count(marker) != 1:
@@ -160,16 +201,21 @@ def grade_workspace(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib
   `model_patch` (the diff graded) and `log`.
 
   Raises:
-    GradingError: the tests could not be run or read (infrastructure, not the patch).
+    GradingError: the tests could not be run or read (infrastructure, not the patch): among
+      others a git or OS error (a full disk), a test patch that does not apply, under
+      MIN_FREE_BYTES free on the task directory's disk before or after the tests.
   """
-  tree = ws.write_tree()
-  model_patch = ws.diff(base_tree, tree)
   try:
-    log = run_tests(ws, base_tree, task, limits, uid, namespaces, env)
-  finally:
-    # Not `checkout_tree`, which would store the files as they are now (the hidden tests, and
-    # whatever the tests wrote) where commands of later branches could read them.
-    ws.discard_changes(tree)
+    tree = ws.write_tree()
+    model_patch = ws.diff(base_tree, tree)
+    try:
+      log = run_tests(ws, base_tree, task, limits, uid, namespaces, env)
+    finally:
+      # Not `checkout_tree`, which would store the files as they are now (the hidden tests,
+      # and whatever the tests wrote) where commands of later branches could read them.
+      ws.discard_changes(tree)
+  except (workspace_lib.GitError, OSError) as e:
+    raise GradingError(f"grading {task.task_id} failed: {type(e).__name__}: {e}") from e
   _check_log(log)
   try:
     report = report_from_log(task, model_patch, log)

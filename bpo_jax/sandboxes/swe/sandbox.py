@@ -46,7 +46,8 @@ PASS_TO_PASS test passes under swebench's report), else 0.0; every other step gi
 `info["success"]` is the grade and `info["report"]` swebench's per-test report. A step whose
 command or grading cannot run for the infrastructure's sake (`confinement.ConfinementError`,
 `grading.GradingError`: tests that cannot start, a log without the harness's markers, a
-crashed grader) raises instead: the pool fails the branch with the reason, never a reward.
+crashed grader, a git or OS error such as a full disk, a test patch that does not apply)
+raises instead: the pool fails the branch with the reason, never a reward.
 
 State = the task directory's files (a manifest of git blob ids; see filestate.py) + step count +
 whether the episode is over + the last observation + the viewer (the open file and its window's
@@ -61,6 +62,8 @@ the host path of the task directory.
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import os
 import tempfile
 import threading
@@ -522,15 +525,10 @@ class SweSandbox:
                      f"{len(new.splitlines())} lines in {argument}.", reward=0.0, done=False)
 
   def _grade(self) -> base.Step:
-    try:
-      report = grading.grade_workspace(self._ws, self._base_tree, self._task,
-                                       self.grading_limits, self.uid, self._namespaces,
-                                       self._env)
-    except (workspace_lib.GitError, ValueError, OSError) as e:
-      # E.g. test files replaced by links out of the task directory: not gradable, not resolved.
-      return base.Step(observation=f"Submitted: the task directory could not be graded ({e}). "
-                       "Not resolved.", reward=0.0, done=True,
-                       info={"success": False, "report": {"error": str(e)}, "model_patch": ""})
+    # A GradingError (infrastructure: a git or OS error, a full disk, a test patch that does
+    # not apply) propagates: the pool fails the branch with its reason, never a reward.
+    report = grading.grade_workspace(self._ws, self._base_tree, self._task,
+                                     self.grading_limits, self.uid, self._namespaces, self._env)
     status = report.get("tests_status", {})
     failing = [t for key in ("FAIL_TO_PASS", "PASS_TO_PASS")
                for t in status.get(key, {}).get("failure", [])]
@@ -538,7 +536,8 @@ class SweSandbox:
     if resolved:
       text = "Submitted: all required tests pass. The task is resolved."
     elif not report.get("patch_successfully_applied", False):
-      text = "Submitted: the tests could not be run or read (see the log). Not resolved."
+      text = ("Submitted: the tests timed out, printed past the output limit or did not run "
+              "(see the log). Not resolved.")
     else:
       text = "Submitted: not resolved. Failing tests:\n" + "\n".join(failing)
     summary = {k: v for k, v in report.items() if k not in ("log", "model_patch")}
@@ -589,9 +588,24 @@ def _log_protections(mode: str, protections: Mapping[str, bool]) -> None:
 _REFERENCE_FILES: dict[str, list[tuple[str, bytes | None]]] = {}
 
 
+def _reference_key(task: tasks_lib.SweTask) -> str:
+  """A hash of what the fixed files depend on: the repository at the base (its source and
+  commit, or its files) and the reference patch, never the instance id alone (two rows may
+  share an id and differ in their fix)."""
+  digest = hashlib.sha256(json.dumps(
+      [task.git_source, task.instance["base_commit"], task.instance["patch"]]).encode(
+          "utf-8", errors="surrogatepass"))
+  for path, mode, content in task.files:
+    digest.update(f"\0{path}\0{mode}\0{len(content)}\0".encode("utf-8", "surrogatepass"))
+    digest.update(content)
+  return digest.hexdigest()
+
+
 def _reference_files(task: tasks_lib.SweTask) -> list[tuple[str, bytes | None]]:
-  """(path, fixed content or None if deleted) for each file the reference patch touches."""
-  if task.task_id not in _REFERENCE_FILES:
+  """(path, fixed content or None if deleted) for each file the reference patch touches, kept
+  per `_reference_key`."""
+  key = _reference_key(task)
+  if key not in _REFERENCE_FILES:
     with tempfile.TemporaryDirectory(prefix="bpo_swe_ref_") as parent:
       ws = workspace_lib.Workspace(parent)
       tasks_lib.materialize(task, ws)
@@ -600,8 +614,8 @@ def _reference_files(task: tasks_lib.SweTask) -> list[tuple[str, bytes | None]]:
       for path in grading.patched_files(task.instance["patch"]):
         full = os.path.join(ws.workdir, path)
         files.append((path, open(full, "rb").read() if os.path.exists(full) else None))
-    _REFERENCE_FILES[task.task_id] = files
-  return _REFERENCE_FILES[task.task_id]
+    _REFERENCE_FILES[key] = files
+  return _REFERENCE_FILES[key]
 
 
 def _patch_hunks(patch: str) -> dict[str, list[tuple[str, str]]]:

@@ -16,10 +16,12 @@ import dataclasses
 import json
 import os
 import random
+import re
 import subprocess
 from typing import Any, Mapping, Sequence
 
 from bpo_jax.sandboxes import base
+from bpo_jax.sandboxes.swe import rows as rows_lib
 from bpo_jax.sandboxes.swe import workspace as workspace_lib
 
 TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
@@ -78,25 +80,76 @@ class SweTask:
     return list(self.instance["PASS_TO_PASS"])
 
 
-def normalize_instance(instance: Mapping[str, Any]) -> dict[str, Any]:
-  """Checks an instance has SWE-bench's fields; decodes the JSON-string test lists of the HF
-  datasets; fills `log_parser` ("parse_log_pytest") and `eval_type` ("pass_and_fail")."""
+# Fields that must hold a non-empty string.
+TEXT_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch")
+# Optional fields that, when given, must be strings.
+OPTIONAL_TEXT_FIELDS = ("log_parser", "test_cmd", "eval_script")
+EVAL_TYPES = ("pass_and_fail", "fail_only")  # swebench's EvalType values
+
+
+def json_type(value: Any) -> str:
+  """How JSON names the type of a parsed value ("null", "a list", ...), for error messages."""
+  if value is None:
+    return "null"
+  if isinstance(value, bool):
+    return "a boolean"
+  return {dict: "an object", list: "a list", str: "a string", int: "a number",
+          float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _test_ids(value: Any, key: str, where: str) -> list[str]:
+  """A FAIL_TO_PASS / PASS_TO_PASS field: a list of test ids, or the JSON text of one (as the
+  HF datasets store it)."""
+  if isinstance(value, str):
+    try:
+      value = json.loads(value)
+    except json.JSONDecodeError as e:
+      raise base.TaskInputError(f"{where}: field {key}: not a JSON list of test ids ({e})") from None
+  if not isinstance(value, list):
+    raise base.TaskInputError(f"{where}: field {key}: must be a list of test ids, got "
+                              f"{json_type(value)}")
+  for j, test in enumerate(value):
+    if not isinstance(test, str) or not test:
+      raise base.TaskInputError(f"{where}: field {key}: entry {j} must be a test id (a non-empty "
+                                f"string), got {json_type(test)}")
+  return value
+
+
+def normalize_instance(instance: Mapping[str, Any], where: str | None = None) -> dict[str, Any]:
+  """Checks an instance's SWE-bench fields and their types; decodes the JSON-string test lists
+  of the HF datasets; fills `log_parser` ("parse_log_pytest") and `eval_type`
+  ("pass_and_fail").
+
+  Raises:
+    base.TaskInputError (a ValueError): one line, `where` (default: the instance id) and the
+      field, e.g. "instance x: field problem_statement: must be a string, got null".
+  """
   if not isinstance(instance, Mapping):
-    raise ValueError(f"a SWE-bench instance must be a JSON object, got {type(instance).__name__}")
+    raise base.TaskInputError(f"{where or 'a SWE-bench instance'}: must be a JSON object, got "
+                              f"{json_type(instance)}")
+  where = where or f"instance {instance.get('instance_id', '<no instance_id>')}"
   missing = [key for key in REQUIRED if key not in instance]
   if missing:
-    name = instance.get("instance_id", "<no instance_id>")
-    raise ValueError(f"instance {name} lacks SWE-bench fields: {', '.join(missing)}")
+    raise base.TaskInputError(f"{where}: lacks field{'s' if len(missing) > 1 else ''} "
+                              f"{', '.join(missing)}")
+  for key in TEXT_FIELDS + OPTIONAL_TEXT_FIELDS:
+    value = instance.get(key)
+    if key in OPTIONAL_TEXT_FIELDS and value is None:
+      continue
+    if not isinstance(value, str) or not value.strip():
+      got = "an empty string" if isinstance(value, str) else json_type(value)
+      raise base.TaskInputError(f"{where}: field {key}: must be a non-empty string, got {got}")
   out = dict(instance)
   for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
-    value = out[key]
-    if isinstance(value, str):
-      value = json.loads(value)
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-      raise ValueError(f"instance {out['instance_id']}: {key} must be a list of test ids")
-    out[key] = value
+    out[key] = _test_ids(out[key], key, where)
+  if not out["FAIL_TO_PASS"]:
+    raise base.TaskInputError(f"{where}: field FAIL_TO_PASS: names no test (a fix would be "
+                              "graded by nothing)")
   out.setdefault("log_parser", "parse_log_pytest")
   out.setdefault("eval_type", "pass_and_fail")
+  if out["eval_type"] not in EVAL_TYPES:
+    raise base.TaskInputError(f"{where}: field eval_type: must be one of {list(EVAL_TYPES)}, got "
+                              f"{out['eval_type']!r}")
   return out
 
 
@@ -185,30 +238,38 @@ def load_swebench_instances(path: str, repos_dir: str,
   SWE-bench tests another way (django's runtests.py, sympy's bin/test) need `test_cmd` and
   `log_parser` in their instance JSON.
 
+  Each row is checked as a run's rows are (`rows.check_row`: the log parser, both patches at the
+  base commit, the FAIL_TO_PASS tests after the test patch).
+
   Raises:
-    ValueError: malformed JSON or instance, or a requested id that is absent.
-    FileNotFoundError: a repository clone is missing or lacks the base commit.
+    base.TaskInputError (a ValueError): one line naming the row and the field: malformed JSON
+      or instance, a requested id that is absent, a missing clone or base commit, a patch that
+      does not apply.
   """
-  instances = [normalize_instance(i) for i in read_rows(path, "instances file")]
+  instances = []
+  for i, row in enumerate(read_rows(path, "instances file")):
+    name = row.get("instance_id") if isinstance(row, Mapping) else None
+    where = f"{path}: row {i}" + (f" (instance {name})" if isinstance(name, str) else "")
+    instances.append((where, normalize_instance(row, where)))
   if instance_ids is not None:
-    by_id = {i["instance_id"]: i for i in instances}
+    by_id = {i["instance_id"]: (w, i) for w, i in instances}
     absent = [i for i in instance_ids if i not in by_id]
     if absent:
-      raise ValueError(f"instances not in {path}: {', '.join(absent)}")
+      raise base.TaskInputError(f"instances not in {path}: {', '.join(absent)}")
     instances = [by_id[i] for i in instance_ids]
   tasks = []
-  for instance in instances:
+  for where, instance in instances:
     clone = os.path.join(repos_dir, instance["repo"].replace("/", "__"))
     if not os.path.isdir(clone):
-      raise FileNotFoundError(
-          f"instance {instance['instance_id']} needs a clone of {instance['repo']} at {clone}")
-    found = subprocess.run(
+      raise base.TaskInputError(f"{where}: field repo: needs a clone of {instance['repo']} at "
+                                f"{clone}")
+    found = re.fullmatch(r"[0-9a-fA-F]{7,40}", instance["base_commit"]) and subprocess.run(
         ["git", "-c", "safe.directory=*", "-C", clone, "cat-file", "-e",
-         f"{instance['base_commit']}^{{commit}}"], capture_output=True)
-    if found.returncode != 0:
-      raise FileNotFoundError(
-          f"the clone at {clone} lacks base commit {instance['base_commit']} of instance "
-          f"{instance['instance_id']}")
+         f"{instance['base_commit']}^{{commit}}"], capture_output=True).returncode == 0
+    if not found:
+      raise base.TaskInputError(f"{where}: field base_commit: the clone at {clone} lacks "
+                                f"{instance['base_commit']}")
+    rows_lib.check_row(instance, rows_lib.git_dir_of(clone), instance["base_commit"], where)
     tasks.append(SweTask(task_id=instance["instance_id"], instance=instance,
                          git_source=os.path.abspath(clone)))
   return tasks

@@ -99,7 +99,10 @@ class Workspace:
   def discard_changes(self, tree: str) -> None:
     """Makes the working directory hold exactly `tree` again, like `checkout_tree`, but stores
     nothing of its current files: what commands wrote since leaves no object in the git
-    directory for a later command to read (grading puts the hidden tests back this way)."""
+    directory for a later command to read (grading puts the hidden tests back this way).
+    Files untracked by the current index go first: what commands wrote may have filled the disk
+    that git needs for the index."""
+    self._remove_untracked()
     self.git("read-tree", "--reset", tree)
     self._remove_untracked()
     self.git("checkout-index", "--all", "--force")
