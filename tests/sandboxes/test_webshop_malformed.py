@@ -14,7 +14,7 @@ from ml_collections import config_flags
 import pytest
 
 from bpo_jax.sandboxes.base import TaskInputError
-from bpo_jax.sandboxes.webshop import make_tasks
+from bpo_jax.sandboxes.webshop import make_tasks, shop
 from bpo_jax.testing.webshop_files import write_released_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -178,6 +178,25 @@ def test_malformed_files_are_one_line_naming_the_file(good_dir, tmp_path):
   with pytest.raises(TaskInputError, match=r"^env.options.data_dir = '.*/nowhere': no such "
                                            "directory"):
     _load(tmp_path / "nowhere", tmp_path)
+
+
+def test_unusable_index_cache_is_one_line(good_dir, tmp_path, monkeypatch):
+  (tmp_path / "a_file").write_text("")
+  with pytest.raises(TaskInputError, match=r"^env.options.index_cache_dir: cannot create the "
+                                           r"WebShop index cache directory '.*a_file': File "
+                                           r"exists$"):
+    make_tasks("test", None, data_dir=str(good_dir), data_size="full",
+               index_cache_dir=str(tmp_path / "a_file"))
+  cache = tmp_path / "cache"
+  _load(good_dir, tmp_path / "fresh")  # another process's cache, then damaged
+  shutil.copytree(tmp_path / "fresh" / "index", cache)
+  [index] = [p for p in cache.iterdir() if p.is_dir()]
+  (index / "meta.json").write_text("{")
+  monkeypatch.setattr(shop, "_by_config", {})  # a fresh process: the shop is built again
+  monkeypatch.setattr(shop, "_by_fingerprint", {})
+  with pytest.raises(TaskInputError, match=r"^WebShop index cache: not a saved WebShop index: "
+                                           r"'.*bm25-.*'.*; remove that directory to rebuild"):
+    make_tasks("test", None, data_dir=str(good_dir), data_size="full", index_cache_dir=str(cache))
 
 
 def test_data_dir_from_the_command_line(good_dir, tmp_path):

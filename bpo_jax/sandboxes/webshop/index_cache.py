@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from typing import Iterator, Sequence
 
+from bpo_jax.sandboxes.base import TaskInputError
 from bpo_jax.sandboxes.webshop.catalogue import Product
 from bpo_jax.sandboxes.webshop import search
 from bpo_jax.sandboxes.webshop.search import ProductIndex
@@ -59,9 +60,10 @@ def cached_index(products: Sequence[Product], key: str,
   try:
     os.makedirs(parent, exist_ok=True)
   except OSError as e:
-    raise OSError(f"cannot create the WebShop index cache directory {parent!r}: {e}") from None
+    raise TaskInputError(f"env.options.index_cache_dir: cannot create the WebShop index cache "
+                         f"directory {parent!r}: {e.strerror or e}") from None
   if os.path.isdir(final):
-    return ProductIndex.load(final, len(products))
+    return _load(final, len(products))
   with _exclusive(final + ".lock"):
     if not os.path.isdir(final):  # another process may have built it while this one waited
       fresh = tempfile.mkdtemp(prefix=os.path.basename(final) + ".building-", dir=parent)
@@ -71,4 +73,12 @@ def cached_index(products: Sequence[Product], key: str,
       except BaseException:
         shutil.rmtree(fresh, ignore_errors=True)
         raise
-  return ProductIndex.load(final, len(products))
+  return _load(final, len(products))
+
+
+def _load(directory: str, num_products: int) -> ProductIndex:
+  """The saved index; a directory that does not hold this one is the user's to remove."""
+  try:
+    return ProductIndex.load(directory, num_products)
+  except ValueError as e:
+    raise TaskInputError(f"WebShop index cache: {e}; remove that directory to rebuild it") from None
