@@ -41,8 +41,9 @@ Without namespaces a root process still drops to the spec's unprivileged uid bef
 rlimits and the exec; a spec that would run a command as uid 0 is refused. A non-root host's
 RLIMIT_NPROC (it counts every process of the uid, the host's own included) is set to the
 processes the uid runs at the start plus the spec's allowance. Any failing step exits with
-status 125 and "confinement set-up failed at step '<step>': <why>" on stderr: the command never
-runs less confined than the host was told.
+status 125 and reports "confinement set-up failed at step '<step>': <why>" on the server's
+failure pipe (not the command's output, which a command could forge): the command never runs
+less confined than the host was told.
 """
 
 import ctypes
@@ -108,9 +109,17 @@ def _at(step):
   _step[0] = step
 
 
+# Where a failing set-up step is reported: the server's, stderr; a launcher's, the server's
+# failure pipe, closed when the command is exec'd, so nothing a command prints reads as one.
+_report_fd = [2]
+
+
 def _fail(message):
-  sys.stderr.write(f"confinement set-up failed at step '{_step[0]}': {message}\n")
-  sys.stderr.flush()
+  text = f"confinement set-up failed at step '{_step[0]}': {message}\n"
+  try:
+    os.write(_report_fd[0], text.encode(errors="replace")[:4000])
+  except OSError:
+    pass
   os._exit(SETUP_FAILED)
 
 
@@ -487,10 +496,12 @@ def _end_orphans(timeout=5.0):
     time.sleep(0.001)
 
 
-def _start_launcher(spec, sock, out_fd):
-  """Forks the command's launcher in its own session, the output pipe as stdout and stderr."""
+def _start_launcher(spec, sock, out_fd, report_fd):
+  """Forks the command's launcher in its own session, the output pipe as stdout and stderr,
+  `report_fd` (close-on-exec) for a failing set-up step."""
   pid = os.fork()
   if pid == 0:
+    _report_fd[0] = report_fd
     try:
       sock.close()
       os.setsid()
@@ -505,6 +516,7 @@ def _start_launcher(spec, sock, out_fd):
     except OSError as e:
       _fail(str(e))
   os.close(out_fd)
+  os.close(report_fd)
   return pid
 
 
@@ -515,8 +527,8 @@ def _serve(sock_fd, host_pid):
   output pipe attached (SCM_RIGHTS); the server forks a launcher in its own session with that
   pipe as stdout and stderr, replies with its pid (8 bytes), reaps it, kills what is left of
   its process group and every other process the command left (they are the server's children
-  by then), and replies with the wait status and the number of processes it could not end
-  (8 + 4 + 4 bytes).
+  by then), and replies with the wait status, the number of processes it could not end (8 + 4
+  + 4 bytes) and what a failing set-up step reported (the rest; empty when none failed).
   """
   import socket  # pylint: disable=g-import-not-at-top
   import struct  # pylint: disable=g-import-not-at-top
@@ -530,7 +542,8 @@ def _serve(sock_fd, host_pid):
       os._exit(0)
     if not message:
       os._exit(0)
-    pid = _start_launcher(json.loads(message), sock, fds[0])
+    report_read, report_write = os.pipe2(os.O_CLOEXEC)
+    pid = _start_launcher(json.loads(message), sock, fds[0], report_write)
     sock.sendall(struct.pack("!q", pid))
     while True:  # orphans that end meanwhile are reaped too
       got, status = os.waitpid(-1, 0)
@@ -540,7 +553,14 @@ def _serve(sock_fd, host_pid):
       os.killpg(pid, signal.SIGKILL)  # its process group first (a command without namespaces)
     except OSError:
       pass
-    sock.sendall(struct.pack("!qii", pid, status, _end_orphans()))
+    left = _end_orphans()
+    os.set_blocking(report_read, False)  # every writer is gone by now; never wait on it
+    try:
+      report = os.read(report_read, 4096)
+    except OSError:
+      report = b""
+    os.close(report_read)
+    sock.sendall(struct.pack("!qii", pid, status, left) + report)
 
 
 if __name__ == "__main__":

@@ -298,9 +298,9 @@ class _LaunchServer:
     theirs.close()
     self.sock, self.owner_pid = ours, os.getpid()
 
-  def launch(self, spec: dict) -> tuple[int, int, Callable[[], tuple[int, int]]]:
+  def launch(self, spec: dict) -> tuple[int, int, Callable[[], tuple[int, int, str]]]:
     """Starts a command; returns (pid, output fd, wait() -> (raw wait status, processes the
-    server could not end))."""
+    server could not end, the failing set-up step's report or ""))."""
     for _ in range(2):
       if self.owner_pid != os.getpid() or self.proc is None or self.proc.poll() is not None:
         self._start()
@@ -319,14 +319,14 @@ class _LaunchServer:
       self.proc = None  # the server died: start a new one and try once more
     raise RuntimeError("the command launcher does not answer")
 
-  def _wait(self, pid: int) -> tuple[int, int]:
-    reply = self.sock.recv(64)
-    if len(reply) != 16:
+  def _wait(self, pid: int) -> tuple[int, int, str]:
+    reply = self.sock.recv(1 << 16)
+    if len(reply) < 16:
       self.proc = None
-      return signal.SIGKILL, 0  # the server died with the command: report it killed
-    got, status, left = struct.unpack("!qii", reply)
+      return signal.SIGKILL, 0, ""  # the server died with the command: report it killed
+    got, status, left = struct.unpack("!qii", reply[:16])
     assert got == pid, (got, pid)
-    return status, left
+    return status, left, reply[16:].decode("utf-8", errors="replace").strip()
 
 
 _SERVERS: list[_LaunchServer] = []
@@ -346,7 +346,8 @@ def _free_server() -> _LaunchServer:
     return server
 
 
-def _launch(spec: dict) -> tuple[int, int, Callable[[], tuple[int, int]], Callable[[], None]]:
+def _launch(spec: dict
+            ) -> tuple[int, int, Callable[[], tuple[int, int, str]], Callable[[], None]]:
   """Starts a command on a free server: (pid, output fd, wait, release the server)."""
   server = _free_server()
   try:
@@ -364,8 +365,8 @@ def _run_spec(spec: dict, limits: Limits) -> CommandResult:
   """Runs a command: its control groups (where the host has them), launch, watch, clean-up.
 
   Raises:
-    ConfinementError: the groups could not be made, or processes the command left could not be
-      ended (the server's or the groups' kill did not finish).
+    ConfinementError: the groups could not be made, a set-up step failed (the command did not
+      run), or processes the command left could not be ended.
   """
   start = time.monotonic()
   try:
@@ -375,11 +376,13 @@ def _run_spec(spec: dict, limits: Limits) -> CommandResult:
   try:
     pid, fd, wait, release = _launch({**spec, "cgroups": groups.procs_files})
     try:
-      result, left = _watch(spec, limits, start, pid, fd, wait)
+      result, left, failure = _watch(spec, limits, start, pid, fd, wait)
     finally:
       release()
   finally:
     stuck = groups.end()
+  if failure:
+    raise ConfinementError(f"could not confine the command: {failure}")
   if left or stuck:
     raise ConfinementError(
         f"could not end what the command left running ({left} processes outlived the "
@@ -388,9 +391,10 @@ def _run_spec(spec: dict, limits: Limits) -> CommandResult:
 
 
 def _watch(spec: dict, limits: Limits, start: float, pid: int, fd: int,
-           wait: Callable[[], tuple[int, int]]) -> tuple[CommandResult, int]:
+           wait: Callable[[], tuple[int, int, str]]) -> tuple[CommandResult, int, str]:
   """Reads a started command's output under the limits; kills it when one is passed. Returns
-  the result and how many processes it left that could not be ended."""
+  the result, how many processes it left that could not be ended and a set-up failure's
+  report."""
   keep = limits.max_output_chars * 4 + 4
   head, tail, total = bytearray(), b"", 0
   timed_out = output_limited = disk_limited = False
@@ -429,7 +433,7 @@ def _watch(spec: dict, limits: Limits, start: float, pid: int, fd: int,
     if timed_out or output_limited or disk_limited:
       _kill_group(pid)
     os.close(fd)
-    status, left = wait()
+    status, left, failure = wait()
     exit_code = _exit_code(status)
     if spec["private_uid"]:  # the command's own uid: nothing of it outlives the call
       _wait_until_gone(spec["uid"])
@@ -438,7 +442,7 @@ def _watch(spec: dict, limits: Limits, start: float, pid: int, fd: int,
   return CommandResult(output=_truncate(data, limits.max_output_chars), exit_code=exit_code,
                        timed_out=timed_out, output_limited=output_limited,
                        disk_limited=disk_limited, output_bytes=total,
-                       seconds=time.monotonic() - start), left
+                       seconds=time.monotonic() - start), left, failure
 
 
 def disk_usage(path: str) -> int:
@@ -562,13 +566,13 @@ def _namespaces_missing() -> str | None:
     limits = Limits(wall_seconds=20.0)
     spec = _spec(["/bin/sh", "-c", _PROBE], probe_dir, limits, True,
                  default_uid() if os.geteuid() == 0 else None, command_env())
-    result = _run_spec(spec, limits)
-    if result.exit_code == SETUP_FAILED and "confinement set-up failed" in result.output:
-      if "at step 'unshare namespaces'" in result.output:
+    try:
+      result = _run_spec(spec, limits)
+    except ConfinementError as e:
+      if "at step 'unshare namespaces'" in str(e):
         who = "" if os.geteuid() == 0 else "an unprivileged user's "
-        return (result.output.strip().rsplit(": ", 1)[-1] +
-                f" (the kernel refused {who}unshare)")
-      raise ConfinementError(result.output.strip())
+        return str(e).rsplit(": ", 1)[-1] + f" (the kernel refused {who}unshare)"
+      raise
     _check_probe(probe_dir, result)
   return None
 
@@ -725,7 +729,4 @@ def run_confined(command: str, cwd: str, limits: Limits = Limits(), *,
     uid = None
   spec = _spec(["/bin/sh", "-c", command], os.path.realpath(cwd), limits, namespaces, uid,
                command_env(env), readonly, copy_in, reachable)
-  result = _run_spec(spec, limits)
-  if result.exit_code == SETUP_FAILED and "confinement set-up failed" in result.output:
-    raise ConfinementError(f"could not confine the command: {result.output.strip()}")
-  return result
+  return _run_spec(spec, limits)
