@@ -33,7 +33,9 @@ Workers say they are ready only after building a first sandbox, so imports are n
 any call's timeout (`startup_timeout_s` bounds the start instead).
 
 `num_workers=0` runs the same API in-process (no isolation and no timeouts: a hang hangs the
-caller), for the quickstart and fast tests.
+caller), for the quickstart and fast tests. In-process, in a worker process and in a Ray actor
+(`ray_pool.RaySandboxPool`, the same pool with its workers on any node of a Ray cluster) the
+calls run through one `SandboxHost`.
 
 `stats()` counts resets, steps, snapshots, restores, closes, failures, replaced workers and
 recovered branches.
@@ -66,17 +68,72 @@ def _make_from_registry(name: str, config: Mapping[str, Any]) -> base.Sandbox:
   return registry.get_environment(name).make_sandbox(**config)
 
 
-def _worker_main(conn, factory: Callable[[], base.Sandbox]) -> None:
-  """A worker: runs batches of (op, branch, argument, want_backup) calls until told to exit,
-  answering each call as soon as it is done (so the parent can time each call).
+class SandboxHost:
+  """The branches of one worker (a process, a Ray actor, or the caller itself): the one place
+  that runs a pool operation on a sandbox.
 
-  It builds one sandbox before saying it is ready, so imports and set-up are not charged to
-  the first call's timeout; that sandbox serves the first branch.
+  `run(op, branch, argument, want_backup)` answers `("ok", result, backup)` or `("error",
+  reason, None)`; `backup` is the branch's snapshot bytes after a reset, step or restore when
+  asked for. A call that raises drops its branch (its sandbox may be in any state), so a branch
+  is never used half-broken. `spare` is a sandbox built ahead (a worker builds one before it
+  says it is ready, so imports are not charged to the first call's timeout); it serves the first
+  new branch.
   """
-  sandboxes: dict[Hashable, base.Sandbox] = {}
-  spare = None
+
+  def __init__(self, factory: Callable[[], base.Sandbox], spare: base.Sandbox | None = None,
+               catch: type[BaseException] = Exception):
+    self.factory = factory
+    self.spare = spare
+    self.catch = catch  # a worker catches BaseException; the caller's own process, Exception
+    self.sandboxes: dict[Hashable, base.Sandbox] = {}
+
+  def run(self, op: str, branch: Hashable, argument: Any, want_backup: bool = False):
+    try:
+      result = self._apply(op, branch, argument)
+      backup = None
+      if want_backup and op in ("reset", "step", "restore"):
+        backup = self.sandboxes[branch].snapshot().data
+      return ("ok", result, backup)
+    except self.catch as error:  # pylint: disable=broad-except
+      self.drop(branch)
+      return ("error", f"{op} raised {type(error).__name__}: {error}", None)
+
+  def _apply(self, op: str, branch: Hashable, argument: Any):
+    if op in ("reset", "restore"):
+      sandbox = self.sandboxes.get(branch)
+      if sandbox is None:
+        sandbox, self.spare = (self.spare, None) if self.spare is not None else (
+            self.factory(), None)
+        self.sandboxes[branch] = sandbox
+      return sandbox.reset(argument) if op == "reset" else sandbox.restore(argument)
+    if op == "step":
+      return self.sandboxes[branch].step(argument)
+    if op == "snapshot":
+      return base.Snapshot(self.sandboxes[branch].snapshot().data)
+    if op == "close":
+      sandbox = self.sandboxes.pop(branch, None)
+      return sandbox.close() if sandbox is not None else None
+    raise ValueError(f"unknown pool operation {op!r}")
+
+  def drop(self, branch: Hashable) -> None:
+    """Forgets `branch`, closing its sandbox if it can."""
+    sandbox = self.sandboxes.pop(branch, None)
+    try:
+      if sandbox is not None:
+        sandbox.close()
+    except self.catch:  # pylint: disable=broad-except
+      pass
+
+  def close_all(self) -> None:
+    for branch in list(self.sandboxes):
+      self.drop(branch)
+
+
+def _worker_main(conn, factory: Callable[[], base.Sandbox]) -> None:
+  """A worker process: runs batches of (op, branch, argument, want_backup) calls until told to
+  exit, answering each call as soon as it is done (so the parent can time each call)."""
   try:
-    spare = factory()
+    host = SandboxHost(factory, spare=factory(), catch=BaseException)
     conn.send(("ready", None, None))
   except BaseException as error:  # pylint: disable=broad-except
     conn.send(("error", f"the sandbox factory raised {type(error).__name__}: {error}", None))
@@ -88,44 +145,11 @@ def _worker_main(conn, factory: Callable[[], base.Sandbox]) -> None:
       break
     if batch == "exit":
       break
-    for op, branch, argument, want_backup in batch:
+    for message in batch:
       try:
-        result = None
-        if op in ("reset", "restore"):
-          sandbox = sandboxes.get(branch)
-          if sandbox is None:
-            sandbox, spare = (spare, None) if spare is not None else (factory(), None)
-            sandboxes[branch] = sandbox
-          if op == "reset":
-            result = sandbox.reset(argument)
-          else:
-            sandbox.restore(argument)
-        elif op == "step":
-          result = sandboxes[branch].step(argument)
-        elif op == "snapshot":
-          result = base.Snapshot(sandboxes[branch].snapshot().data)
-        elif op == "close":
-          sandbox = sandboxes.pop(branch, None)
-          if sandbox is not None:
-            sandbox.close()
-        else:
-          raise ValueError(f"unknown pool operation {op!r}")
-        backup = None
-        if want_backup and op in ("reset", "step", "restore"):
-          backup = sandboxes[branch].snapshot().data
-        conn.send(("ok", result, backup))
-      except BaseException as error:  # pylint: disable=broad-except
-        # The sandbox may be in any state now: drop it so the branch cannot be used half-broken.
-        sandbox = sandboxes.pop(branch, None)
-        try:
-          if sandbox is not None:
-            sandbox.close()
-        except BaseException:  # pylint: disable=broad-except
-          pass
-        try:
-          conn.send(("error", f"{op} raised {type(error).__name__}: {error}", None))
-        except BaseException:  # pylint: disable=broad-except
-          return
+        conn.send(host.run(*message))
+      except BaseException:  # pylint: disable=broad-except
+        return
 
 
 def _exit_reason(process) -> str:
@@ -151,6 +175,14 @@ class _Worker:
                                    name=f"sandbox-worker-{index}")
     self.process.start()
     child_conn.close()
+
+  def send(self, batch: list) -> None:
+    """Sends a batch of (op, branch, argument, want_backup) calls; raises OSError or ValueError
+    if the process cannot take it."""
+    self.conn.send(batch)
+
+  def pid(self) -> int:
+    return self.process.pid
 
   def wait_ready(self, timeout_s: float) -> None:
     """Waits for the worker's first message; raises RuntimeError if it fails to start."""
@@ -223,39 +255,54 @@ class SandboxPool:
     self._location: dict[Hashable, int] = {}     # branch -> worker index
     self._backups: dict[Hashable, bytes] = {}
     self.failures: dict[Hashable, BranchFailure] = {}
-    self._local: dict[Hashable, base.Sandbox] = {}
-    self._workers: list[_Worker] = []
+    self._local = SandboxHost(factory)  # the branches of the in-process mode
+    self._workers: list = []
     if num_workers:
-      if start_method is None:
-        methods = multiprocessing.get_all_start_methods()
-        start_method = "forkserver" if "forkserver" in methods else "spawn"
-      if start_method == "fork":
-        raise ValueError("start_method 'fork' is unsafe in a process running JAX; "
-                         "use 'forkserver' or 'spawn'")
-      self._context = multiprocessing.get_context(start_method)
-      if start_method == "forkserver":
-        # Workers fork from a server that has imported this package once (which imports jax,
-        # seconds on a busy machine), so starting or replacing a worker costs milliseconds.
-        # This only takes effect if the server is not running yet.
-        self._context.set_forkserver_preload([__name__])
-      self._workers = [_Worker(self._context, factory, i) for i in range(num_workers)]
-      try:
-        for worker in self._workers:
-          worker.wait_ready(self.startup_timeout_s)
-      except Exception:
-        self.shutdown()
-        raise
+      self._init_backend(start_method)
+      self._start_workers()
+
+  def _init_backend(self, start_method: str | None) -> None:
+    """What starting a worker needs: the multiprocessing context."""
+    if start_method is None:
+      methods = multiprocessing.get_all_start_methods()
+      start_method = "forkserver" if "forkserver" in methods else "spawn"
+    if start_method == "fork":
+      raise ValueError("start_method 'fork' is unsafe in a process running JAX; "
+                       "use 'forkserver' or 'spawn'")
+    self._context = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+      # Workers fork from a server that has imported this package once (which imports jax,
+      # seconds on a busy machine), so starting or replacing a worker costs milliseconds.
+      # This only takes effect if the server is not running yet.
+      self._context.set_forkserver_preload([__name__])
+
+  def _start_workers(self) -> None:
+    """Starts every worker at once, then waits for each to be ready."""
+    self._workers = [self._new_worker(i) for i in range(self.num_workers)]
+    try:
+      for worker in self._workers:
+        worker.wait_ready(self.startup_timeout_s)
+    except Exception:
+      self.shutdown()
+      raise
+
+  def _new_worker(self, index: int):
+    """A started (not yet ready) worker in slot `index`."""
+    return _Worker(self._context, self._factory, index)
 
   @classmethod
   def for_environment(cls, name: str, num_workers: int = 2, timeout_s: float = 30.0,
                       start_method: str | None = None, keep_backups: bool = True,
-                      replace_worker_on_error: bool = True, **config) -> "SandboxPool":
-    """A pool whose workers build sandboxes with `registry.get_environment(name)`."""
+                      replace_worker_on_error: bool = True,
+                      backend_options: Mapping[str, Any] | None = None,
+                      **config) -> "SandboxPool":
+    """A pool whose workers build sandboxes with `registry.get_environment(name)`; `config`
+    goes to the sandbox, `backend_options` to the pool's class (e.g. a Ray pool's address)."""
     registry.get_environment(name)  # fail early, in the caller, on an unknown name
     factory = functools.partial(_make_from_registry, name, dict(config))
     return cls(factory, num_workers=num_workers, timeout_s=timeout_s,
                start_method=start_method, keep_backups=keep_backups,
-               replace_worker_on_error=replace_worker_on_error)
+               replace_worker_on_error=replace_worker_on_error, **dict(backend_options or {}))
 
   # --------------------------------------------------------------------------- introspection
 
@@ -268,14 +315,14 @@ class SandboxPool:
 
   def branches(self) -> list[Hashable]:
     """Live branches."""
-    return list(self._local) if not self._workers else list(self._location)
+    return list(self._local.sandboxes) if not self._workers else list(self._location)
 
   def worker_of(self, branch: Hashable) -> int | None:
     """The index of the worker holding `branch` (None in-process or if not live)."""
     return self._location.get(branch)
 
   def worker_pids(self) -> list[int]:
-    return [w.process.pid for w in self._workers]
+    return [w.pid() for w in self._workers]
 
   # --------------------------------------------------------------------------- public calls
 
@@ -333,18 +380,13 @@ class SandboxPool:
     for b in branches:
       self._location.pop(b, None)
       self._backups.pop(b, None)
-      self._local.pop(b, None)
+      self._local.drop(b)
       self.failures.pop(b, None)
     return results
 
   def shutdown(self) -> None:
     """Stops every worker and forgets every branch."""
-    for sandbox in self._local.values():
-      try:
-        sandbox.close()
-      except Exception:  # pylint: disable=broad-except
-        pass
-    self._local.clear()
+    self._local.close_all()
     for worker in self._workers:
       worker.stop(graceful=True)
     self._workers = []
@@ -371,7 +413,7 @@ class SandboxPool:
       if call.branch in seen:
         raise ValueError(f"branch {call.branch!r} appears twice in one call")
       seen.add(call.branch)
-      live = call.branch in (self._location if self._workers else self._local)
+      live = call.branch in (self._location if self._workers else self._local.sandboxes)
       if not create and not live and call.branch not in self.failures and call.op != "close":
         raise KeyError(f"unknown branch {call.branch!r}: reset or restore it first")
 
@@ -380,7 +422,7 @@ class SandboxPool:
     self.failures[call.branch] = failure
     self._location.pop(call.branch, None)
     self._backups.pop(call.branch, None)
-    self._local.pop(call.branch, None)
+    self._local.drop(call.branch)
     self._counts["failures"] += 1
     return failure
 
@@ -410,34 +452,12 @@ class SandboxPool:
   def _run_local(self, calls: list[_Call]) -> dict[Hashable, Any]:
     results = {}
     for call in calls:
-      try:
-        if call.op in ("reset", "restore"):
-          sandbox = self._local.get(call.branch)
-          if sandbox is None:
-            sandbox = self._factory()
-            self._local[call.branch] = sandbox
-          if call.op == "reset":
-            result = sandbox.reset(call.argument)
-          else:
-            result = sandbox.restore(call.argument)
-        elif call.op == "step":
-          result = self._local[call.branch].step(call.argument)
-        elif call.op == "snapshot":
-          result = base.Snapshot(self._local[call.branch].snapshot().data)
-        else:  # close
-          sandbox = self._local.pop(call.branch, None)
-          result = sandbox.close() if sandbox is not None else None
+      status, value, _ = self._local.run(call.op, call.branch, call.argument)
+      if status == "ok":
         self._count(call.op)
-        results[call.branch] = result
-      except Exception as error:  # pylint: disable=broad-except
-        sandbox = self._local.pop(call.branch, None)
-        try:
-          if sandbox is not None:
-            sandbox.close()
-        except Exception:  # pylint: disable=broad-except
-          pass
-        results[call.branch] = self._fail(
-            call, f"{call.op} raised {type(error).__name__}: {error}")
+        results[call.branch] = value
+      else:
+        results[call.branch] = self._fail(call, value)
     return results
 
   def _least_loaded_worker(self) -> int:
@@ -486,7 +506,7 @@ class SandboxPool:
     messages = [(c.op, c.branch, c.argument,
                  self.keep_backups and c.op in ("reset", "step", "restore")) for c in batch]
     try:
-      self._workers[w].conn.send(messages)
+      self._workers[w].send(messages)
     except (OSError, ValueError) as error:
       self._on_worker_lost(round_, w, f"could not send to worker: {error}")
 
@@ -529,7 +549,12 @@ class SandboxPool:
     waiting = round_.sent.pop(w, collections.deque())
     round_.deadlines.pop(w, None)
     round_.queues[w].extendleft(reversed(waiting))
+    started = time.monotonic()
     self._replace_worker(w, round_.queues[w], round_.results)
+    # The other workers' calls are not charged for the time spent starting the replacement
+    # (milliseconds for a forked process, seconds for a Ray actor).
+    for other in round_.deadlines:
+      round_.deadlines[other] += time.monotonic() - started
     self._send_queued(round_, w)
 
   def _on_reply(self, round_: _Round, w: int, message) -> None:
@@ -565,7 +590,7 @@ class SandboxPool:
   def _replace_worker(self, w: int, queue: collections.deque, results: dict) -> None:
     """Swaps worker `w` for a fresh process and queues the recovery of its other branches."""
     self._workers[w].stop(graceful=False)
-    self._workers[w] = _Worker(self._context, self._factory, w)
+    self._workers[w] = self._new_worker(w)
     self._workers[w].wait_ready(self.startup_timeout_s)
     self._counts["replaced_workers"] += 1
     recoveries = []
