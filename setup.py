@@ -29,6 +29,8 @@ TEST = [
 ]
 # experiments/compare.py: the comparison's plots.
 RESULTS = ["matplotlib>=3.8"]
+# Sandboxes as Ray actors on the CPU nodes of a cluster (`env.pool.backend = "ray"`).
+RAY = ["ray==2.60.0"]
 
 # One extra per environment package. Each line is added by the environment's module; the test
 # extra installs all of them so CI exercises every environment and its install step.
@@ -53,8 +55,10 @@ setup(
     package_data={"bpo_jax.sandboxes.swe": ["tasks/*/*", "tasks/*/*/*", "tasks/*/*/*/*"]},
     install_requires=CORE + FULL,
     extras_require={
-        "test": TEST + sorted({req for reqs in ENVIRONMENT_EXTRAS.values() for req in reqs}),
+        "test": TEST + RAY + sorted({req for reqs in ENVIRONMENT_EXTRAS.values()
+                                     for req in reqs}),
         "results": RESULTS,
+        "ray": RAY,
         **ENVIRONMENT_EXTRAS,
     },
     license="Apache-2.0",

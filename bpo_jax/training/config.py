@@ -36,6 +36,7 @@ Sections:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any, Sequence
 
@@ -80,6 +81,13 @@ def default_config() -> ml_collections.ConfigDict:
   c.env.max_turns = 5              # steps per episode before truncation
   c.env.num_workers = 0            # sandbox worker processes; 0 runs sandboxes in-process
   c.env.timeout_s = 30.0           # per sandbox call (worker processes only)
+  # Where the sandbox workers run (sandboxes/pool.py, sandboxes/ray_pool.py).
+  c.env.pool = ml_collections.ConfigDict({
+      "backend": "processes",      # "processes" on this host, or "ray": Ray actors on any node
+      "ray_address": "",           # "" starts a local Ray; "auto" or "host:port" joins a cluster
+      "cpus_per_worker": 1.0,      # CPUs each Ray actor asks for
+      "ray_resource": "sandbox_node",  # a node must offer it to hold sandboxes; "" = any node
+  })
   c.env.max_observation_tokens = 40  # observations cut to this many tokens; 0 = no limit
   # Environment-specific keyword arguments for make_sandbox / make_tasks (e.g. rooms'
   # `difficulty`, TextWorld's `games_dir`); checked per environment in `_check_env_options`.
@@ -220,6 +228,7 @@ def default_config() -> ml_collections.ConfigDict:
 # Allowed values of the keys with a fixed set of choices (and `rollout.estimator`: the names in
 # `estimator_registry`).
 _CHOICES = {
+    "env.pool.backend": ("processes", "ray"),
     "rollout.fork_rule": TRAINING_FORK_RULES,
     "rollout.entropy_measure": ENTROPY_MEASURES,
     "rollout.trunk_baseline": TRUNK_BASELINES,
@@ -279,7 +288,7 @@ _RANGES = (
 )
 
 # Keys that must be strictly positive floats.
-_POSITIVE = ("env.timeout_s", "warm_start.learning_rate", "train.learning_rate",
+_POSITIVE = ("env.timeout_s", "env.pool.cpus_per_worker", "warm_start.learning_rate", "train.learning_rate",
              "train.max_grad_norm")
 
 
@@ -530,6 +539,10 @@ def validate(config, mode: str = "train", workdir: str | None = None) -> None:
   if config.eval.num_tasks > config.env.num_eval_tasks:
     problems.append(f"eval.num_tasks = {config.eval.num_tasks}: more than the "
                     f"env.num_eval_tasks = {config.env.num_eval_tasks} held-out tasks")
+  if config.env.pool.backend == "ray" and config.env.num_workers < 1:
+    problems.append("env.pool.backend = 'ray': needs env.num_workers >= 1 (one actor each)")
+  if config.env.pool.backend == "ray" and importlib.util.find_spec("ray") is None:
+    problems.append("env.pool.backend = 'ray': ray is not installed (pip install -e '.[ray]')")
   if not 0.0 < config.eval.confidence < 1.0:
     problems.append(f"eval.confidence = {config.eval.confidence!r}: must be in (0, 1)")
   if not 0.0 < config.rollout.top_p <= 1.0:

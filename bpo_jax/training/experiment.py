@@ -54,6 +54,16 @@ def sandbox_factory(config):
 
 
 def make_pool(config) -> pool_lib.SandboxPool:
+  """The run's sandbox pool: worker processes on this host, or Ray actors
+  (`env.pool.backend = "ray"`, imported only then)."""
+  settings = config.env.pool
+  if settings.backend == "ray":
+    from bpo_jax.sandboxes import ray_pool  # pylint: disable=g-import-not-at-top
+    return ray_pool.RaySandboxPool(sandbox_factory(config), num_workers=config.env.num_workers,
+                                   timeout_s=config.env.timeout_s,
+                                   address=settings.ray_address,
+                                   cpus_per_worker=settings.cpus_per_worker,
+                                   resource=settings.ray_resource)
   # In-process sandboxes keep no backups: there is no worker to lose.
   return pool_lib.SandboxPool(sandbox_factory(config), num_workers=config.env.num_workers,
                               timeout_s=config.env.timeout_s,
