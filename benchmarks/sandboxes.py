@@ -7,6 +7,7 @@ reference: TextWorld's own `env.copy()` (the `textworld.start` environment with 
 commands requested, as agents use it), measured side by side in the same run.
 
     python benchmarks/sandboxes.py [--json] [--envs rooms textworld] [--repeats 51]
+    python benchmarks/sandboxes.py --json --backend=ray --envs rooms   # beside the processes
 
 With --json: one object with `<env>_step_ms`, `<env>_snapshot_ms`, `<env>_restore_ms`,
 `<env>_snapshot_bytes`, `<env>_pool1_steps_per_s`, `<env>_pool2_steps_per_s`, and for
@@ -20,6 +21,16 @@ For SWE the reference is the same shell commands run unconfined (`subprocess.run
 `swe_confined_over_unconfined` (confined step / unconfined command) and
 `swe_snapshot_restore_over_step` (target <= 1.0); `swe_instance_*`: the same figures for a
 real-format SWE-bench instance selected by config and run in its own Python environment.
+
+With --backend=ray, beside the process pool in the same run, the same pool on Ray: a local
+cluster of two simulated sandbox nodes on this machine (loopback only, `testing/ray_cluster.py`),
+two actors, one per node. Per environment: `<env>_{processes,ray}_steps_per_s` (2 workers, 8
+branches), `<env>_ray_over_processes_steps_per_second`, `<env>_{processes,ray}_snapshot_restore_s`
+(a pool snapshot of a branch on one worker plus its restore into a branch on the other, one
+node to the other on Ray; median) and `<env>_ray_cross_node_restore_bytes` (what that restore
+moves between nodes: the pickled snapshot to the restoring actor and the pickled answer, with
+the branch's backup, back to the pool); `ray_over_processes_steps_per_second` is the median of
+the environments' ratios.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
 from bpo_jax.sandboxes import base  # noqa: E402
 from bpo_jax.sandboxes import pool as pool_lib  # noqa: E402
+from bpo_jax.testing import ray_cluster  # noqa: E402
 from bpo_jax.sandboxes import registry  # noqa: E402
 
 TEXTWORLD_GAMES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -103,10 +115,11 @@ def measure_sandbox(name, spec, repeats):
                 "snapshot_bytes": len(snap)}
 
 
-def measure_pool(name, spec, snap, num_workers, branches=8, rounds=6):
+def measure_pool(name, spec, snap, num_workers, branches=8, rounds=6, pool_class=None):
   """Steps per second of `branches` branches stepped together; finished ones are restored."""
-  with pool_lib.SandboxPool.for_environment(name, num_workers=num_workers, timeout_s=60.0,
-                                            **spec["sandbox"]) as pool:
+  pool_class = pool_class or pool_lib.SandboxPool
+  with pool_class.for_environment(name, num_workers=num_workers, timeout_s=60.0,
+                                  **spec["sandbox"]) as pool:
     ids = list(range(branches))
     pool.restore_many({b: snap for b in ids})
     actions = spec["actions"]
@@ -119,6 +132,68 @@ def measure_pool(name, spec, snap, num_workers, branches=8, rounds=6):
       if finished:
         pool.restore_many({b: snap for b in finished})
     return steps / (time.perf_counter() - start)
+
+
+def measure_pool_snapshot_restore(name, spec, snap, repeats, pool_class=None):
+  """Median seconds of a pool snapshot of a branch on worker 0 plus its restore into a branch
+  on worker 1, and the pool."""
+  pool_class = pool_class or pool_lib.SandboxPool
+  with pool_class.for_environment(name, num_workers=2, timeout_s=60.0,
+                                  **spec["sandbox"]) as pool:
+    pool.restore("source", snap)
+    assert pool.worker_of("source") == 0
+    pool.step("source", spec["actions"][0])
+    times = []
+    for i in range(repeats):
+      start = time.perf_counter()
+      taken = pool.snapshot("source")
+      pool.restore(f"copy{i}", taken)  # worker 1: one branch fewer than worker 0
+      times.append(time.perf_counter() - start)
+      assert pool.worker_of(f"copy{i}") == 1, "the copy must land on the other worker"
+      pool.close(f"copy{i}")
+    return statistics.median(times)
+
+
+def measure_ray_cross_node_restore_bytes(name, spec, snap):
+  """The pickled sizes of what a restore on another node moves: the snapshot there, the answer
+  (with the branch's backup) back."""
+  import pickle  # pylint: disable=g-import-not-at-top
+  from bpo_jax.sandboxes import ray_pool  # pylint: disable=g-import-not-at-top
+  with ray_pool.RaySandboxPool.for_environment(name, num_workers=2, timeout_s=60.0,
+                                               **spec["sandbox"]) as pool:
+    source = pool.restore_many({"source": snap, "other": snap})
+    assert all(r is None for r in source.values())
+    assert pool.node_of("source") != pool.node_of("other")
+    taken = pool.snapshot("source")
+    # The call the pool sends for a restore on the other node, and its answer.
+    actor = pool._workers[pool.worker_of("other")].actor  # pylint: disable=protected-access
+    import ray  # pylint: disable=g-import-not-at-top
+    answer = ray.get(actor.run.remote("restore", "other", taken, True))
+    assert answer[0] == "ok"
+    return len(pickle.dumps(taken)) + len(pickle.dumps(answer))
+
+
+def compare_backends(name, spec, snap, repeats):
+  """The process pool and the Ray pool (inside a two-node local cluster), side by side."""
+  from bpo_jax.sandboxes import ray_pool  # pylint: disable=g-import-not-at-top
+  figures = {}
+  for backend, pool_class in (("processes", pool_lib.SandboxPool),
+                              ("ray", ray_pool.RaySandboxPool)):
+    figures[f"{name}_{backend}_steps_per_s"] = measure_pool(name, spec, snap, 2,
+                                                            pool_class=pool_class)
+    figures[f"{name}_{backend}_snapshot_restore_s"] = measure_pool_snapshot_restore(
+        name, spec, snap, max(5, repeats // 5), pool_class=pool_class)
+  figures[f"{name}_ray_over_processes_steps_per_second"] = (
+      figures[f"{name}_ray_steps_per_s"] / figures[f"{name}_processes_steps_per_s"])
+  figures[f"{name}_ray_cross_node_restore_bytes"] = measure_ray_cross_node_restore_bytes(
+      name, spec, snap)
+  line = (f"{'':13s} processes {figures[f'{name}_processes_steps_per_s']:7.0f} steps/s, "
+          f"ray {figures[f'{name}_ray_steps_per_s']:7.0f} steps/s "
+          f"({figures[f'{name}_ray_over_processes_steps_per_second']:.2f}x); snapshot+restore "
+          f"across workers {1e3 * figures[f'{name}_processes_snapshot_restore_s']:.2f} ms / "
+          f"{1e3 * figures[f'{name}_ray_snapshot_restore_s']:.2f} ms across nodes; a cross-node "
+          f"restore moves {figures[f'{name}_ray_cross_node_restore_bytes']} B")
+  return figures, line
 
 
 def measure_textworld_env_copy(spec, repeats):
@@ -242,12 +317,25 @@ def measure_alfworld_reference(spec, repeats):
 def main(argv=None):
   parser = common.parser(__doc__.split("\n")[0])
   parser.add_argument("--envs", nargs="*", default=list(ENVIRONMENTS))
+  parser.add_argument("--backend", choices=("processes", "ray"), default="processes",
+                      help="ray: also the Ray pool on a local two-node cluster, side by side")
   parser.set_defaults(repeats=51)
   args = parser.parse_args(argv)
   unknown = sorted(set(args.envs) - set(ENVIRONMENTS))
   if unknown:
     parser.error(f"unknown environments {unknown}; known: {sorted(ENVIRONMENTS)}")
+  if args.backend == "ray":
+    with ray_cluster.local_cluster(num_nodes=2):
+      figures, lines = measure(args)
+  else:
+    figures, lines = measure(args)
+  common.emit(figures, args.json, lines)
+
+
+def measure(args):
+  """Every figure of the environments in `args.envs`, and the lines that print them."""
   figures, lines = {}, []
+  ratios = []
   for name in args.envs:
     spec = ENVIRONMENTS[name]
     snap, single = measure_sandbox(name, spec, args.repeats)
@@ -260,6 +348,11 @@ def main(argv=None):
         f"  restore {single['restore_ms']:7.3f} ms  size {single['snapshot_bytes']:6d} B"
         f"  pool 1 worker {figures[f'{name}_pool1_steps_per_s']:7.0f} steps/s"
         f"  2 workers {figures[f'{name}_pool2_steps_per_s']:7.0f} steps/s")
+    if args.backend == "ray":
+      side_by_side, line = compare_backends(name, spec, snap, args.repeats)
+      figures.update(side_by_side)
+      ratios.append(side_by_side[f"{name}_ray_over_processes_steps_per_second"])
+      lines.append(line)
     if name == "textworld":
       copy_ms = measure_textworld_env_copy(spec, args.repeats)
       both_ms = single["snapshot_ms"] + single["restore_ms"]
@@ -302,7 +395,9 @@ def main(argv=None):
           f"{'':13s} PddlEnv.reset() + replay of the prefix {reset_replay_ms:.3f} ms; in-process "
           f"restore {handle_ms:.4f} ms ({figures['alfworld_speedup_vs_reset_replay']:.0f}x faster)"
           f"; the bytes restore above applies the recorded operators in the engine")
-  common.emit(figures, args.json, lines)
+  if ratios:
+    figures["ray_over_processes_steps_per_second"] = statistics.median(ratios)
+  return figures, lines
 
 
 if __name__ == "__main__":

@@ -62,7 +62,11 @@ def connect(address: str, num_workers: int, cpus_per_worker: float, resource: st
   if ray.is_initialized():
     return
   if address:
-    ray.init(address=address)
+    try:
+      ray.init(address=address)
+    except ConnectionError as error:
+      raise ConnectionError(f"env.pool.ray_address = {address!r}: no Ray cluster there "
+                            f"({error})") from None
     return
   os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
   num_cpus = max(os.cpu_count() or 1, math.ceil(num_workers * cpus_per_worker))
