@@ -181,6 +181,10 @@ def test_malformed_files_are_one_line_naming_the_file(good_dir, tmp_path):
 
 
 def test_unusable_index_cache_is_one_line(good_dir, tmp_path, monkeypatch):
+  # A fresh process each time: the shop (and its index) is built again, not taken from the
+  # shops this process already built from the same files.
+  monkeypatch.setattr(shop, "_by_config", {})
+  monkeypatch.setattr(shop, "_by_fingerprint", {})
   (tmp_path / "a_file").write_text("")
   with pytest.raises(TaskInputError, match=r"^env.options.index_cache_dir: cannot create the "
                                            r"WebShop index cache directory '.*a_file': File "
@@ -192,7 +196,7 @@ def test_unusable_index_cache_is_one_line(good_dir, tmp_path, monkeypatch):
   shutil.copytree(tmp_path / "fresh" / "index", cache)
   [index] = [p for p in cache.iterdir() if p.is_dir()]
   (index / "meta.json").write_text("{")
-  monkeypatch.setattr(shop, "_by_config", {})  # a fresh process: the shop is built again
+  monkeypatch.setattr(shop, "_by_config", {})
   monkeypatch.setattr(shop, "_by_fingerprint", {})
   with pytest.raises(TaskInputError, match=r"^WebShop index cache: not a saved WebShop index: "
                                            r"'.*bm25-.*'.*; remove that directory to rebuild"):
