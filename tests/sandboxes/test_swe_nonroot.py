@@ -10,7 +10,8 @@ tests check it against what the confinement's record (`protections_record`) prom
 Under root the driver reaches this interpreter (which may live under root's closed home)
 through a private mount namespace holding a read-only view of it; the host's directories are
 not changed. A second namespaced run happens inside memory and pids control groups delegated
-to the user (as systemd delegates them), where the total memory bound applies without root.
+to the user (as systemd delegates them), where the total memory bound applies without root;
+the last test checks the same bound for this process's own commands where it has the groups.
 """
 
 import json
