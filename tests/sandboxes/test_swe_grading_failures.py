@@ -23,6 +23,7 @@ from bpo_jax.sandboxes import swe
 from bpo_jax.sandboxes.swe import confinement
 from bpo_jax.sandboxes.swe import grading
 from bpo_jax.sandboxes.swe import tasks as tasks_lib
+from bpo_jax.sandboxes.swe import workspace as workspace_lib
 
 MODE = {} if confinement.namespaces_available() else {"confinement": "rlimits-only"}
 DISK_BYTES = 8 << 20
@@ -211,3 +212,19 @@ def test_failed_grades_are_failed_branches_of_the_tree(small_disk, tmp_path):
   # Each episode's submit failed: no valid node is left, so no reward reaches the estimator.
   assert not result.tree.valid.any() and result.leaves().size == 0
   assert not np.any(result.node_success)
+
+
+def test_test_files_are_reset_by_their_exact_names(tmp_path):
+  """A test file whose name holds glob characters and non-ASCII letters is put back as at the
+  base, and only it: not the file its name matches as a glob."""
+  ws = workspace_lib.Workspace(str(tmp_path / "ws"))
+  odd, globbed = "tests/test_[x]é.py", "tests/test_xé.py"
+  ws.write_files([(odd, "100644", b"base odd\n"), (globbed, "100644", b"base globbed\n")])
+  tree = ws.write_tree()
+  ws.write_files([(odd, "100644", b"agent odd\n"), (globbed, "100644", b"agent globbed\n"),
+                  ("tests/new.py", "100644", b"agent new\n")])
+  grading._reset_test_files(ws, tree, [odd, "tests/new.py"])  # pylint: disable=protected-access
+  read = lambda p: open(os.path.join(ws.workdir, p), "rb").read()  # noqa: E731
+  assert read(odd) == b"base odd\n" and read(globbed) == b"agent globbed\n"
+  assert not os.path.exists(os.path.join(ws.workdir, "tests", "new.py"))
+  ws.close()

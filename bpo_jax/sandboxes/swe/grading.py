@@ -91,8 +91,12 @@ def _reset_test_files(ws: workspace_lib.Workspace, tree: str, test_files: list[s
   way goes first, so the test patch then applies as it does at the base."""
   for path in test_files:
     _clear_way(ws.workdir, path)
-    if path in ws.git("ls-tree", "-r", "--name-only", tree, "--", path).decode().splitlines():
-      ws.git("checkout", tree, "--", path)
+    # Literal pathspecs and NUL-separated names: a path with glob characters or non-ASCII
+    # letters names that one file.
+    listed = ws.git("--literal-pathspecs", "ls-tree", "-r", "-z", "--name-only", tree, "--",
+                    path).decode("utf-8", errors="surrogateescape").split("\0")
+    if path in listed:
+      ws.git("--literal-pathspecs", "checkout", tree, "--", path)
     elif os.path.lexists(os.path.join(ws.workdir, path)):
       os.unlink(os.path.join(ws.workdir, path))
 
