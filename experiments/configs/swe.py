@@ -3,7 +3,8 @@
 Twelve shipped bug-fix tasks (8 train, 4 test) in SWE-bench's instance schema; actions are shell
 commands, file views and edits, and `submit` (see bpo_jax/sandboxes/swe/sandbox.py). Commands run
 confined (namespaces, a read-only view of the task, the interpreter and the system's files only,
-no network, resource limits) in worker processes; a host without namespaces (not root) needs
+no network, resource limits) in worker processes, with or without root (without, the kernel
+must allow unprivileged user namespaces); a host without namespaces needs
 `--config.env.options.confinement=rlimits-only`, which only limits resources.
 Observations (problem statement, file views, test output) are long, so they are cut at 512
 tokens and an episode has at most 12 turns (a path of up to ~10200 tokens in the chat format;
