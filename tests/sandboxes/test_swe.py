@@ -25,8 +25,8 @@ from bpo_jax.sandboxes.swe import workspace as workspace_lib
 
 NAMESPACES = confinement.namespaces_available()  # raises if their set-up fails
 needs_namespaces = pytest.mark.skipif(
-    not NAMESPACES, reason="host offers no namespaces (no root, no unprivileged user namespaces): only "
-    "'rlimits-only' runs here")
+    not NAMESPACES, reason="host offers no namespaces (no root, no unprivileged user "
+    "namespaces): only 'rlimits-only' runs here")
 # Sandboxes use the namespaces where the host has them, else the explicit fallback.
 MODE = {} if NAMESPACES else {"confinement": "rlimits-only"}
 

@@ -25,8 +25,8 @@ from bpo_jax.sandboxes.swe import tasks as tasks_lib
 
 NAMESPACES = confinement.namespaces_available()  # raises if their set-up fails
 needs_namespaces = pytest.mark.skipif(
-    not NAMESPACES, reason="host offers no namespaces (no root, no unprivileged user namespaces): only "
-    "'rlimits-only' runs here")
+    not NAMESPACES, reason="host offers no namespaces (no root, no unprivileged user "
+    "namespaces): only 'rlimits-only' runs here")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(bpo_jax.__file__)))
 HOME = os.path.expanduser("~")
 # Top-level entries the confinement's root holds besides the interpreter's directories.
