@@ -39,8 +39,9 @@ HOGS = (
     # Four processes of 100 MB each (INTERPRETER: one the command can run); each makes
     # a file once it holds its memory. Once every one holds or is gone, count those alive and
     # holding.
-    "pids=''; for i in 1 2 3 4; do INTERPRETER -I -S -c 'import os, time; b = b\"x\" * (100 << 20); "
-    "open(\"held.%d\" % os.getpid(), \"w\").close(); time.sleep(6)' & pids=\"$pids $!\"; done; "
+    "pids=''; for i in 1 2 3 4; do INTERPRETER -I -S -c 'import os, time; "
+    "b = b\"x\" * (100 << 20); open(\"held.%d\" % os.getpid(), \"w\").close(); "
+    "time.sleep(6)' & pids=\"$pids $!\"; done; "
     "alive() { grep -qs '^State:.*[RSD]' /proc/$1/status; }; t=0; while [ $t -lt 100 ]; do "
     "settled=0; for p in $pids; do if [ -e held.$p ] || ! alive $p; then "
     "settled=$((settled + 1)); fi; done; [ $settled -eq 4 ] && break; sleep 0.05; "
@@ -389,8 +390,9 @@ def test_a_commands_memory_is_bounded_in_total():
   modes += [(False, plain_python)] if plain_python else []
   try:
     for namespaces, python in modes:
-      result = confinement.run_confined(HOGS.replace("INTERPRETER", python), work, confinement.Limits(
-          memory_bytes=256 << 20, wall_seconds=20), namespaces=namespaces)
+      limits = confinement.Limits(memory_bytes=256 << 20, wall_seconds=20)
+      result = confinement.run_confined(HOGS.replace("INTERPRETER", python), work, limits,
+                                        namespaces=namespaces)
       held = int(result.output.split("holding ")[1].split()[0])
       assert 1 <= held <= 2, (namespaces, result.output)
       assert confinement.protections("namespaces" if namespaces else "rlimits-only")[
