@@ -209,3 +209,13 @@ def test_run_exits_2_with_one_line_for_a_bad_row(clone):
   assert lines == [f"error: {options['instances']}: row 0 (instance acme__mathlib-7): field "
                    "problem_statement: must be a non-empty string, got null"], result.stderr
   assert not workdir.exists()
+
+
+def test_a_linked_worktree_is_a_clone_too(clone):
+  """repos_dir may hold a `git worktree` of the repository: its objects are the main one's."""
+  worktree = clone["tmp"] / "worktrees" / "acme__mathlib"
+  _git(clone["repo"], "worktree", "add", "-q", "--detach", str(worktree),
+       clone["row"]["base_commit"])
+  options = {**_options(clone, clone["row"]), "repos_dir": str(worktree.parent)}
+  [task] = swe.make_tasks("train", 1, 0, **options)
+  assert rows_lib.git_dir_of(task.git_source) == str(clone["repo"] / ".git")

@@ -179,9 +179,10 @@ def check_row(instance: Mapping[str, Any], git_dir: str, base_rev: str, where: s
 
 @functools.lru_cache(maxsize=None)
 def git_dir_of(repository: str) -> str:
-  """The git directory of a clone (its .git, or itself when bare); asked once per clone."""
+  """The git directory that holds a clone's objects (its .git, itself when bare, the main
+  repository's for a linked worktree); asked once per clone."""
   proc = subprocess.run(["git", "-c", "safe.directory=*", "-C", repository, "rev-parse",
-                         "--absolute-git-dir"], capture_output=True)
+                         "--path-format=absolute", "--git-common-dir"], capture_output=True)
   if proc.returncode:
     raise base.TaskInputError(f"{repository} is not a git repository: {_first_line(proc)}")
   return proc.stdout.decode().strip()
