@@ -11,7 +11,7 @@ so they are tested on hand-made metrics:
   aggregate(per_method)    per method over seeds: means, 95% t-intervals, ratios to BPO's
                            compute, the mean curve with its band; claim 2's variance ratios to
                            GRPO's and RLOO's; and claim 3
-  shared_variance(...)     claim 2 with every method at one run's parameters (--grad_params)
+  shared_variance(...)     claim 2 with every method at one run's parameters (--params)
   markdown(results)        the tables
 
 Per task means per training task of an iteration: a run's total over its iterations divided by
@@ -23,7 +23,7 @@ parameters. Intervals over seeds are Student-t intervals, mean ± t_{(1+c)/2, n-
 s the sample std: none for one seed.
 
 Claim 2, the gradient estimator's variance at fixed parameters (`training.gradient_variance`,
-measured by `compare.py --grad_draws=M`): a run's value is the mean over its measured
+measured by `grad_variance.py --draws=M`): a run's value is the mean over its measured
 checkpoints of E||g - mean g||^2; a method's is the mean over seeds with its interval, and its
 ratio to GRPO's (RLOO's) is the ratio of the two means. The draws' env steps and policy tokens
 per task sit beside it, so the variances are read at their budgets.
@@ -300,7 +300,7 @@ def _variance_ratios(variances: dict[str, dict | None]) -> None:
 def shared_variance(per_method: dict[str, Sequence[dict]], params_of: str,
                     confidence: float = 0.95) -> dict:
   """Claim 2 with every method measured at the same parameters, those of `params_of`'s run of
-  each seed (`compare.py --grad_params`): `{"confidence", "params_of", "methods": {name:
+  each seed (`grad_variance.py --params`): `{"confidence", "params_of", "methods": {name:
   {"gradient_variance": summary with ratios}}}` from each method's gradient_variance.json
   contents over the seeds; the form `claim_two_lines` reads."""
   methods = {}

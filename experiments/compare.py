@@ -1,13 +1,12 @@
 r"""Runs estimators x seeds of one configuration and writes the comparison: table, JSON, plots.
 
-    python experiments/compare.py --config=experiments/configs/rooms_bpo.py --seeds=5
-    python experiments/compare.py --config=experiments/configs/rooms_bpo.py:tiny --seeds=2 \
+    python experiments/compare.py --config=experiments/configs/rooms.py --seeds=5
+    python experiments/compare.py --config=experiments/configs/rooms.py:tiny --seeds=2 \
         --estimators=bpo,grpo --out=results/rooms_tiny --config.train.iterations=4
 
 `--config=FILE[:ARG]` is one method's configuration (and `--config.a.b=v` overrides it, as in
 run.py); each estimator of `--estimators` gets it through `configs/base.with_estimator` (a
-baseline rolls as many whole episodes as fit in the env-step budget BPO's tree grows in), the
-way rooms_grpo.py and the other baseline configs are built, and
+baseline rolls as many whole episodes as fit in the env-step budget BPO's tree grows in), and
 each seed 0..N-1 of `--seeds=N` (S..S+N-1 with `--first_seed=S`; the table covers this call's
 seeds) sets `seed`. Every (estimator, seed) is a normal training run,
 
@@ -26,36 +25,15 @@ read the estimator, so every run computes what it would have alone, bit for bit 
 a fraction of the time when the warm start is most of a run. A run whose first run finished
 earlier and kept no checkpoint 0 (records are committed, checkpoints are not) trains its own.
 
-Then OUT (default results/<config name>, e.g. results/rooms_bpo_tiny) receives results.json
+Then OUT (default results/<config name>, e.g. results/rooms_tiny) receives results.json
 (per method over seeds, `aggregate.aggregate`), results.md (the table and claim 3) and the
 plots of `aggregate.plots`.
 
-With `--grad_draws=M` (M >= 2; a measurement uses M >= 16), each finished run's variance of the
-gradient estimator at fixed parameters (`training.gradient_variance`) is then measured at
-`--grad_checkpoints` of its kept checkpoints (first, middle, last; the runs keep every
-checkpoint they write) and saved as OUT/runs/EST/seedS/gradient_variance.json, which a later
-call with the same M and checkpoints reuses; the table adds E||g - mean g||^2 per method, its
-ratio to GRPO's and RLOO's, and the env steps per task the draws spent. The runs are measured
-one after another in this process.
+`experiments/grad_variance.py` measures the finished runs' gradient variance and adds it to
+these files.
 
-With `--grad_params=EST` as well, every method of `--estimators` is measured at the checkpoints
-of EST's run of the same seed, so the variances compare estimators at identical parameters
-rather than each at its own run's: only EST's runs are trained, the other methods' directories
-hold just their gradient_variance.json (with "params_of": EST), and results.md gives the claim-2
-table of these shared-parameter measurements beside EST's runs.
-
-    python experiments/compare.py --config=experiments/configs/rooms_bpo.py --seeds=3 \
-        --grad_draws=16 --grad_params=bpo --out=results/rooms_bpo_claim2
-
-With `--grad_params_from=DIR` as well, EST's runs are those of another comparison's directory
-(DIR/runs/EST/seedS, finished, each with its saved config): nothing is trained, and every
-method of `--estimators` is measured at their checkpoints with this call's configuration, e.g.
-another env-step budget (`--config.rollout.max_env_steps=24`) at the same parameters. The
-table's rows are DIR's runs of EST.
-
-Bad flags or configurations: one line, exit status 2; a run that fails (or whose measurement
-fails) is reported with its log's last line (the error), the others are still aggregated, exit
-status 1.
+Bad flags or configurations: one line, exit status 2; a run that fails is reported with its
+log's last line (the error), the others are still aggregated, exit status 1.
 """
 
 import dataclasses
@@ -80,42 +58,36 @@ from ml_collections import config_flags
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import estimator_registry
 from experiments import aggregate
-from experiments import json_config
+from experiments import cli
 from experiments.configs import base
 
 # The flags, defined when run as a command (importing the module for its functions defines none).
 _FLAGS = {}
 
 
-def _define_flags():
-  _FLAGS["config"] = config_flags.DEFINE_config_file(
+def define_comparison_flags(into: dict):
+  """The flags compare.py and grad_variance.py share, into `into`: the configuration, the
+  estimators, the seeds and the output directory."""
+  into["config"] = config_flags.DEFINE_config_file(
       "config", None, "One method's configuration file.", lock_config=True)
-  _FLAGS["estimators"] = flags.DEFINE_list("estimators", ["bpo", "grpo", "rloo", "gigpo"],
-                                           "Estimators to compare (registered names).")
-  _FLAGS["seeds"] = flags.DEFINE_integer("seeds", 5, "Seeds 0..N-1 per estimator.")
-  _FLAGS["first_seed"] = flags.DEFINE_integer(
+  into["estimators"] = flags.DEFINE_list("estimators", ["bpo", "grpo", "rloo", "gigpo"],
+                                         "Estimators to compare (registered names).")
+  into["seeds"] = flags.DEFINE_integer("seeds", 5, "Seeds 0..N-1 per estimator.")
+  into["first_seed"] = flags.DEFINE_integer(
       "first_seed", 0, "With --seeds=N, the seeds S..S+N-1: e.g. one more seed of a sweep, or "
       "measurements at one seed's runs.")
-  _FLAGS["out"] = flags.DEFINE_string("out", None,
-                                      "Output directory (default results/<config name>).")
+  into["out"] = flags.DEFINE_string("out", None,
+                                    "Output directory (default results/<config name>).")
+
+
+def _define_flags():
+  define_comparison_flags(_FLAGS)
   _FLAGS["jobs"] = flags.DEFINE_integer("jobs", 0, "Runs at once; 0 = the machine's cores.")
   _FLAGS["share_warm_start"] = flags.DEFINE_bool(
       "share_warm_start", False, "Train each seed's warm start once, in the first estimator's "
       "run; the seed's other runs start from its checkpoint 0 and tokenizer.")
-  _FLAGS["grad_draws"] = flags.DEFINE_integer(
-      "grad_draws", 0, "Independent draws per checkpoint for the gradient estimator's variance "
-      "at fixed parameters (claim 2; >= 16 for a measurement); 0 = off.")
-  _FLAGS["grad_checkpoints"] = flags.DEFINE_integer(
-      "grad_checkpoints", 3, "Checkpoints per run it is measured at: first, middle, last kept.")
-  _FLAGS["grad_params"] = flags.DEFINE_string(
-      "grad_params", "", "With --grad_draws: measure every method at the checkpoints of this "
-      "estimator's run of each seed (the same parameters for all); only its runs are trained.")
-  _FLAGS["grad_params_from"] = flags.DEFINE_string(
-      "grad_params_from", "", "With --grad_params: the comparison directory whose finished "
-      "runs of that estimator are measured at (nothing is trained).")
 
 
-EXIT_INVALID = 2
 RUN_PY = os.path.join(_ROOT, "experiments", "run.py")
 JSON_CONFIG_PY = os.path.join(_ROOT, "experiments", "json_config.py")
 
@@ -134,55 +106,16 @@ class Run:
     return self.workdir + ".log"
 
 
-def _fail(message: str):
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(EXIT_INVALID)
-
-
-def _config_arg(argv) -> str | None:
-  for i, arg in enumerate(argv):
-    if arg.startswith("--config="):
-      return arg.split("=", 1)[1]
-    if arg == "--config" and i + 1 < len(argv):
-      return argv[i + 1]
-  return None
+_fail = cli.fail
 
 
 def parse_flags(argv):
   """absl flag parsing that reports a bad flag, config file or override in one line."""
-  spec = _config_arg(argv)
-  if spec is None:
-    _fail("--config is required, e.g. --config=experiments/configs/rooms_bpo.py")
-  path = spec.split(":", 1)[0]
-  if not os.path.isfile(path):
-    _fail(f"--config={path}: no such file")
-  try:
-    rest = flags.FLAGS(argv)
-    _FLAGS["config"].value.keys()  # a config file that failed to load raises here
-    return rest
-  except Exception as error:  # pylint: disable=broad-except
-    config, load_error = _load_config_file(spec)
-    if config is None:
-      _fail(f"--config={spec}: the file does not give a configuration ({load_error})")
-    _fail(config_lib.describe_override_error(argv, config) or " ".join(str(error).split()))
-
-
-def _load_config_file(spec: str):
-  """(the configuration `--config=FILE[:ARG]` names, without overrides, None) or (None, why it
-  cannot be loaded)."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  path, _, arg = spec.partition(":")
-  try:
-    module_spec = importlib.util.spec_from_file_location("_compared_config", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return (module.get_config(arg) if arg else module.get_config()), None
-  except Exception as error:  # pylint: disable=broad-except
-    return None, f"{type(error).__name__}: {' '.join(str(error).split())}"
+  return cli.parse_config_flags(argv, _FLAGS["config"], example="experiments/configs/rooms.py")
 
 
 def config_name(spec: str) -> str:
-  """`experiments/configs/rooms_bpo.py:tiny` → `rooms_bpo_tiny`."""
+  """`experiments/configs/rooms.py:tiny` → `rooms_tiny`."""
   path, _, arg = spec.partition(":")
   stem = os.path.splitext(os.path.basename(path))[0]
   return f"{stem}_{arg}" if arg else stem
@@ -437,7 +370,7 @@ def write_results(runs, out: str, spec: str, params_of: str | None = None,
     if finished(run, c.train.iterations):
       per_method[run.estimator].append(aggregate.run_metrics(aggregate.read_run(run.workdir)))
   for run, _ in runs:
-    path = os.path.join(run.workdir, GRADIENT_VARIANCE_JSON)
+    path = os.path.join(run.workdir, aggregate.GRADIENT_VARIANCE_JSON)
     if params_of and os.path.exists(path):
       with open(path, encoding="utf-8") as f:
         measured = json.load(f)
@@ -462,100 +395,19 @@ def write_results(runs, out: str, spec: str, params_of: str | None = None,
   return results
 
 
-GRADIENT_VARIANCE_JSON = "gradient_variance.json"
-
-
-def source_runs(directory: str, estimator: str, seeds: int, first_seed: int = 0):
-  """`estimator`'s finished runs of seeds first_seed..first_seed+seeds-1 in another comparison's
-  `directory`, with their saved configurations; exits 2 if one is missing or unfinished."""
-  out = []
-  for seed in range(first_seed, first_seed + seeds):
-    run = Run(estimator, seed, os.path.join(directory, "runs", estimator, f"seed{seed}"))
-    if not os.path.exists(run.config_path):
-      _fail(f"--grad_params_from={directory}: no run {run.config_path}")
-    c = json_config.get_config(run.config_path)
-    if not finished(run, c.train.iterations):
-      _fail(f"--grad_params_from={directory}: {run.workdir} is not a finished run")
-    out.append((run, c))
-  return out
-
-
-def measure_gradient_variance(runs, draws: int, count: int, params_of: str | None = None,
-                              sources=None, params_from: str | None = None) -> list[Run]:
-  """Each finished run's gradient variance at `count` of its checkpoints (module docstring),
-  saved beside its metrics; with `params_of`, every run's method at the checkpoints of
-  `params_of`'s run of the same seed, among `sources` (default `runs`; the runs of
-  `params_from` with --grad_params_from). Returns the runs it failed for."""
-  from bpo_jax.training import gradient_variance  # pylint: disable=g-import-not-at-top
-  sources = {(r.estimator, r.seed): (r, c) for r, c in (sources or runs)}
-  failed = []
-  for run, c in runs:
-    source, source_config = sources[(params_of or run.estimator, run.seed)]
-    if not finished(source, source_config.train.iterations):
-      continue
-    os.makedirs(run.workdir, exist_ok=True)
-    path = os.path.join(run.workdir, GRADIENT_VARIANCE_JSON)
-    start = time.perf_counter()
-    try:
-      steps = gradient_variance.spread(gradient_variance.kept_steps(source.workdir), count)
-      if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-          saved = json.load(f)
-        if (saved["draws"] == draws and [r["step"] for r in saved["checkpoints"]] == steps
-            and saved.get("params_of") == params_of
-            and saved.get("params_from") == params_from):
-          print(f"{run.estimator} seed {run.seed}: gradient variance measured, skipped")
-          continue
-      results = gradient_variance.checkpoint_gradient_variance(c, source.workdir, steps, draws)
-    except Exception as error:  # pylint: disable=broad-except
-      failed.append(run)
-      print(f"error: {run.estimator} seed {run.seed}: gradient variance failed: "
-            f"{type(error).__name__}: {' '.join(str(error).split())}", file=sys.stderr)
-      continue
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-      json.dump({"draws": draws, "checkpoints": results, "params_of": params_of,
-                 "params_from": params_from}, f, indent=2, sort_keys=True)
-    os.replace(path + ".tmp", path)
-    print(f"{run.estimator} seed {run.seed}: gradient variance at checkpoints {steps} "
-          f"({draws} draws) in {time.perf_counter() - start:.0f} s")
-    for r in results:
-      if r["failed_draws"]:
-        print(f"warning: {run.estimator} seed {run.seed}, checkpoint {r['step']}: "
-              f"{r['failed_draws']} draws with a failed branch left out, the first "
-              f"{r['failure']}", file=sys.stderr)
-  return failed
-
-
 def main(argv):
-  if len(argv) > 1:
-    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.refuse_arguments(argv)
   jobs = _FLAGS["jobs"].value
   if jobs < 0:
     _fail(f"--jobs={jobs}: must be >= 0 (0 = the machine's cores)")
-  draws, count = _FLAGS["grad_draws"].value, _FLAGS["grad_checkpoints"].value
-  if draws < 0 or draws == 1:
-    _fail(f"--grad_draws={draws}: must be 0 (off) or >= 2")
-  if count < 1:
-    _fail(f"--grad_checkpoints={count}: must be >= 1")
-  spec = _config_arg(sys.argv)
+  spec = cli.config_arg(sys.argv)
   out = _FLAGS["out"].value or os.path.join("results", config_name(spec))
-  params_of = _FLAGS["grad_params"].value or None
-  if params_of and (not draws or params_of not in _FLAGS["estimators"].value):
-    _fail(f"--grad_params={params_of}: needs --grad_draws and one of --estimators "
-          f"({','.join(_FLAGS['estimators'].value)})")
-  params_from = _FLAGS["grad_params_from"].value or None
-  if params_from and not params_of:
-    _fail(f"--grad_params_from={params_from}: needs --grad_params")
-  seeds, first_seed = _FLAGS["seeds"].value, _FLAGS["first_seed"].value
-  runs = plan(_FLAGS["config"].value, _FLAGS["estimators"].value, seeds, out, first_seed)
-  sources = source_runs(params_from, params_of, seeds, first_seed) if params_from else None
+  runs = plan(_FLAGS["config"].value, _FLAGS["estimators"].value, _FLAGS["seeds"].value, out,
+              _FLAGS["first_seed"].value)
   os.makedirs(out, exist_ok=True)
-  trained = [(r, c) for r, c in runs if r.estimator == (params_of or r.estimator)]
-  leads = warm_start_leads(trained) if _FLAGS["share_warm_start"].value else None
-  failed = [] if sources else train_all(trained, jobs, leads)
-  if draws:
-    failed += measure_gradient_variance(runs, draws, count, params_of, sources, params_from)
-  write_results(runs, out, spec, params_of, trained=sources)
+  leads = warm_start_leads(runs) if _FLAGS["share_warm_start"].value else None
+  failed = train_all(runs, jobs, leads)
+  write_results(runs, out, spec)
   if failed:
     sys.exit(1)
 

@@ -1,25 +1,49 @@
-"""The estimator demo: BPO trees on a tabular MDP, their advantages, gradients and variances.
+r"""The estimator demo: BPO trees on a tabular MDP, their advantages, gradients and variances.
 
-A config with `demo = "estimators"` (experiments/configs/estimator_demo.py) runs this instead of
-training:
-
-    python experiments/run.py --config=experiments/configs/estimator_demo.py \
-        --workdir=workdirs/estimator_demo
+    python experiments/estimator_demo.py --workdir=workdirs/estimator_demo
+    python experiments/estimator_demo.py --workdir=workdirs/estimator_demo --config.mdp.horizon=4
 
 It grows BPO trees with the online entropy fork rule, prints one tree's values, baselines,
 advantages and path weights, the exact expected gradient (every tree enumerated) and a Monte
 Carlo average against the true policy gradient, and the exact BPO-vs-RLOO gradient variance
-table, in seconds on a CPU; the figures go to `<workdir>/summary.json`.
+table, in seconds on a CPU, no downloads; the figures go to `<workdir>/summary.json`. The
+settings are `settings()`, each a `--config.a.b=v` override.
 """
 
 import json
 import os
+import sys
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
 import jax
+import ml_collections
+from ml_collections import config_flags
 import numpy as np
 
 from bpo_jax import estimators
 from bpo_jax.testing import tabular
+from experiments import cli
+
+
+def settings() -> ml_collections.ConfigDict:
+  """The MDP (a root with one likely action, depth 3), the fork rule and the sample sizes."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.mdp = ml_collections.ConfigDict(dict(num_actions=2, horizon=3, root_logit=2.5,
+                                         logit_scale=0.7))
+  c.branching = ml_collections.ConfigDict(dict(entropy_threshold=0.55, fork_k=2, max_forks=2))
+  c.num_sampled_trees = 2000
+  # RLOO groups with more outcomes than this are left out of the variance table (time).
+  c.max_enumerated_groups = 40_000
+  return c
+
+
+_FLAGS = {}
 
 
 def run(config, workdir: str) -> dict:
@@ -66,3 +90,23 @@ def run(config, workdir: str) -> dict:
     json.dump(summary, f, indent=1)
   print(f"\nWrote {os.path.join(workdir, 'summary.json')}")
   return summary
+
+
+def parse_flags(argv):
+  """absl flag parsing that reports a bad override or flag in one line."""
+  rest = cli.parse_flags_over(argv, settings())
+  if not _FLAGS["workdir"].value:
+    cli.fail("--workdir is required")
+  return rest
+
+
+def main(argv):
+  cli.refuse_arguments(argv)
+  run(_FLAGS["config"].value, _FLAGS["workdir"].value)
+
+
+if __name__ == "__main__":
+  cli.check_overrides(sys.argv, settings())
+  _FLAGS["config"] = config_flags.DEFINE_config_dict("config", settings(), lock_config=True)
+  _FLAGS["workdir"] = flags.DEFINE_string("workdir", None, "Where summary.json is written.")
+  app.run(main, flags_parser=parse_flags)

@@ -1,8 +1,8 @@
 r"""Runs an experiment: train (default), evaluate or export a configuration's workdir, or dry-run it.
 
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs
-    python experiments/run.py --config=experiments/configs/rooms_grpo.py --workdir=workdirs/g \
-        --config.train.iterations=20 --config.rollout.group_size=8
+    python experiments/run.py --config=experiments/configs/rooms.py --workdir=workdirs/g \
+        --config.rollout.estimator=grpo --config.train.iterations=20 --config.rollout.group_size=8
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs \
         --mode=eval
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/qs \
@@ -24,9 +24,7 @@ per host of a pod, or two on one machine) run the same command with their own
         --config.scale.distributed.coordinator_address=localhost:12355   # and process_id=1
 
 `--dry_run` compiles the loop's own train step, sampler and reshard for the configuration's mesh
-on fake CPU devices and reports their per-device memory (`bpo_jax.training.dry_run`). A config with `demo = "estimators"`
-(experiments/configs/estimator_demo.py) runs the estimator demo on a tabular MDP instead
-(`experiments/estimator_demo.py`).
+on fake CPU devices and reports their per-device memory (`bpo_jax.training.dry_run`).
 
 An invalid configuration (unknown key, wrong type, a value outside the allowed ones, budgets
 that cannot hold one tree, a missing checkpoint directory for `--mode=eval` or `export`) is
@@ -53,6 +51,7 @@ from ml_collections import config_flags
 from bpo_jax import text
 from bpo_jax.sandboxes import base as sandbox_base
 from bpo_jax.training import config as config_lib
+from experiments import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file.",
                                           lock_config=True)
@@ -71,58 +70,12 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False,
                              "their per-device memory "
                              "instead of training (bpo_jax.training.dry_run).")
 
-EXIT_INVALID = 2
-
-
-def _fail(message: str):
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(EXIT_INVALID)
-
-
-def _config_path(argv) -> str | None:
-  for i, arg in enumerate(argv):
-    if arg.startswith("--config="):
-      return arg.split("=", 1)[1].split(":", 1)[0]
-    if arg == "--config" and i + 1 < len(argv):
-      return argv[i + 1].split(":", 1)[0]
-  return None
-
-
-def _load_config_file(path: str):
-  """(the file's configuration without overrides, None) or (None, why it cannot be loaded)."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  try:
-    spec = importlib.util.spec_from_file_location("_experiment_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(), None
-  except Exception as error:  # pylint: disable=broad-except
-    return None, f"{type(error).__name__}: {error}"
+_fail = cli.fail
 
 
 def parse_flags(argv):
-  """absl flag parsing that reports a bad config file or override without a traceback."""
-  path = _config_path(argv)
-  if path is None:
-    _fail("--config is required, e.g. --config=experiments/configs/quickstart.py")
-  if not os.path.isfile(path):
-    _fail(f"--config={path}: no such file")
-  try:
-    rest = flags.FLAGS(argv)
-  except Exception as error:  # pylint: disable=broad-except
-    config, load_error = _load_config_file(path)
-    if load_error is not None:
-      _fail(f"--config={path}: the file does not give a configuration ({load_error})")
-    explanation = config_lib.describe_override_error(argv, config)
-    if explanation is None:  # not a config override: absl's own message has no traceback
-      explanation = str(error).strip()
-    _fail(explanation)
-  try:
-    config = _CONFIG.value
-    config.keys()  # a config file that failed to load raises here
-  except Exception as error:  # pylint: disable=broad-except
-    _fail(f"--config={path}: the file does not give a configuration "
-          f"({type(error).__name__}: {error})")
+  """absl flag parsing that reports a bad config file, override or flag in one line."""
+  rest = cli.parse_config_flags(argv, _CONFIG, example="experiments/configs/quickstart.py")
   if not _WORKDIR.value and not _DRY_RUN.value:
     _fail("--workdir is required")
   if _MODE.value == "export" and not _EXPORT_DIR.value:
@@ -197,13 +150,8 @@ def _train(loop, config, workdir: str, primary: bool):
 
 
 def main(argv):
-  if len(argv) > 1:
-    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.refuse_arguments(argv)
   config, workdir, mode = _CONFIG.value, _WORKDIR.value, _MODE.value
-  if config.get("demo") == "estimators":
-    from experiments import estimator_demo  # pylint: disable=g-import-not-at-top
-    estimator_demo.run(config, workdir)
-    return
   try:
     config_lib.validate(config, "train" if _DRY_RUN.value else mode, workdir)
   except config_lib.ConfigError as error:

@@ -30,7 +30,7 @@ as the product ids of a shop (`corpus.atomic_strings`). `train_bpe(texts, atomic
 each one token of its own, added after the learnt vocabulary (ids from the learnt size on, not
 special: `decode(..., skip_special_tokens=True)` keeps them). Why: a policy that clicks
 `click[B0B34SD43W]` must reproduce an id shown on the page. Byte-level BPE cuts such an id into
-k pieces (5-10, 9.3 on average, in `webshop.py:cpu`'s shop), and the model has to copy all k in
+k pieces (5-10, 9.3 on average, in `webshop_cpu.py`'s shop), and the model has to copy all k in
 order, each copy one attention lookup that finds the right position (the piece after the one
 just written, within the right id) and returns its token: the reply is right with probability
 p^k if each lookup succeeds with p (0.9^9 = 0.39). As one token e_i, the id is copied by one
@@ -45,7 +45,7 @@ An atomic string matches only as a whole word (`single_word`: no letter, digit o
 on either side), so a longer word that contains one still encodes by its bytes; the strings are
 cut out of the training texts before counting, so no merge spans one; and the round trip stays
 exact (an added token decodes to its own text, whitespace included). Their embedding rows cost
-`hidden_size` parameters each (128 x 200 ids = 26k for `webshop.py:cpu`), so `MAX_ATOMIC` bounds
+`hidden_size` parameters each (128 x 200 ids = 26k for `webshop_cpu.py`), so `MAX_ATOMIC` bounds
 how many a tokenizer takes.
 
 Why the default of 1024 tokens: the quickstart's decoder has hidden size 128, so each embedding

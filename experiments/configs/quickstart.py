@@ -3,7 +3,7 @@
 A byte-level BPE tokenizer trained on the world's text (chat turns) and a ~0.6M-parameter
 decoder; a supervised warm start on expert episodes of easy training tasks, then BPO iterations; the held-out success
 rate (greedy, with a 95% Wilson interval) is printed before and after. The library defaults as
-they are: BPO's trees take the default env-step budget (`rooms_bpo.py` is the same world with the
+they are: BPO's trees take the default env-step budget (`rooms.py` is the same world with the
 budget the baselines are matched to).
 
     python experiments/run.py --config=experiments/configs/quickstart.py --workdir=workdirs/quickstart

@@ -1,7 +1,7 @@
 """TextWorld games from a Qwen2.5 checkpoint, one GPU: BPO against its baselines on longer quests.
 
 For a user with a Hugging Face directory of Qwen2.5(-Instruct) (or Llama 3.x). The games are
-TextWorld's custom type, larger than `textworld_bpo.py:cpu`'s: five rooms, ten objects, quests
+TextWorld's custom type, larger than `textworld_cpu.py`'s: five rooms, ten objects, quests
 of five actions (doors to unlock, containers to open; the expert solves each in 5 commands),
 1000 training and 100 held-out games, written once by `COMMAND` (about 4 s a game):
 

@@ -124,7 +124,7 @@ def test_unusable_checkpoints_get_one_line(qwen_checkpoint, tmp_path):
       f"{broken}: the tokenizer does not load (")
 
 
-# webshop.py:cpu's shop.
+# webshop_cpu.py's shop.
 WEBSHOP_CPU = {"num_products": 200, "catalogue_seed": 0, "goals_per_product": 2, "max_steps": 6,
                "results_per_page": 3}
 

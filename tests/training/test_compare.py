@@ -18,10 +18,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 from experiments import aggregate  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments import compare  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bpo_jax.training import metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 COMPARE = os.path.join(ROOT, "experiments", "compare.py")
-ROOMS_TINY = os.path.join(ROOT, "experiments", "configs", "rooms_bpo.py") + ":tiny"
+ROOMS_TINY = os.path.join(ROOT, "experiments", "configs", "rooms.py") + ":tiny"
 # Student's t at 97.5% with 2 degrees of freedom (tables: 4.3027).
 T_975_2 = 4.302653
 
@@ -160,27 +161,25 @@ def test_a_failed_run_says_how_it_ended():
   assert compare.exit_reason(1) == "exit 1"
 
 
-@pytest.mark.parametrize("world", ["rooms", "textworld"])
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "gigpo"])
-def test_a_baseline_is_built_as_its_config_file_builds_it(world, estimator):
-  def load(name):
-    return importlib.import_module(f"experiments.configs.{name}").get_config("tiny")
-  built = compare.run_config(load(f"{world}_bpo"), estimator, seed=3)
-  expected = load(f"{world}_{estimator}")
-  expected.seed = 3
-  assert compare.plain(built) == compare.plain(expected)
+def test_a_baseline_rolls_the_whole_episodes_of_the_budget_and_the_file_is_left_alone(estimator):
+  config = importlib.import_module("experiments.configs.rooms").get_config("tiny")
+  before = compare.plain(config)
+  built = compare.run_config(config, estimator, seed=3)
+  assert (built.rollout.estimator, built.rollout.group_size, built.seed) == (estimator, 0, 3)
+  # :tiny's budget is one fork of k = 2 leaves of 4 turns: a group of 2 whole episodes.
+  assert config_lib.group_episodes(built) == 8 // 4 == 2
+  assert compare.plain(config) == before
+  assert {k: v for k, v in compare.plain(built).items() if k not in ("rollout", "seed")} == {
+      k: v for k, v in before.items() if k not in ("rollout", "seed")}
 
 
 def test_first_seed_plans_the_seeds_from_it(tmp_path):
-  config = importlib.import_module("experiments.configs.rooms_bpo").get_config("tiny")
+  config = importlib.import_module("experiments.configs.rooms").get_config("tiny")
   runs = compare.plan(config, ["bpo", "grpo"], 2, str(tmp_path), first_seed=3)
   assert [(r.estimator, r.seed, c.seed) for r, c in runs] == [
       ("bpo", 3, 3), ("grpo", 3, 3), ("bpo", 4, 4), ("grpo", 4, 4)]
   assert runs[-1][0].workdir == str(tmp_path / "runs" / "grpo" / "seed4")
-  # Another directory's runs are read from the same seed: one without seed 3 is refused.
-  with pytest.raises(SystemExit) as error:
-    compare.source_runs(str(tmp_path), "bpo", 1, first_seed=3)
-  assert error.value.code == 2
 
 
 def _compare(*args, **kwargs):
@@ -360,97 +359,6 @@ def test_claim_two_at_shared_parameters_by_hand(tmp_path):
   assert ("at the checkpoints of iterations 0, 2 of BPO's run of each seed, every method at the "
           "same parameters") in lines
   assert "| bpo | 2 | 2.5000 [" in lines and "| 0.42 | 0.25 | 0.5000 | 0.3438 | 7.0 | 60 |" in lines
-
-
-@pytest.mark.slow
-def test_compare_measures_the_gradient_variance_at_the_kept_checkpoints(tmp_path):
-  # One run, M = 4 draws keep the test fast; a measurement uses --grad_draws >= 16. Two
-  # iterations with a checkpoint at each: checkpoints 0, 1, 2 (the run keeps them all).
-  out = str(tmp_path / "out")
-  args = [f"--config={ROOMS_TINY}", "--seeds=1", "--estimators=grpo", f"--out={out}",
-          "--config.warm_start.num_trajectories=0", "--config.eval.num_tasks=1",
-          "--config.checkpoint.every=1", "--grad_draws=4"]
-  first = _compare(*args)
-  assert first.returncode == 0, first.stderr[-2000:]
-  assert "grpo seed 0: gradient variance at checkpoints [0, 1, 2] (4 draws)" in first.stdout
-  saved = json.load(open(os.path.join(out, "runs", "grpo", "seed0.json"), encoding="utf-8"))
-  assert saved["checkpoint"]["keep"] == 3
-  measured = json.load(open(os.path.join(out, "runs", "grpo", "seed0", "gradient_variance.json"),
-                            encoding="utf-8"))
-  assert measured["draws"] == 4 and [p["step"] for p in measured["checkpoints"]] == [0, 1, 2]
-  for p in measured["checkpoints"]:
-    assert p["draws"] == 4 and p["variance"] >= 0 and p["env_steps_per_task"] > 0
-  results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
-  v = results["methods"]["grpo"]["gradient_variance"]
-  assert v["draws"] == 4 and v["seeds"] == 1
-  assert v["variance"]["mean"] == pytest.approx(
-      sum(p["variance"] for p in measured["checkpoints"]) / 3, rel=1e-12)
-  assert "Claim 2" in open(os.path.join(out, "results.md"), encoding="utf-8").read()
-  second = _compare(*args)
-  assert second.returncode == 0, second.stderr[-2000:]
-  assert "grpo seed 0: gradient variance measured, skipped" in second.stdout
-
-
-@pytest.mark.slow
-def test_compare_measures_every_method_at_one_runs_parameters(tmp_path):
-  # --grad_params=bpo: only BPO's run trains; GRPO is measured at its checkpoints 0 and 1.
-  out = str(tmp_path / "out")
-  args = [f"--config={ROOMS_TINY}", "--seeds=1", "--estimators=bpo,grpo", f"--out={out}",
-          "--config.warm_start.num_trajectories=0", "--config.eval.num_tasks=1",
-          "--config.train.iterations=1", "--config.checkpoint.every=1", "--grad_draws=2",
-          "--grad_params=bpo"]
-  result = _compare(*args)
-  assert result.returncode == 0, result.stderr[-2000:]
-  assert "grpo seed 0: gradient variance at checkpoints [0, 1] (2 draws)" in result.stdout
-  assert os.path.exists(os.path.join(out, "runs", "bpo", "seed0", "summary.json"))
-  assert os.listdir(os.path.join(out, "runs", "grpo", "seed0")) == ["gradient_variance.json"]
-  results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
-  assert list(results["methods"]) == ["bpo"]
-  assert results["methods"]["bpo"]["gradient_variance"] is None
-  shared = results["claim_2_shared"]
-  assert shared["params_of"] == "bpo" and sorted(shared["methods"]) == ["bpo", "grpo"]
-  for name in ("bpo", "grpo"):
-    saved = json.load(open(os.path.join(out, "runs", name, "seed0", "gradient_variance.json"),
-                           encoding="utf-8"))
-    assert saved["params_of"] == "bpo" and [p["step"] for p in saved["checkpoints"]] == [0, 1]
-    v = shared["methods"][name]["gradient_variance"]
-    assert v["variance"]["mean"] == pytest.approx(
-        sum(p["variance"] for p in saved["checkpoints"]) / 2, rel=1e-12)
-  assert "every method at the same parameters" in open(os.path.join(out, "results.md"),
-                                                       encoding="utf-8").read()
-  # Measured again at the checkpoints of that directory's BPO run (--grad_params_from): nothing
-  # trains, and the same configuration gives the same variances to the last bit.
-  again = str(tmp_path / "again")
-  result = _compare(*args[:3], f"--out={again}", *args[4:], f"--grad_params_from={out}")
-  assert result.returncode == 0, result.stderr[-2000:]
-  assert "trained in" not in result.stdout
-  assert sorted(os.listdir(os.path.join(again, "runs", "bpo", "seed0"))) == [
-      "gradient_variance.json"]
-  rerun = json.load(open(os.path.join(again, "results.json"), encoding="utf-8"))
-  assert rerun["claim_2_shared"]["methods"] == shared["methods"]
-  assert list(rerun["methods"]) == ["bpo"]  # the table's rows: the other directory's runs
-
-
-@pytest.mark.parametrize("flag, message", [
-    ("--grad_draws=1", "error: --grad_draws=1: must be 0 (off) or >= 2"),
-    ("--grad_checkpoints=0", "error: --grad_checkpoints=0: must be >= 1"),
-    ("--grad_params=bpo", "error: --grad_params=bpo: needs --grad_draws and one of"),
-    ("--grad_params_from=results", "error: --grad_params_from=results: needs --grad_params"),
-])
-def test_bad_gradient_variance_flags_one_line_exit_2(tmp_path, flag, message):
-  result = _compare(f"--config={ROOMS_TINY}", f"--out={tmp_path / 'out'}", flag)
-  assert result.returncode == 2
-  assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
-  assert not (tmp_path / "out").exists()
-
-
-def test_grad_params_from_a_directory_without_the_runs_exits_2(tmp_path):
-  result = _compare(f"--config={ROOMS_TINY}", f"--out={tmp_path / 'out'}", "--grad_draws=2",
-                    "--grad_params=bpo", f"--grad_params_from={tmp_path / 'none'}")
-  assert result.returncode == 2
-  assert result.stderr.startswith(f"error: --grad_params_from={tmp_path / 'none'}: no run ")
-  assert len(result.stderr.strip().splitlines()) == 1
-  assert not (tmp_path / "out").exists()
 
 
 def test_a_run_whose_finished_lead_left_no_checkpoint_zero_trains_its_own_warm_start(tmp_path):

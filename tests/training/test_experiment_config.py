@@ -239,22 +239,21 @@ def test_tree_token_budget_must_hold_one_path(rooms_format):
 
 CONFIG_FILES = sorted(
     f for f in os.listdir(os.path.join(REPO, "experiments", "configs"))
-    if f.endswith(".py") and f not in ("__init__.py", "base.py", "estimator_demo.py")
+    if f.endswith(".py") and f not in ("__init__.py", "base.py")
     and not f.startswith("pod_"))
 
 
 # Config files whose data a command writes (their docstrings give it), which a fresh checkout
 # lacks: the fixture data stands in for validation.
-GENERATED_DATA = {"textworld_qwen2_5.py": {
-    "games_dir": os.path.join(REPO, "tests", "fixtures", "textworld_games")}}
+_FIXTURE_GAMES = {"games_dir": os.path.join(REPO, "tests", "fixtures", "textworld_games")}
+GENERATED_DATA = {"textworld_qwen2_5.py": _FIXTURE_GAMES, "textworld_cpu.py": _FIXTURE_GAMES}
 
 
 @pytest.mark.parametrize("name", CONFIG_FILES)
 def test_every_config_file_has_a_tiny_version(name):
   """`--config=FILE:tiny`: ml_collections passes "tiny" to get_config; the result validates and
-  differs from the full config only in the run's length (estimator_demo.py is no training
-  config and takes no argument; the pod configs' tiny versions keep their multi-host settings,
-  which two tasks per iteration cannot feed)."""
+  differs from the full config only in the run's length (the pod configs' tiny versions keep
+  their multi-host settings, which two tasks per iteration cannot feed)."""
   module = importlib.import_module(f"experiments.configs.{name[:-3]}")
   full, tiny = module.get_config(), module.get_config("tiny")
   for config in (full, tiny):
@@ -364,24 +363,24 @@ def test_describe_override_error_blames_nothing_for_good_overrides():
       config_lib.default_config()) is None
 
 
-CONFIG_FILES = ["quickstart"] + [f"{world}_{estimator}" for world in ("rooms", "textworld")
-                                 for estimator in estimator_registry.names()]
+ESTIMATOR_CONFIGS = [("quickstart", "bpo")] + [(world, estimator) for world in ("rooms", "textworld")
+                                               for estimator in estimator_registry.names()]
 
 
-@pytest.mark.parametrize("name", CONFIG_FILES)
-def test_experiment_config_files_are_valid(name):
+@pytest.mark.parametrize("name,estimator", ESTIMATOR_CONFIGS)
+def test_experiment_config_files_are_valid(name, estimator):
   import importlib  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   if root not in sys.path:
     sys.path.insert(0, root)
-  module = importlib.import_module(f"experiments.configs.{name}")
-  config = module.get_config()
-  config_lib.validate(config)
-  estimator = "bpo" if name == "quickstart" else name.split("_")[1]
-  assert config.rollout.estimator == estimator
   from experiments.configs import base  # pylint: disable=g-import-not-at-top
-  world = "rooms" if name == "quickstart" else name.split("_")[0]
+  module = importlib.import_module(f"experiments.configs.{name}")
+  assert module.get_config().rollout.estimator == "bpo"
+  # The estimator is a key: compare.py's --estimators sets it through `with_estimator`.
+  config = base.with_estimator(module.get_config(), estimator)
+  config_lib.validate(config)
+  world = "rooms" if name == "quickstart" else name
   # Every method of a comparison has the world's env-step budget; a baseline rolls what fits
   # (base.py). The quickstart is the library defaults as they are.
   budget = (config_lib.default_config().rollout.max_env_steps if name == "quickstart"

@@ -77,14 +77,14 @@ def test_real_data_configs_validate_and_name_the_missing_data(name, missing):
 
 
 def _check_cpu_comparison(get_config, budget: int, baseline: str, **env_options):
-  """A world's `:cpu` comparison config: valid (with `env_options` in place of its own, say a
+  """A world's `<world>_cpu.py` comparison config: valid (with `env_options` in place of its own, say a
   fixture folder for data a fresh checkout lacks), the quickstart's model, an env-step budget of
   exactly 4 whole episodes (`baseline`'s group), BPO's comparison trees, iterations past the warm
   start's tasks; returns the config."""
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
   from experiments.configs import base  # pylint: disable=g-import-not-at-top
-  config = get_config("cpu")
+  config = get_config()
   config.env.options.update(env_options)
   config_lib.validate(config)
   default = config_lib.default_config().model
@@ -94,7 +94,7 @@ def _check_cpu_comparison(get_config, budget: int, baseline: str, **env_options)
   # A fork charges each live branch the rest of its context: the tree's tokens hold 4 of them.
   assert r.max_tree_tokens >= 4 * config.model.max_length
   assert (r.siblings_fork, r.entropy_threshold, r.max_leaves) == (True, 0.0, 8)
-  grouped = base.with_estimator(get_config("cpu"), baseline)
+  grouped = base.with_estimator(get_config(), baseline)
   assert translate.rollout_config(grouped).episodes_per_group == 4
   # The iterations start on the tasks the warm start did not demonstrate (its first N).
   assert r.task_offset == config.warm_start.num_trajectories > 0
@@ -102,12 +102,12 @@ def _check_cpu_comparison(get_config, budget: int, baseline: str, **env_options)
 
 
 def test_alfworld_cpu_matches_compute_and_its_budgets_hold_the_expert(tmp_path):
-  """`alfworld.py:cpu`: the quickstart's model, a baseline group of 4 whole episodes in BPO's
+  """`alfworld_cpu.py`: the quickstart's model, a baseline group of 4 whole episodes in BPO's
   env-step budget, BPO's comparison settings; on its generated games (a handful, in a fresh
   cache) the expert wins within the turn limit, its episodes fit the context and the tree, and
   the first observation is not cut (its last sentence is the task)."""
-  from experiments.configs import alfworld  # pylint: disable=g-import-not-at-top
-  config = _check_cpu_comparison(alfworld.get_config, 32, "grpo")
+  from experiments.configs import alfworld_cpu  # pylint: disable=g-import-not-at-top
+  config = _check_cpu_comparison(alfworld_cpu.get_config, 32, "grpo")
   r = config.rollout
   assert config.eval.num_tasks == config.env.num_eval_tasks == 40
   config.env.options.cache_dir = str(tmp_path / "games")
@@ -131,44 +131,40 @@ def test_alfworld_cpu_matches_compute_and_its_budgets_hold_the_expert(tmp_path):
 
 
 def test_rooms_d2_holds_every_expert_and_four_whole_episodes():
-  """`rooms_bpo.py:d2`: difficulty 2 with turns for every expert solution of both splits (3-6
+  """`rooms_d2.py`: difficulty 2 with turns for every expert solution of both splits (3-6
   steps, one spare turn for the longest), a budget of exactly 4 whole episodes (a baseline's
-  group), BPO's comparison settings, and its baselines' config files alike."""
+  group), BPO's comparison settings."""
   from bpo_jax.sandboxes import rooms  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
-  from experiments.configs import base, rooms_bpo, rooms_rloo  # pylint: disable=g-import-not-at-top
-  config = rooms_bpo.get_config("d2")
+  from experiments.configs import base, rooms_d2  # pylint: disable=g-import-not-at-top
+  config = rooms_d2.get_config()
   config_lib.validate(config)
   assert config.env.options.difficulty == 2 and config.env.max_turns == 7
   assert config.rollout.max_env_steps == 4 * 7 == 28
   r = config.rollout
   assert (r.siblings_fork, r.entropy_threshold, r.max_leaves) == (True, 0.0, 8)
-  rloo = base.with_estimator(rooms_bpo.get_config("d2"), "rloo")
+  rloo = base.with_estimator(rooms_d2.get_config(), "rloo")
   assert translate.rollout_config(rloo).episodes_per_group == 4
-  assert config_lib.to_plain(rloo) == config_lib.to_plain(rooms_rloo.get_config("d2"))
   for split, num in (("train", config.env.num_train_tasks), ("test", config.env.num_eval_tasks)):
     lengths = {len(rooms.expert_actions(t))
                for t in rooms.make_tasks(split, num=num, seed=config.env.task_seed, difficulty=2)}
     assert min(lengths) >= 3 and max(lengths) <= config.env.max_turns - 1, (split, lengths)
-  with pytest.raises(ValueError, match="one of tiny, d2, or none"):
-    rooms_bpo.get_config("d3")
+  with pytest.raises(ValueError, match="unknown config argument 'd3': tiny, or none"):
+    rooms_d2.get_config("d3")
 
 
 def test_textworld_cpu_holds_every_expert_and_four_whole_episodes(tmp_path):
-  """`textworld_bpo.py:cpu`: the quickstart's model, a budget of exactly 4 whole episodes (a
-  baseline's group), BPO's comparison settings, its baselines' config files alike; on the
+  """`textworld_cpu.py`: the quickstart's model, a budget of exactly 4 whole episodes (a
+  baseline's group), BPO's comparison settings; on the
   fixture games the expert wins within the turn limit, its episodes fit the context and the
   tree, and the observation cut keeps the quest (the opening paragraph)."""
-  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  from experiments.configs import base, textworld_bpo, textworld_gigpo  # pylint: disable=g-import-not-at-top
+  from experiments.configs import textworld_cpu  # pylint: disable=g-import-not-at-top
   fixtures = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures",
                           "textworld_games")
-  assert textworld_bpo.get_config("cpu").env.options.games_dir == base.TEXTWORLD_CPU_GAMES
-  assert f"--output {base.TEXTWORLD_CPU_GAMES} " in base.TEXTWORLD_CPU_COMMAND
-  config = _check_cpu_comparison(textworld_bpo.get_config, 20, "gigpo", games_dir=fixtures)
-  gigpo = base.with_estimator(textworld_bpo.get_config("cpu"), "gigpo")
-  assert config_lib.to_plain(gigpo) == config_lib.to_plain(textworld_gigpo.get_config("cpu"))
+  assert textworld_cpu.get_config().env.options.games_dir == textworld_cpu.GAMES
+  assert f"--output {textworld_cpu.GAMES} " in textworld_cpu.COMMAND
+  config = _check_cpu_comparison(textworld_cpu.get_config, 20, "gigpo", games_dir=fixtures)
   config.env.num_train_tasks, config.env.num_eval_tasks, config.eval.num_tasks = 2, 1, 1
   config.warm_start.num_trajectories = 2
   config.scale.num_devices = 1
@@ -185,17 +181,17 @@ def test_textworld_cpu_holds_every_expert_and_four_whole_episodes(tmp_path):
       assert exp.fmt.observation_text(episode.first_observation, first=True).startswith(quest)
   finally:
     exp.close()
-  with pytest.raises(ValueError, match="one of tiny, cpu, or none"):
-    textworld_bpo.get_config("gpu")
+  with pytest.raises(ValueError, match="unknown config argument 'gpu': tiny, or none"):
+    textworld_cpu.get_config("gpu")
 
 
 def test_webshop_cpu_matches_compute_and_starts_on_undemonstrated_goals(tmp_path):
-  """`webshop.py:cpu`: the quickstart's model, a baseline group of 4 whole episodes in BPO's
+  """`webshop_cpu.py`: the quickstart's model, a baseline group of 4 whole episodes in BPO's
   env-step budget, BPO's comparison settings, iterations that start on the first goal the warm
   start does not demonstrate; on a handful of its shop's goals the expert buys within the turn
   limit and its episodes fit the context and the tree."""
-  from experiments.configs import webshop  # pylint: disable=g-import-not-at-top
-  config = _check_cpu_comparison(webshop.get_config, 24, "rloo")
+  from experiments.configs import webshop_cpu  # pylint: disable=g-import-not-at-top
+  config = _check_cpu_comparison(webshop_cpu.get_config, 24, "rloo")
   r = config.rollout
   assert r.task_offset == config.warm_start.num_trajectories == 256
   assert config.env.num_train_tasks - r.task_offset == 64
@@ -248,6 +244,7 @@ def test_pretrained_configs_are_comparisons_at_matched_compute(name, episodes):
     grouped = base.with_estimator(module.get_config(), baseline)
     assert translate.rollout_config(grouped).episodes_per_group == episodes
   if name == "rooms_qwen2_5":
-    d2 = base.rooms_d2("bpo")
+    from experiments.configs import rooms_d2  # pylint: disable=g-import-not-at-top
+    d2 = rooms_d2.get_config()
     assert dict(config.env.options) == dict(d2.env.options)
     assert (config.env.max_turns, r.max_env_steps) == (d2.env.max_turns, d2.rollout.max_env_steps)

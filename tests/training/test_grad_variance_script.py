@@ -1,0 +1,130 @@
+"""experiments/grad_variance.py: the gradient variance of a comparison's finished runs, at their
+own checkpoints or every method at one estimator's, saved beside the runs and aggregated into
+the comparison's results; bad flags and runs not trained are refused in one line.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+from experiments import grad_variance  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+COMPARE = os.path.join(ROOT, "experiments", "compare.py")
+GRAD_VARIANCE = os.path.join(ROOT, "experiments", "grad_variance.py")
+ROOMS_TINY = os.path.join(ROOT, "experiments", "configs", "rooms.py") + ":tiny"
+
+
+def _run(script, *args):
+  return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                        cwd=ROOT, check=False)
+
+
+@pytest.mark.slow
+def test_the_variance_is_measured_at_each_runs_kept_checkpoints(tmp_path):
+  # One run, M = 4 draws keep the test fast; a measurement uses --draws >= 16. Two iterations
+  # with a checkpoint at each: checkpoints 0, 1, 2 (the run keeps them all).
+  out = str(tmp_path / "out")
+  args = [f"--config={ROOMS_TINY}", "--seeds=1", "--estimators=grpo", f"--out={out}",
+          "--config.warm_start.num_trajectories=0", "--config.eval.num_tasks=1",
+          "--config.checkpoint.every=1"]
+  trained = _run(COMPARE, *args)
+  assert trained.returncode == 0, trained.stderr[-2000:]
+  first = _run(GRAD_VARIANCE, *args, "--draws=4")
+  assert first.returncode == 0, first.stderr[-2000:]
+  assert "grpo seed 0: gradient variance at checkpoints [0, 1, 2] (4 draws)" in first.stdout
+  saved = json.load(open(os.path.join(out, "runs", "grpo", "seed0.json"), encoding="utf-8"))
+  assert saved["checkpoint"]["keep"] == 3
+  measured = json.load(open(os.path.join(out, "runs", "grpo", "seed0", "gradient_variance.json"),
+                            encoding="utf-8"))
+  assert measured["draws"] == 4 and [p["step"] for p in measured["checkpoints"]] == [0, 1, 2]
+  for p in measured["checkpoints"]:
+    assert p["draws"] == 4 and p["variance"] >= 0 and p["env_steps_per_task"] > 0
+  results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
+  v = results["methods"]["grpo"]["gradient_variance"]
+  assert v["draws"] == 4 and v["seeds"] == 1
+  assert v["variance"]["mean"] == pytest.approx(
+      sum(p["variance"] for p in measured["checkpoints"]) / 3, rel=1e-12)
+  assert "Claim 2" in open(os.path.join(out, "results.md"), encoding="utf-8").read()
+  second = _run(GRAD_VARIANCE, *args, "--draws=4")
+  assert second.returncode == 0, second.stderr[-2000:]
+  assert "grpo seed 0: gradient variance measured, skipped" in second.stdout
+
+
+@pytest.mark.slow
+def test_every_method_is_measured_at_one_runs_parameters(tmp_path):
+  # --params=bpo: only BPO's run is trained; GRPO is measured at its checkpoints 0 and 1.
+  out = str(tmp_path / "out")
+  common = [f"--config={ROOMS_TINY}", "--seeds=1", "--config.warm_start.num_trajectories=0",
+            "--config.eval.num_tasks=1", "--config.train.iterations=1",
+            "--config.checkpoint.every=1"]
+  trained = _run(COMPARE, *common, "--estimators=bpo", f"--out={out}")
+  assert trained.returncode == 0, trained.stderr[-2000:]
+  args = [*common, "--estimators=bpo,grpo", "--draws=2", "--params=bpo"]
+  result = _run(GRAD_VARIANCE, *args, f"--out={out}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "grpo seed 0: gradient variance at checkpoints [0, 1] (2 draws)" in result.stdout
+  assert os.path.exists(os.path.join(out, "runs", "bpo", "seed0", "summary.json"))
+  assert os.listdir(os.path.join(out, "runs", "grpo", "seed0")) == ["gradient_variance.json"]
+  results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
+  assert list(results["methods"]) == ["bpo"]
+  assert results["methods"]["bpo"]["gradient_variance"] is None
+  shared = results["claim_2_shared"]
+  assert shared["params_of"] == "bpo" and sorted(shared["methods"]) == ["bpo", "grpo"]
+  for name in ("bpo", "grpo"):
+    saved = json.load(open(os.path.join(out, "runs", name, "seed0", "gradient_variance.json"),
+                           encoding="utf-8"))
+    assert saved["params_of"] == "bpo" and [p["step"] for p in saved["checkpoints"]] == [0, 1]
+    v = shared["methods"][name]["gradient_variance"]
+    assert v["variance"]["mean"] == pytest.approx(
+        sum(p["variance"] for p in saved["checkpoints"]) / 2, rel=1e-12)
+  assert "every method at the same parameters" in open(os.path.join(out, "results.md"),
+                                                       encoding="utf-8").read()
+  # Measured again at the checkpoints of that directory's BPO run (--params_from): nothing
+  # trains, and the same configuration gives the same variances to the last bit.
+  again = str(tmp_path / "again")
+  result = _run(GRAD_VARIANCE, *args, f"--out={again}", f"--params_from={out}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert sorted(os.listdir(os.path.join(again, "runs", "bpo", "seed0"))) == [
+      "gradient_variance.json"]
+  rerun = json.load(open(os.path.join(again, "results.json"), encoding="utf-8"))
+  assert rerun["claim_2_shared"]["methods"] == shared["methods"]
+  assert list(rerun["methods"]) == ["bpo"]  # the table's rows: the other directory's runs
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--draws=1", "error: --draws=1: must be >= 2"),
+    ("--checkpoints=0", "error: --checkpoints=0: must be >= 1"),
+    ("--params=rloo", "error: --params=rloo: must be one of --estimators (bpo,grpo)"),
+    ("--params_from=results", "error: --params_from=results: needs --params"),
+    ("--seeds=0", "error: --seeds=0: must be >= 1"),
+    ("--config.rollout.k=two", "error: rollout.k = 'two': must be of type int"),
+])
+def test_bad_flags_one_line_exit_2(tmp_path, flag, message):
+  result = _run(GRAD_VARIANCE, f"--config={ROOMS_TINY}", "--estimators=bpo,grpo",
+                f"--out={tmp_path / 'out'}", flag)
+  assert result.returncode == 2
+  assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
+  assert not (tmp_path / "out").exists()
+
+
+def test_runs_not_trained_or_a_directory_without_them_exit_2(tmp_path):
+  out = tmp_path / "out"
+  result = _run(GRAD_VARIANCE, f"--config={ROOMS_TINY}", f"--out={out}", "--estimators=grpo")
+  assert result.returncode == 2
+  assert result.stderr == (f"error: {out / 'runs' / 'grpo' / 'seed0'}: not a finished run; "
+                           "train it first (experiments/compare.py)\n")
+  result = _run(GRAD_VARIANCE, f"--config={ROOMS_TINY}", f"--out={out}", "--params=bpo",
+                f"--params_from={tmp_path / 'none'}")
+  assert result.returncode == 2
+  assert result.stderr.startswith(f"error: --params_from={tmp_path / 'none'}: no run ")
+  assert len(result.stderr.strip().splitlines()) == 1
+  assert not out.exists()
+  # Another directory's runs are read from the same seed: one without seed 3 is refused.
+  with pytest.raises(SystemExit) as error:
+    grad_variance.source_runs(str(tmp_path), "bpo", 1, first_seed=3)
+  assert error.value.code == 2
