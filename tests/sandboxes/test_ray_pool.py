@@ -168,7 +168,7 @@ def test_a_node_that_goes_away_fails_its_call_and_the_pool_moves_on(cluster):
 
 
 def _tiny_rooms(workdir, backend):
-  config = importlib.import_module("experiments.configs.rooms_bpo").get_config("tiny")
+  config = importlib.import_module("experiments.configs.rooms").get_config("tiny")
   config.env.num_workers = 2
   config.env.pool.backend = backend
   config.scale.num_devices = 1
