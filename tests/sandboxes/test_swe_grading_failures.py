@@ -177,8 +177,8 @@ class _Expert(base.SandboxWrapper):
 
   def step(self, action):
     del action
-    inner = self.inner
-    return inner.step(_SCRIPTS[inner._task.task_id][inner._steps])  # pylint: disable=protected-access
+    inner = self.inner  # pylint: disable=protected-access
+    return inner.step(_SCRIPTS[inner._task.task_id][inner._steps])
 
 
 def _expert_sandbox(**options):

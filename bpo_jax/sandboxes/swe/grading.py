@@ -17,10 +17,10 @@ crashes, a git or OS error (a full disk), a test patch that does not apply (the 
 put back as at the base first, clearing whatever the agent put in their way, and the patch
 applies there: `rows.check_row` checks it at load), or a disk with under `MIN_FREE_BYTES` free
 before or after the tests raises `GradingError`, which fails the branch (see
-sandboxes/pool.py) instead of scoring it. Harness markers printed by the tests themselves are defanged, so the command's
-output cannot forge or cut the harness's own lines. Grading leaves no trace of the test patch
-in the task's git directory (commands can read it), not even a copy that the tests or the
-agent's code made while they ran, so tests hidden from the agent stay hidden.
+sandboxes/pool.py) instead of scoring it. Harness markers printed by the tests themselves are
+defanged, so the command's output cannot forge or cut the harness's own lines. Grading leaves no
+trace of the test patch in the task's git directory (commands can read it), not even a copy that
+the tests or the agent's code made while they ran, so tests hidden from the agent stay hidden.
 """
 
 from __future__ import annotations

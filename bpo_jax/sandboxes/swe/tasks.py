@@ -104,7 +104,8 @@ def _test_ids(value: Any, key: str, where: str) -> list[str]:
     try:
       value = json.loads(value)
     except json.JSONDecodeError as e:
-      raise base.TaskInputError(f"{where}: field {key}: not a JSON list of test ids ({e})") from None
+      raise base.TaskInputError(f"{where}: field {key}: not a JSON list of test ids "
+                                f"({e})") from None
   if not isinstance(value, list):
     raise base.TaskInputError(f"{where}: field {key}: must be a list of test ids, got "
                               f"{json_type(value)}")

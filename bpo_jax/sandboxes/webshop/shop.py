@@ -556,7 +556,8 @@ def get_shop(**config: Any) -> tuple[Catalogue, ProductIndex]:
   """
   unknown = sorted(set(config) - set(_CATALOGUE_KEYS))
   if unknown:
-    raise TaskInputError(f"unknown WebShop catalogue option(s) {unknown}; known: {list(_CATALOGUE_KEYS)}")
+    raise TaskInputError(f"unknown WebShop catalogue option(s) {unknown}; known: "
+                         f"{list(_CATALOGUE_KEYS)}")
   config = _resolve_files(config)
   key = tuple((k, _file_key(k, v) if k.endswith("_path") and v is not None else v)
               for k, v in sorted(config.items()))
