@@ -178,6 +178,19 @@ def test_malformed_files_are_one_line_naming_the_file(good_dir, tmp_path):
   with pytest.raises(TaskInputError, match=r"^env.options.data_dir = '.*/nowhere': no such "
                                            "directory"):
     _load(tmp_path / "nowhere", tmp_path)
+  # The optional reviews file: a record's reviews must be a list of {"review": ...} objects.
+  shutil.rmtree(data)
+  shutil.copytree(good_dir, data)
+  reviews = tmp_path / "reviews.json"
+  for record, expected in (
+      ({"asin": ASIN4, "reviews": "great"}, "record 1: reviews must be a list, got a string"),
+      ({"asin": ASIN4, "reviews": [{"review": 5}]},
+       f"record 1 (asin '{ASIN4}'), review 0: review must be a string, got a number")):
+    reviews.write_text(json.dumps([{"asin": ASIN0, "reviews": []}, record]))
+    with pytest.raises(TaskInputError) as raised:
+      make_tasks("test", None, data_dir=str(data), data_size="full", reviews_path=str(reviews),
+                 index_cache_dir=str(tmp_path / "index"))
+    assert str(raised.value) == f"WebShop reviews file {str(reviews)!r}, {expected}"
 
 
 def test_unusable_index_cache_is_one_line(good_dir, tmp_path, monkeypatch):
