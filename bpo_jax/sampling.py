@@ -51,8 +51,10 @@ window). `pad_token_rows` rounds token lengths up to powers of two (at least 16,
 cache length): O(log max_length) token buckets. Windows are powers of two from
 `MIN_ATTEND_LENGTH` (256) up to the cache length, so there are W = 1 + ceil(log2(max_length /
 256)) of them (3 for a cache of 1024 slots, 5 for 4096); a window is never shorter than the
-token bucket. `generate` compiles once per (batch size, SamplingParams, window): at most W per
-batch size and parameters; rows that stay under 256 slots compile exactly as without windows.
+token bucket. `generate` compiles once per (batch size, `SamplingParams.limits()`, window): at
+most W per batch size and limits. The draw settings (temperature, greedy, top-k, top-p) are
+data (`SamplingSettings`), so greedy evaluation and tempered rollouts of the same limits share
+their programs. Rows that stay under 256 slots compile exactly as without windows.
 Windows start at 256 slots because below that the keys and values a row reads are a small
 part of a call next to the weights, while every further window is a compile per batch size.
 The decode loop itself is one `lax.while_loop` with no host round-trip per token, stopping early
@@ -80,20 +82,27 @@ from bpo_jax.models.decoder import logprobs_and_entropy_from_logits
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-  """How tokens are drawn; hashable, a static argument of the jitted decode loop.
+  """How tokens are drawn (hashable). The compiled decode loop takes the draw settings
+  (temperature, greedy, top-k, top-p: `settings()`) as data and only the limits
+  (`max_new_tokens`, `stop_token_ids`: `limits()`) as static arguments, so one program serves
+  every temperature, greedy evaluation included.
 
   Attributes:
-    temperature: 0 for greedy (argmax), else logits are divided by it.
+    temperature: 0 for greedy (argmax, numbers reported under `softmax(logits)`), else logits
+      are divided by it.
     top_p: nucleus mass in (0, 1]; 1 disables it.
     top_k: keep the k most likely tokens; 0 disables it.
     max_new_tokens: most tokens generated per row in one `generate` call.
     stop_token_ids: ids that end a row's generation (the stop token is emitted and cached).
+    greedy: argmax tokens at any temperature; the numbers reported are still those of
+      `softmax(logits / temperature)` (the greedy-action entropy probe).
   """
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
   max_new_tokens: int = 32
   stop_token_ids: tuple[int, ...] = ()
+  greedy: bool = False
 
   def __post_init__(self):
     if not self.temperature >= 0:
@@ -105,6 +114,34 @@ class SamplingParams:
     if self.max_new_tokens <= 0:
       raise ValueError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
     object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+  def settings(self) -> "SamplingSettings":
+    """The draw settings as arrays (temperature 0 becomes greedy at temperature 1)."""
+    greedy = self.greedy or self.temperature == 0
+    return SamplingSettings(temperature=np.float32(self.temperature or 1.0),
+                            top_p=np.float32(self.top_p), top_k=np.int32(self.top_k),
+                            greedy=np.bool_(greedy))
+
+  def limits(self) -> "SamplingParams":
+    """These parameters with the default draw settings: the static part of a compiled call."""
+    return SamplingParams(max_new_tokens=self.max_new_tokens,
+                          stop_token_ids=self.stop_token_ids)
+
+
+@flax.struct.dataclass
+class SamplingSettings:
+  """`SamplingParams`' draw settings as (scalar) arrays, data of the compiled decode loop.
+
+  Attributes:
+    temperature: float32 > 0; logits are divided by it (1 divides exactly, changing nothing).
+    top_p: float32 nucleus mass in (0, 1].
+    top_k: int32; 0 (or at least the vocabulary) keeps every token.
+    greedy: bool; argmax tokens, the numbers still those of `softmax(logits / temperature)`.
+  """
+  temperature: jax.Array
+  top_p: jax.Array
+  top_k: jax.Array
+  greedy: jax.Array
 
 
 @flax.struct.dataclass
@@ -258,37 +295,53 @@ def _draw(key: jax.Array, logits: jax.Array) -> jax.Array:
   return first_index_of_max(logits + jax.random.gumbel(key, logits.shape, logits.dtype))
 
 
-def sample_logits(logits: jax.Array, key: jax.Array, params: SamplingParams):
+def _top_k_filter(scaled: jax.Array, k: jax.Array) -> jax.Array:
+  """`scaled` [B, V] with every logit below the row's k-th largest set to -inf (k traced)."""
+  descending = -jnp.sort(-scaled, axis=-1)
+  kth_largest = jax.lax.dynamic_slice_in_dim(descending, k - 1, 1, axis=1)
+  return jnp.where(scaled < kth_largest, -jnp.inf, scaled)
+
+
+def _top_p_filter(filtered: jax.Array, top_p: jax.Array) -> jax.Array:
+  """`filtered` [B, V] outside the smallest set of most likely tokens whose mass reaches
+  `top_p` set to -inf."""
+  descending = -jnp.sort(-filtered, axis=-1)
+  probs = jax.nn.softmax(descending, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  # The most likely token always survives (its mass_before is 0).
+  threshold = jnp.min(jnp.where(mass_before < top_p, descending, jnp.inf), axis=-1,
+                      keepdims=True)
+  return jnp.where(filtered < threshold, -jnp.inf, filtered)
+
+
+def sample_logits(logits: jax.Array, key: jax.Array, params):
   """Draws one token per row of logits [B, V]; returns (tokens, logprobs, entropies).
 
-  `key` is one key for the batch, or one key per row (`is_per_row_key`): row b is then drawn
-  with `key[b]` alone, as `jax.random.categorical(key[b], logits[b])` would.
+  `params`: a `SamplingParams` or its `SamplingSettings` (arrays: the same program for every
+  temperature). `key` is one key for the batch, or one key per row (`is_per_row_key`): row b is
+  then drawn with `key[b]` alone, as `jax.random.categorical(key[b], logits[b])` would.
 
   Sampling uses `softmax(logits / T)` restricted to the top-k tokens and then to the smallest
-  set of most likely tokens whose mass reaches top_p; the logprob and entropy reported are those
-  of the untruncated `softmax(logits / T)` (see `logprobs_and_entropy_from_logits`).
+  set of most likely tokens whose mass reaches top_p; greedy takes the argmax. The logprob and
+  entropy reported are those of the untruncated `softmax(logits / T)` (see
+  `logprobs_and_entropy_from_logits`). Each truncation runs (a sort of the vocabulary) only
+  when it is on (`lax.cond`).
   """
-  if params.temperature == 0:
-    tokens = first_index_of_max(logits)
-  else:
-    scaled = logits.astype(jnp.float32) / np.float32(params.temperature)
-    filtered = scaled
-    if 0 < params.top_k < logits.shape[-1]:
-      kth_largest = jax.lax.top_k(scaled, params.top_k)[0][:, -1:]
-      filtered = jnp.where(scaled < kth_largest, -jnp.inf, filtered)
-    if params.top_p < 1.0:
-      descending = -jnp.sort(-filtered, axis=-1)
-      probs = jax.nn.softmax(descending, axis=-1)
-      mass_before = jnp.cumsum(probs, axis=-1) - probs
-      # The most likely token always survives (its mass_before is 0).
-      threshold = jnp.min(jnp.where(mass_before < params.top_p, descending, jnp.inf), axis=-1,
-                          keepdims=True)
-      filtered = jnp.where(filtered < threshold, -jnp.inf, filtered)
+  s = params.settings() if isinstance(params, SamplingParams) else params
+  scaled = logits.astype(jnp.float32) / s.temperature
+  vocab = logits.shape[-1]
+
+  def draw():
+    filtered = jax.lax.cond((s.top_k > 0) & (s.top_k < vocab),
+                            lambda: _top_k_filter(scaled, s.top_k), lambda: scaled)
+    filtered = jax.lax.cond(s.top_p < 1.0, lambda: _top_p_filter(filtered, s.top_p),
+                            lambda: filtered)
     if is_per_row_key(key):
-      tokens = jax.vmap(_draw)(key, filtered)
-    else:
-      tokens = _draw(key, filtered)
-  logprobs, entropies = logprobs_and_entropy_from_logits(logits, tokens, params.temperature)
+      return jax.vmap(_draw)(key, filtered)
+    return _draw(key, filtered)
+
+  tokens = jax.lax.cond(s.greedy, lambda: first_index_of_max(logits), draw)
+  logprobs, entropies = logprobs_and_entropy_from_logits(logits, tokens, s.temperature)
   return tokens, logprobs, entropies
 
 
@@ -306,7 +359,7 @@ def write_cache_window(cache: KVCache, window_cache: KVCache) -> KVCache:
                  lengths=window_cache.lengths)
 
 
-def _emit_token(step, logits, key, finished, out, *, params: SamplingParams, keyed_rows: bool,
+def _emit_token(step, logits, key, finished, out, *, params: SamplingSettings, keyed_rows: bool,
                 stop_ids: jax.Array):
   """Samples decode step `step`'s token of every unfinished row and records it in `out`.
 
@@ -332,13 +385,15 @@ def _emit_token(step, logits, key, finished, out, *, params: SamplingParams, key
 def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
              params: SamplingParams, active: Optional[jax.Array] = None,
              attend_length: Optional[int] = None, keep_state: bool = True,
-             unembedding: Optional[jax.Array] = None):
+             unembedding: Optional[jax.Array] = None,
+             settings: Optional[SamplingSettings] = None):
   """Decodes up to `params.max_new_tokens` tokens per active row in one `lax.while_loop`.
 
   A row stops after emitting a stop token, after `max_new_tokens`, or when its cache is full.
   `key` is one key for the batch or one per row (see "Keys" in the module docstring).
   Pure: jit it with `graphdef`, `params`, `attend_length` and `keep_state` static
-  (`Sampler.generate` does).
+  (`Sampler.generate` does, with `params.limits()` and the draw as data in `settings`, which
+  replaces `params`' own draw settings when given).
 
   `attend_length` (None = the cache length) is the window of cache slots the loop works on: it
   slices the cache to the window once, decodes there and writes the window back, so each step
@@ -371,8 +426,8 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   if keyed_rows and key.shape[0] != batch:
     raise ValueError(f"per-row keys must number {batch} (the batch size), got {key.shape[0]}")
 
-  emit_token = functools.partial(_emit_token, params=params, keyed_rows=keyed_rows,
-                                 stop_ids=stop_ids)
+  emit_token = functools.partial(_emit_token, keyed_rows=keyed_rows, stop_ids=stop_ids,
+                                 params=params.settings() if settings is None else settings)
 
   # Without keep_state the loop stops one step early and the last token is emitted after it.
   loop_steps = steps if keep_state else steps - 1
@@ -584,9 +639,10 @@ class Sampler:
       active = jnp.asarray(emitting)
     window = attend_length_for(lengths[emitting] + params.max_new_tokens,
                                decode_state.cache.max_length)
-    return _generate_jit(self.graphdef, state, decode_state, key, params, active,
+    return _generate_jit(self.graphdef, state, decode_state, key, params.limits(), active,
                          attend_length=window, keep_state=keep_state,
-                         unembedding=self.unembedding(state, decode_state.batch_size))
+                         unembedding=self.unembedding(state, decode_state.batch_size),
+                         settings=params.settings())
 
   def lower_generate(self, state, decode_state: DecodeState, key, params: SamplingParams,
                      active, keep_state: bool = True):
@@ -594,5 +650,6 @@ class Sampler:
     with shardings where they are laid out on a mesh), attending to the whole cache (the
     largest window `generate` picks) and with the model's own output projection (what an
     accelerator runs): the program a dry run compiles. Returns a `jax.stages.Lowered`."""
-    return _generate_jit.lower(self.graphdef, state, decode_state, key, params, active,
-                               attend_length=None, keep_state=keep_state, unembedding=None)
+    return _generate_jit.lower(self.graphdef, state, decode_state, key, params.limits(), active,
+                               attend_length=None, keep_state=keep_state, unembedding=None,
+                               settings=params.settings())

@@ -437,8 +437,30 @@ def test_lowered_generate_compiles_to_what_generate_samples(policy):
   abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
   compiled = sampler.lower_generate(abstract(state), abstract(decode_state), abstract(key),
                                     params, abstract(active)).compile()
-  got_state, got = compiled(state, decode_state, key, active, unembedding=None)
+  got_state, got = compiled(state, decode_state, key, active, unembedding=None,
+                            settings=params.settings())
   assert generated(got, 0)[0] == generated(want, 0)[0] and int(got.num_tokens[0]) == 6
   roundings = forward_roundings(config, MAX_LENGTH, logprobs=True)
   assert_close(generated(got, 0)[1], generated(want, 0)[1], steps=roundings)
   np.testing.assert_array_equal(np.asarray(got_state.lengths), np.asarray(want_state.lengths))
+
+
+def test_one_decode_program_serves_every_draw_setting(policy):
+  """Temperature, greedy, top-k and top-p are data of the decode loop: greedy evaluation and
+  tempered, truncated sampling run one compiled program per shape. Greedy takes the argmax,
+  which a top-1 draw at temperature 1 also gives (the kept token alone has mass)."""
+  _, _, _, state, sampler = policy
+  ds = sampler.prefill(state, PROMPTS)
+  settings = [SamplingParams(temperature=0.0, max_new_tokens=5),
+              SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=5),
+              SamplingParams(temperature=1.0, top_k=1, max_new_tokens=5),
+              SamplingParams(temperature=1.3, greedy=True, max_new_tokens=5)]
+  _, first = sampler.generate(state, ds, jax.random.key(0), settings[0])
+  before = sampling._generate_jit._cache_size()  # pylint: disable=protected-access
+  outs = [first] + [sampler.generate(state, ds, jax.random.key(1), p)[1] for p in settings[1:]]
+  assert sampling._generate_jit._cache_size() == before  # pylint: disable=protected-access
+  np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[2].tokens))
+  np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[3].tokens))
+  # The greedy path's numbers are those of softmax(logits / 1.3): larger entropies than at 1.
+  mask = np.asarray(outs[0].mask)
+  assert np.all(np.asarray(outs[3].entropies)[mask] > np.asarray(outs[0].entropies)[mask])

@@ -611,7 +611,7 @@ def forward_hidden(graphdef, state, tokens, positions=None, attention_mask=None)
 
 
 def logprobs_and_entropy_from_logits(logits: jax.Array, targets: jax.Array,
-                                     temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+                                     temperature=1.0) -> tuple[jax.Array, jax.Array]:
   """Log-probability of `targets` and entropy under `softmax(logits / temperature)`.
 
   This is the distribution the sampler draws from before any top-k / top-p truncation, and the
@@ -620,17 +620,21 @@ def logprobs_and_entropy_from_logits(logits: jax.Array, targets: jax.Array,
   Args:
     logits: [..., V] float logits.
     targets: [...] int token ids.
-    temperature: a Python float ≥ 0.
+    temperature: a Python float ≥ 0, or a float32 array > 0 (data of a compiled program:
+      dividing by 1 is exact, so temperature 1 gives the numbers of the Python 1).
 
   Returns:
     (logprobs [...], entropies [...]) in float32. Example: logits `[0, 0]`, target 1 gives
     `log(1/2)` and entropy `log 2`.
   """
-  if temperature < 0:
-    raise ValueError(f"temperature must be >= 0, got {temperature}")
   scaled = logits.astype(jnp.float32)
-  if temperature not in (0.0, 1.0):
-    scaled = scaled / np.float32(temperature)
+  if isinstance(temperature, (int, float)):
+    if temperature < 0:
+      raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature not in (0.0, 1.0):
+      scaled = scaled / np.float32(temperature)
+  else:
+    scaled = scaled / jnp.asarray(temperature, jnp.float32)
   # With z = x - max(x), e = exp(z) and s = Σ e: log p_i = z_i - log s and
   # H = -Σ p_i log p_i = log s - Σ e_i z_i / s. One exponential per logit (a log-softmax followed
   # by exp(log p) takes two), and both terms of H are >= 0, so nothing cancels.
