@@ -199,3 +199,38 @@ def test_chunked_logits_give_the_full_logits_logprobs(tied):
   assert_close(chunked, full, steps=64)
   assert_close(chunked_h, full_h, steps=64)
   assert np.any(np.asarray(full) != 0)
+
+
+def test_optimizer_state_keeps_its_dtypes_and_the_update_compiles_once():
+  """bfloat16 adapters: Adam's moments are made float32 at init (the dtype the first update
+  returns them in), so every step runs one compiled program; the steps equal those of the
+  plain optimizer, whose state turns float32 after its first update."""
+  from bpo_jax.models import lora  # pylint: disable=g-import-not-at-top
+  config = ModelConfig.tiny(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
+                            num_heads=4, num_kv_heads=2, head_dim=8, lora_rank=4,
+                            param_dtype="bfloat16")
+  graphdef, params = nnx.split(Decoder(config, rngs=nnx.Rngs(0)))
+  adapters, frozen = lora.split_lora(params)
+  rng = np.random.default_rng(4)
+  batch = packing.pack_trees(*_random_trees(rng, 2), buckets=BUCKETS)
+  settings = update.OptimizerConfig(learning_rate=1e-2, max_grad_norm=1.0)
+  fixed = update.make_optimizer(settings)
+  plain = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, b1=0.9, b2=0.999,
+                                                                   weight_decay=0.0))
+  states = []
+  for tx in (fixed, plain):
+    state = update.TrainState(step=jnp.zeros((), jnp.int32), params=_copy(adapters),
+                              opt_state=tx.init(adapters))
+    step = update.make_train_step(graphdef, tx, update.UpdateConfig())
+    dtypes = [jax.tree.map(lambda x: x.dtype, state)]
+    for _ in range(3):
+      state, _ = step(state, batch, frozen=frozen)
+      dtypes.append(jax.tree.map(lambda x: x.dtype, state))
+    states.append((state, dtypes, step))
+  (state, dtypes, step), (plain_state, plain_dtypes, _) = states
+  assert all(d == dtypes[0] for d in dtypes), "the state's dtypes changed across steps"
+  assert plain_dtypes[0] != plain_dtypes[1]  # what the fix is for
+  assert dtypes[0] == plain_dtypes[1]  # made in the dtypes the first update returns
+  assert step._cache_size() == 1  # pylint: disable=protected-access
+  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(plain_state)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -14,7 +14,6 @@ import functools
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 
@@ -73,11 +72,12 @@ class BranchKeys:
 
   def _fold_in(self, key_data: Sequence[np.ndarray], values: Sequence[Sequence[int]]):
     """`_fold_in_rows` with the rows padded to a batch size; returns the raw words of the first
-    `len(key_data)` rows as a device array."""
+    `len(key_data)` rows as a host array (cut on the host: a device slice would compile once
+    per row count)."""
     n = len(key_data)
     padded = self._batch_size(n)
     data = np.zeros((padded,) + np.shape(key_data[0]), np.uint32)
     data[:n] = np.asarray(key_data, np.uint32)
     folds = np.zeros((padded, len(values[0])), np.int32)
     folds[:n] = np.asarray(values, np.int32)
-    return _fold_in_rows(self.impl, jnp.asarray(data), jnp.asarray(folds))[:n]
+    return np.asarray(_fold_in_rows(self.impl, data, folds))[:n]

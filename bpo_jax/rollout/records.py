@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -162,6 +163,10 @@ class TaskRollout:
     return total
 
 
+_UPDATE_QUANTILE = jax.jit(branching.update_quantile_threshold,
+                           static_argnames=("quantile", "decay"))
+
+
 @dataclasses.dataclass
 class RolloutBatch:
   """The rollouts of one `rollout` call, their total compute and the wall time per phase."""
@@ -224,9 +229,13 @@ class RolloutBatch:
     entropy = self.state_entropies()
     if not entropy.size:
       return threshold
-    return branching.update_quantile_threshold(threshold, jnp.asarray(entropy),
-                                               jnp.ones(entropy.shape, bool),
-                                               quantile=quantile, decay=decay)
+    # Padded (masked out) to a power of two: one compiled program per size bucket rather than
+    # per number of decisions (the padding is NaN to the quantile, which skips it).
+    size = 1 << max(entropy.size - 1, 15).bit_length()
+    padded = np.zeros((size,), np.float32)
+    padded[:entropy.size] = entropy
+    return _UPDATE_QUANTILE(threshold, padded, np.arange(size) < entropy.size,
+                            quantile=float(quantile), decay=float(decay))
 
   def summary(self) -> dict[str, Any]:
     out = self.compute.as_dict()

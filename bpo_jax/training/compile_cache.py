@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 
+from absl import logging
 import jax
 
 # The value of `scale.compile_cache_dir` that turns the cache off.
@@ -45,7 +46,11 @@ def resolve_directory(setting: str) -> str | None:
 
 def enable(setting: str = "") -> str | None:
   """Turns the persistent cache on at the directory of `setting` (`resolve_directory`), made
-  if missing; returns it (None: the cache is off). Call it before the process's first compile."""
+  if missing; returns it (None: the cache is off). Call it before the process's first compile.
+
+  Also logs (absl, INFO) every program that took at least `LOG_SECONDS` to compile or to read
+  back, with its seconds, once per process."""
+  _log_slow_compiles()
   directory = resolve_directory(setting)
   if directory is None:
     jax.config.update("jax_enable_compilation_cache", False)
@@ -57,6 +62,24 @@ def enable(setting: str = "") -> str | None:
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   return directory
+
+
+# Compiles (or cache reads) at least this long are logged with their seconds.
+LOG_SECONDS = 0.5
+_logging_compiles = []
+
+
+def _log_slow_compiles() -> None:
+  """Registers (once) a listener that logs each slow backend compile request."""
+  if _logging_compiles:
+    return
+
+  def log(event: str, duration: float, **kwargs) -> None:
+    if event == BACKEND_COMPILE_EVENT and duration >= LOG_SECONDS:
+      logging.info("compiled %s in %.1f s", kwargs.get("fun_name", "?"), duration)
+
+  jax.monitoring.register_event_duration_secs_listener(log)
+  _logging_compiles.append(log)
 
 
 # JAX's monitoring events: the duration of every backend compile request (a persistent-cache
@@ -71,7 +94,8 @@ class CompileCounter:
   `requests` are the backend compile requests (`BACKEND_COMPILE_EVENT`, one per program JAX
   did not have in memory), `cache_hits` those the persistent cache answered, and `compiles =
   requests - cache_hits` the programs XLA actually compiled. `seconds[name]` sums the request
-  durations per program name (a cache hit's is its read). Listeners cannot be removed from
+  durations per program name (a cache hit's is its read), and `log` lists every request in
+  order as (name, seconds). Listeners cannot be removed from
   JAX, so a counter counts from its creation to the end of the process; `snapshot()` and
   differences of it count an interval.
   """
@@ -80,6 +104,7 @@ class CompileCounter:
     self.requests = 0
     self.cache_hits = 0
     self.seconds: dict[str, float] = {}
+    self.log: list[tuple[str, float]] = []
     jax.monitoring.register_event_duration_secs_listener(self._on_duration)
     jax.monitoring.register_event_listener(self._on_event)
 
@@ -88,6 +113,7 @@ class CompileCounter:
       self.requests += 1
       name = str(kwargs.get("fun_name", "?"))
       self.seconds[name] = self.seconds.get(name, 0.0) + float(duration)
+      self.log.append((name, float(duration)))
 
   def _on_event(self, event: str, **kwargs) -> None:
     del kwargs

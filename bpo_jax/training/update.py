@@ -84,7 +84,31 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
     chain.append(optax.clip_by_global_norm(config.max_grad_norm))
   chain.append(optax.adamw(schedule, b1=config.b1, b2=config.b2,
                            weight_decay=config.weight_decay))
-  return optax.chain(*chain)
+  return with_fixed_state_dtypes(optax.chain(*chain))
+
+
+def with_fixed_state_dtypes(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`tx` whose state keeps its dtypes from `init` on: each leaf is made in the dtype that
+  `update` returns it in.
+
+  Adam's moments start as zeros in the parameters' dtype, and an update mixes the (at least)
+  float32 gradients into them: `mu' = b1·mu + (1-b1)·g` of bfloat16 adapters comes back
+  float32. A state whose dtypes change after the first step changes the compiled update's
+  inputs, which compiles it again. Made float32 from the start instead (zeros widen exactly),
+  the state computes the same numbers as the state the first update returns, and every step
+  runs the one program.
+  """
+
+  def init_fn(params):
+    state = tx.init(params)
+    # The update's gradients: accumulated in at least float32 (`_gradient_accumulator`).
+    grads = jax.tree.map(
+        lambda p: jax.ShapeDtypeStruct(p.shape, jnp.promote_types(p.dtype, jnp.float32)), params)
+    _, after = jax.eval_shape(tx.update, grads, state, params)
+    return jax.tree.map(lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype), state,
+                        after)
+
+  return optax.GradientTransformation(init_fn, tx.update)
 
 
 def create_train_state(model: nnx.Module, tx: optax.GradientTransformation):

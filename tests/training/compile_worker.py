@@ -51,7 +51,7 @@ def main(spec: dict) -> dict:
   iteration_lib.run_iteration = counted
   loop.train(tiny_config(spec), spec["workdir"])
   return {"at_iteration": at_iteration, "at_end": counter.snapshot(),
-          "seconds": counter.seconds}
+          "log": counter.log}
 
 
 if __name__ == "__main__":

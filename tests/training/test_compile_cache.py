@@ -49,3 +49,35 @@ def test_a_second_process_on_the_same_cache_compiles_at_most_a_tenth(tmp_path):
   assert first["compiles"] >= 20, first  # a run compiles dozens of programs
   assert second["requests"] == first["requests"], (first, second)  # the same programs ...
   assert second["compiles"] <= 0.1 * first["compiles"], (first, second)  # ... read back
+
+
+def _bfloat16_checkpoint(path) -> str:
+  """A tiny random Qwen2 checkpoint saved in bfloat16, with a Qwen2-family tokenizer."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from bpo_jax.testing import chat_tokenizers  # pylint: disable=g-import-not-at-top
+  from bpo_jax.testing import hf_checkpoints  # pylint: disable=g-import-not-at-top
+  template = os.path.join(ROOT, "tests", "fixtures", "chat_templates", "qwen2_5.jinja")
+  with open(template, encoding="utf-8") as f:
+    tokenizer = chat_tokenizers.family_tokenizer("qwen2", ["go north and open the door"] * 4,
+                                                 f.read(), vocab_size=300)
+  hf_checkpoints.make_hf_checkpoint("qwen2", str(path), vocab_size=max(len(tokenizer), 320),
+                                    max_position_embeddings=1024, dtype=torch.bfloat16)
+  chat_tokenizers.save_family_tokenizer(tokenizer, "qwen2", str(path))
+  return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["bpo", "grpo"])
+def test_nothing_compiles_after_the_first_iteration(tmp_path, estimator):
+  """Rank-16 adapters on a bfloat16 checkpoint, three iterations with a greedy evaluation after
+  each, no persistent cache: every program the run executes after its first iteration was
+  compiled by then (the optimiser state keeps its dtypes, the evaluation shares the rollout's
+  decode programs, shapes fall in the same buckets)."""
+  counts = run_counted(dict(workdir=str(tmp_path / "run"), cache_dir="none",
+                            estimator=estimator, iterations=3, lora_rank=16, eval_every=1,
+                            checkpoint=_bfloat16_checkpoint(tmp_path / "hf")))
+  first, second = counts["at_iteration"][:2]
+  assert first["requests"] >= 20 and second["requests"] > first["requests"], counts
+  after_first = counts["log"][second["requests"]:]
+  assert counts["at_end"]["requests"] == second["requests"], after_first
+  assert counts["at_end"]["cache_hits"] == 0
