@@ -17,12 +17,19 @@ log and progress bar go to stderr, with the time each step took.
 
     python benchmarks/pretrained_iteration.py [--json] [--config rooms_qwen2_5]
         [--preset qwen2_5_0_5b] [--iterations 4] [--tasks N] [--shape num_layers=2,...]
+        [--compile_cache DIR]
 
 `--shape` overrides preset fields (a smaller model for a CPU check); `--tasks` sets
-`rollout.tasks_per_iteration`. With --json: one object with, per estimator, the medians
-(`iteration_s`, `rollout_s`, `update_s`, `decode_tokens_per_s`, `processed_tokens_per_s`),
-`env_steps` and `policy_tokens` per task, `peak_bytes`, and `bpo_over_grpo_iteration_time`
-(BPO's median iteration time over GRPO's).
+`rollout.tasks_per_iteration`; `--compile_cache` the runs' `scale.compile_cache_dir` (default
+"none": each process compiles what it runs, so the compile figures do not depend on an earlier
+run). With --json: one object with, per estimator, the medians (`iteration_s`, `rollout_s`,
+`update_s`, `phase_s` per rollout phase and the estimator's packing, `decode_tokens_per_s`,
+`processed_tokens_per_s`), `env_steps` and `policy_tokens` per task, `peak_bytes`, the compiles
+(`compile_cache.CompileCounter`) of the start-up, everything before the second iteration
+(`startup_compiles`, `startup_compile_seconds` per program name), and of the timed iterations
+(`compiles_in_timed_iterations`, the names in `programs_compiled_in_timed_iterations`), and
+`bpo_over_grpo_iteration_time` (BPO's median iteration time over GRPO's). Each run prints its
+progress (iterations started and done, programs compiled so far) on stderr as it goes.
 """
 
 from __future__ import annotations
@@ -96,17 +103,51 @@ def world_config(name: str, estimator: str, checkpoint: str, iterations: int, ta
   return config
 
 
+def _counted_iterations(counter, progress):
+  """Wraps the loop's `run_iteration` so that each iteration's start records the compile
+  counts so far and prints a progress line; returns the list the counts go to."""
+  from bpo_jax.training import iteration as iteration_lib  # pylint: disable=g-import-not-at-top
+  run_iteration = iteration_lib.run_iteration
+  marks = []
+
+  def counted(exp, engine, train_step, state, iteration, *args, **kwargs):
+    marks.append((counter.snapshot(), len(counter.log), time.perf_counter()))
+    progress(f"iteration {iteration} starts; {counter.compiles} programs compiled so far")
+    out = run_iteration(exp, engine, train_step, state, iteration, *args, **kwargs)
+    progress(f"iteration {iteration} done in {time.perf_counter() - marks[-1][2]:.1f} s")
+    return out
+
+  iteration_lib.run_iteration = counted
+  return marks
+
+
+def _startup_seconds(log) -> dict[str, float]:
+  """Backend compile seconds per program name, summed, the slowest first."""
+  seconds = {}
+  for name, duration in log:
+    seconds[name] = seconds.get(name, 0.0) + duration
+  return dict(sorted(((k, round(v, 2)) for k, v in seconds.items()), key=lambda kv: -kv[1]))
+
+
 def run_one(args) -> dict:
   """Trains one estimator (in this process) and returns its figures."""
   from absl import logging  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import compile_cache  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
   # The loop's progress on stderr (where a slow run is), without the checkpointer's chatter.
   logging.set_verbosity(logging.INFO)
   std_logging.getLogger("absl").addFilter(lambda record: "orbax" not in record.pathname)
+  start = time.perf_counter()
+  progress = lambda text: print(f"[{args.estimator} {time.perf_counter() - start:7.1f} s] {text}",  # noqa: E731
+                                file=sys.stderr, flush=True)
+  counter = compile_cache.CompileCounter()
+  marks = _counted_iterations(counter, progress)
   config = world_config(args.config, args.estimator, args.checkpoint, args.iterations, args.tasks)
+  config.scale.compile_cache_dir = args.compile_cache
   workdir = os.path.join(args.workdir, args.estimator)
   loop.train(config, workdir)
+  progress("done")
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     records = [json.loads(line) for line in f]
   train = [r for r in records if r.get("phase") == "train"][1:]  # the first one compiles
@@ -114,15 +155,23 @@ def run_one(args) -> dict:
   tasks = config.rollout.tasks_per_iteration
   rollout = median("time/rollout")
   stats = jax.devices()[0].memory_stats() or {}
+  timed, timed_log_start, _ = marks[1]  # from the second iteration's start to the end
+  phases = sorted(k for k in train[0] if k.startswith("time/rollout_"))
   return dict(
       iteration_s=statistics.median(
           r["time/rollout"] + r["time/estimate_and_pack"] + r["time/update"] for r in train),
       rollout_s=rollout, update_s=median("time/update"),
+      phase_s={k[len("time/"):]: median(k) for k in phases + ["time/estimate_and_pack"]},
       decode_tokens_per_s=median("tokens_decoded") / rollout,
       processed_tokens_per_s=median("tokens_processed") / rollout,
       env_steps=median("env_steps") / tasks, policy_tokens=median("num_action_tokens") / tasks,
       iterations_timed=len(train), peak_bytes=stats.get("peak_bytes_in_use"),
-      device=str(jax.devices()[0].device_kind))
+      device=str(jax.devices()[0].device_kind),
+      startup_compile_seconds=_startup_seconds(counter.log[:timed_log_start]),
+      startup_compiles=timed["compiles"], startup_cache_hits=timed["cache_hits"],
+      compiles_in_timed_iterations=counter.compiles - timed["compiles"],
+      compile_requests_in_timed_iterations=counter.requests - timed["requests"],
+      programs_compiled_in_timed_iterations=sorted({n for n, _ in counter.log[timed_log_start:]}))
 
 
 def main():
@@ -133,6 +182,9 @@ def main():
   p.add_argument("--shape", default="", help="preset fields to override: key=int,...")
   p.add_argument("--iterations", type=int, default=4)
   p.add_argument("--tasks", type=int, default=0, help="tasks per iteration (0: the config's)")
+  p.add_argument("--compile_cache", default="none",
+                 help="scale.compile_cache_dir of the runs (default none: every process "
+                      "compiles what it runs; '' for the run's default cache)")
   p.add_argument("--estimator", help=argparse.SUPPRESS)
   p.add_argument("--checkpoint", help=argparse.SUPPRESS)
   p.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -140,6 +192,7 @@ def main():
   if args.iterations < 2:
     p.error(f"--iterations={args.iterations}: must be >= 2 (the first iteration compiles)")
   from bpo_jax.models import ModelConfig  # pylint: disable=g-import-not-at-top
+  args.preset = args.preset.replace("-", "_").replace(".", "_")  # qwen2.5-0.5b = qwen2_5_0_5b
   if not callable(getattr(ModelConfig, args.preset, None)) or args.preset.startswith("_"):
     p.error(f"--preset={args.preset}: not a ModelConfig preset (e.g. qwen2_5_0_5b)")
   try:
@@ -158,7 +211,8 @@ def main():
     for estimator in ESTIMATORS:
       command = [sys.executable, os.path.abspath(__file__), f"--config={args.config}",
                  f"--iterations={args.iterations}", f"--tasks={args.tasks}",
-                 f"--estimator={estimator}", f"--checkpoint={checkpoint}", f"--workdir={tmp}"]
+                 f"--estimator={estimator}", f"--checkpoint={checkpoint}", f"--workdir={tmp}",
+                 f"--compile_cache={args.compile_cache}"]
       start = time.perf_counter()
       done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
       print(f"{estimator} run in {time.perf_counter() - start:.0f} s", file=sys.stderr)
@@ -181,6 +235,10 @@ def main():
           f"{f['processed_tokens_per_s']:.0f} processed tokens/s of rollout; per task "
           f"{f['env_steps']:.1f} env steps, {f['policy_tokens']:.0f} policy tokens; peak "
           f"{gib(f['peak_bytes'])}")
+    slowest = ", ".join(f"{k} {v:.1f}" for k, v in list(f["startup_compile_seconds"].items())[:4])
+    print(f"        start-up: {f['startup_compiles']} programs compiled "
+          f"({sum(f['startup_compile_seconds'].values()):.1f} s; slowest: {slowest}); "
+          f"{f['compiles_in_timed_iterations']} compiled in the timed iterations")
   print(f"  BPO's iteration takes {figures['bpo_over_grpo_iteration_time']:.2f}x GRPO's")
 
 
