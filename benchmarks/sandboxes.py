@@ -26,8 +26,8 @@ With --backend=ray, beside the process pool in the same run, the same pool on Ra
 cluster of two simulated sandbox nodes on this machine (loopback only, `testing/ray_cluster.py`),
 two actors, one per node. Per environment: `<env>_{processes,ray}_steps_per_s` (2 workers, 8
 branches), `<env>_ray_over_processes_steps_per_second`, `<env>_{processes,ray}_snapshot_restore_s`
-(a pool snapshot of a branch on one worker plus its restore into a branch on the other, one
-node to the other on Ray; median) and `<env>_ray_cross_node_restore_bytes` (what that restore
+(a fork: a pool snapshot of a branch on one worker plus its restore into a new branch on the
+other, one node to the other on Ray, the new branch's sandbox built on the way; median) and `<env>_ray_cross_node_restore_bytes` (what that restore
 moves between nodes: the pickled snapshot to the restoring actor and the pickled answer, with
 the branch's backup, back to the pool); `ray_over_processes_steps_per_second` is the median of
 the environments' ratios.

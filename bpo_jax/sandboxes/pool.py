@@ -16,10 +16,11 @@ Each result is either the value or a `BranchFailure(branch, op, reason)`. A sand
 hangs past `timeout_s` or kills its process (`os._exit`, a segfault) fails its branch, and the
 worker is replaced by a fresh process, so the pool keeps its size. (After an exception the old
 process still runs, but an exception may leave process-wide state behind, e.g. in an
-interpreter's C library; `replace_worker_on_error=False` keeps such workers.) Other branches that lived in the replaced worker are not lost: with
-`keep_backups=True` (the default) the pool keeps each branch's latest snapshot bytes (taken in the
-worker after every reset, step and restore) and restores them into the new worker. A failed
-branch stays failed (later calls on it return its failure record) until it is reset or restored.
+interpreter's C library; `replace_worker_on_error=False` keeps such workers.) Other branches
+that lived in the replaced worker are not lost: with `keep_backups=True` (the default) the pool
+keeps each branch's latest snapshot bytes (taken in the worker after every reset, step and
+restore) and restores them into the new worker. A failed branch stays failed (later calls on
+it return its failure record) until it is reset or restored.
 
 A snapshot taken in one worker restores in any other (snapshots are bytes), so forked siblings
 run in parallel on different workers; new branches go to the least-loaded worker.

@@ -171,7 +171,6 @@ class RaySandboxPool(pool_lib.SandboxPool):
     self.address = address
     self.cpus_per_worker = float(cpus_per_worker)
     self.resource = resource
-    self._put_cache: dict[int, Any] = {}
     super().__init__(factory, num_workers=num_workers, timeout_s=timeout_s,
                      keep_backups=keep_backups, startup_timeout_s=startup_timeout_s,
                      replace_worker_on_error=replace_worker_on_error)
@@ -200,16 +199,14 @@ class RaySandboxPool(pool_lib.SandboxPool):
   def _run_workers(self, calls: list[pool_lib._Call]) -> dict[Hashable, Any]:
     """As the process pool's, with each distinct restored snapshot put in the object store
     once for the whole batch."""
+    stored = {}  # id of the bytes -> (the bytes, which keeps the id theirs; the object ref)
     for call in calls:
       if call.op == "restore":
         key = id(call.argument.data)
-        if key not in self._put_cache:
-          self._put_cache[key] = (call.argument.data, ray.put(call.argument))
-        call.argument = self._put_cache[key][1]
-    try:
-      return super()._run_workers(calls)
-    finally:
-      self._put_cache.clear()
+        if key not in stored:
+          stored[key] = (call.argument.data, ray.put(call.argument))
+        call.argument = stored[key][1]
+    return super()._run_workers(calls)
 
   def _receive_answers(self, round_: pool_lib._Round) -> None:
     """Waits until an actor answers or the earliest deadline passes; handles what came."""
