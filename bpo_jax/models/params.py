@@ -6,8 +6,9 @@ sharding can be targeted without ever holding the whole checkpoint on the host. 
 `model.safetensors` and a sharded checkpoint (`model.safetensors.index.json` + shards) are
 read, in any float dtype (bfloat16 included); saving writes the same layout back, with the
 adapters of a LoRA model merged into its kernels. The checkpoint's config.json decides the
-model's shape. Anything malformed (a missing file or field, a tensor of the wrong shape, an
-unsupported model) raises a `CheckpointError` (a `ValueError`) with one line naming it.
+model's shape. Anything malformed (a missing file or field, a file that is not safetensors, a
+tensor of the wrong shape or with NaN or Inf values, an unsupported model) raises a
+`CheckpointError` (a `ValueError`) with one line naming it.
 
 Name mapping (HF PyTorch `nn.Linear` weights are [out, in]; ours are [in, ...]):
 
@@ -52,6 +53,8 @@ CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# The safetensors format's largest header (its reference reader refuses longer ones).
+MAX_HEADER_BYTES = 100_000_000
 # safetensors dtype names -> numpy dtypes (bfloat16 from ml_dtypes).
 _SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
                        "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32,
@@ -67,7 +70,9 @@ class SafetensorsFile:
 
   The format is an 8-byte little-endian header size, a JSON header mapping each tensor name to
   its dtype, shape and byte range, then the bytes. Reading it here (rather than with
-  `safetensors.safe_open(framework="numpy")`) also reads bfloat16, which numpy lacks.
+  `safetensors.safe_open(framework="numpy")`) also reads bfloat16, which numpy lacks. The header
+  size is checked against the file's size and `MAX_HEADER_BYTES` before it is read (a file of
+  other bytes gives a size of up to 2^64).
   """
 
   def __init__(self, path: str):
@@ -75,9 +80,16 @@ class SafetensorsFile:
     try:
       with open(path, "rb") as f:
         (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
-    except (OSError, struct.error, ValueError, UnicodeDecodeError) as e:
+        limit = min(os.fstat(f.fileno()).st_size - 8, MAX_HEADER_BYTES)
+        header = json.loads(f.read(size)) if size <= limit else None
+    except (OSError, struct.error, ValueError, RecursionError) as e:
       raise CheckpointError(f"cannot read the safetensors header of {path!r}: {e}") from None
+    if size > limit:
+      raise CheckpointError(f"{path!r} is not a safetensors file: its header length {size} "
+                            f"exceeds the {limit} bytes the file and format allow")
+    if not isinstance(header, dict) or not all(isinstance(v, dict) for v in header.values()):
+      raise CheckpointError(f"{path!r} is not a safetensors file: its header is not a JSON "
+                            "object of tensor entries")
     header.pop("__metadata__", None)
     self._header, self._offset = header, 8 + size
     self._data = None
@@ -86,7 +98,11 @@ class SafetensorsFile:
     return list(self._header)
 
   def shape(self, name: str) -> tuple[int, ...]:
-    return tuple(self._header[name]["shape"])
+    try:
+      return tuple(int(x) for x in self._header[name]["shape"])
+    except (KeyError, TypeError, ValueError):
+      raise CheckpointError(f"tensor {name!r} in {self.path!r} has a malformed header entry "
+                            f"{self._header[name]!r}") from None
 
   def get(self, name: str) -> np.ndarray:
     """The tensor `name` as a read-only array over the file's memory map."""
@@ -258,7 +274,21 @@ def _read_parameter(files, path, hf_name, kind, leaf, config) -> np.ndarray:
   if not jnp.issubdtype(tensor.dtype, jnp.floating):
     raise CheckpointError(f"tensor {hf_name!r} has dtype {tensor.dtype}, expected a float "
                           f"dtype, in {path!r}")
-  return _from_hf_layout(kind, tensor, leaf.shape).astype(leaf.dtype)
+  with np.errstate(over="ignore"):  # a value past the dtype's range is counted just below
+    array = _from_hf_layout(kind, tensor, leaf.shape).astype(leaf.dtype)
+  bad = count_nonfinite(array)
+  if bad:
+    raise CheckpointError(f"tensor {hf_name!r} in {handle.path!r} has {bad} NaN or Inf "
+                          f"value(s) of {array.size} as {array.dtype}")
+  return array
+
+
+def count_nonfinite(array: np.ndarray, chunk: int = 1 << 22) -> int:
+  """The NaN and Inf values of `array`, counted `chunk` values at a time (so a checkpoint's
+  largest tensor needs no second array of its size)."""
+  flat = array.reshape(-1)
+  return sum(int(flat[i:i + chunk].size - np.count_nonzero(np.isfinite(flat[i:i + chunk])))
+             for i in range(0, flat.size, chunk))
 
 
 def _fresh_adapter(state_path: tuple, leaf, key: jax.Array) -> np.ndarray:
@@ -293,9 +323,10 @@ def load_hf_checkpoint(
     (model, config), the config read from config.json with the overrides above.
 
   Raises:
-    CheckpointError: no config.json, safetensors file or listed shard; an unsupported
-      model_type or feature; a missing or unexpected tensor or a shape mismatch; a LoRA rank the
-      model cannot take (each named in one line).
+    CheckpointError: no config.json, safetensors file or listed shard; a file that is not
+      safetensors; an unsupported model_type or feature; a missing or unexpected tensor, a shape
+      mismatch, or NaN or Inf values (after the conversion to the parameter dtype); a LoRA rank
+      the model cannot take (each named in one line).
   """
   overrides = dict(lora_rank=lora_rank, lora_alpha=lora_alpha, remat=remat,
                    scan_layers=scan_layers)

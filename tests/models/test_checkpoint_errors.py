@@ -147,6 +147,49 @@ def test_missing_or_broken_weight_files(qwen2_dir):
   refused(qwen2_dir, "no model.safetensors or model.safetensors.index.json")
 
 
+def test_a_file_that_is_not_safetensors(qwen2_dir):
+  file = os.path.join(qwen2_dir, "model.safetensors")
+  size = os.path.getsize(file)
+  # Random bytes: their first eight read as a header length of up to 2^64.
+  random_bytes = np.random.default_rng(0).bytes(size)
+  with open(file, "wb") as f:
+    f.write(random_bytes)
+  length = int.from_bytes(random_bytes[:8], "little")
+  refused(qwen2_dir, f"'{file}' is not a safetensors file: its header length {length} exceeds "
+                     f"the {size - 8} bytes the file and format allow")
+  # A length the file holds, whose header is JSON but not an object of tensor entries.
+  for header in (b"[1, 2]", b'{"a": 3}'):
+    with open(file, "wb") as f:
+      f.write(len(header).to_bytes(8, "little") + header)
+    refused(qwen2_dir, f"'{file}' is not a safetensors file: its header is not a JSON object")
+  # The format's own cap on the header (100 MB), whatever the file's size.
+  with open(file, "wb") as f:
+    f.write((models.params.MAX_HEADER_BYTES + 1).to_bytes(8, "little"))
+    f.truncate(models.params.MAX_HEADER_BYTES + 100)
+  refused(qwen2_dir, f"header length {models.params.MAX_HEADER_BYTES + 1} exceeds the "
+                     f"{models.params.MAX_HEADER_BYTES} bytes")
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_weights_that_are_not_finite(qwen2_dir, value):
+  name = "model.layers.1.self_attn.k_proj.weight"
+  def poison(tensors):
+    tensors[name][0, 2] = value
+    tensors[name][3, 1] = value
+  rewrite_tensors(qwen2_dir, poison)
+  size = load_file(os.path.join(qwen2_dir, "model.safetensors"))[name].size
+  refused(qwen2_dir, rf"tensor '{name}' in '.*model.safetensors' has 2 NaN or Inf value\(s\) "
+                     rf"of {size} as float32")
+
+
+def test_weights_that_overflow_the_parameter_dtype(qwen2_dir):
+  # 1e39 is finite as float64 and infinite as the float32 parameters hold it.
+  name = "model.norm.weight"
+  def widen(tensors):
+    tensors[name] = tensors[name].astype(np.float64)
+    tensors[name][0] = 1e39
+  rewrite_tensors(qwen2_dir, widen)
+  refused(qwen2_dir, rf"tensor '{name}' in .* has 1 NaN or Inf value\(s\) of 32 as float32")
 def test_sharded_checkpoint_with_a_missing_or_wrong_shard(sharded_dir):
   models.load_hf_checkpoint(sharded_dir)  # loads as transformers saved it
   with open(os.path.join(sharded_dir, models.params.INDEX_FILE)) as f:
