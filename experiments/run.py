@@ -26,12 +26,13 @@ per host of a pod, or two on one machine) run the same command with their own
 `--dry_run` compiles the loop's own train step, sampler and reshard for the configuration's mesh
 on fake CPU devices and reports their per-device memory (`bpo_jax.training.dry_run`).
 
-An invalid configuration (unknown key, wrong type, a value outside the allowed ones, budgets
-that cannot hold one tree, a missing checkpoint directory for `--mode=eval` or `export`) is
-reported, naming the key, before any compute, and the command exits with status 2; so is a
-checkpoint the run cannot use (`models.CheckpointError`: no config.json, a missing shard, a
-tensor of the wrong shape, an unsupported model_type, a LoRA rank the model cannot take), in
-one line.
+An invalid configuration (unknown key, wrong type, a NaN or Inf, a value outside the allowed
+ones, budgets that cannot hold one tree, a size this host's memory cannot hold, a workdir that
+cannot be written, a missing checkpoint directory for `--mode=eval` or `export`) is reported,
+naming the key, before any compute, and the command exits with status 2; so is a checkpoint
+the run cannot use (`models.CheckpointError`: no config.json, an unreadable safetensors file, a
+missing shard, a tensor of the wrong shape or with NaN or Inf values, an unsupported
+model_type, a LoRA rank the model cannot take), in one line.
 """
 
 import os
@@ -153,7 +154,10 @@ def main(argv):
   cli.refuse_arguments(argv)
   config, workdir, mode = _CONFIG.value, _WORKDIR.value, _MODE.value
   try:
-    config_lib.validate(config, "train" if _DRY_RUN.value else mode, workdir)
+    if _DRY_RUN.value:  # writes nothing, and checks a pod's sizes rather than this host's
+      config_lib.validate(config, "train", host_memory=False)
+    else:
+      config_lib.validate(config, mode, workdir)
   except config_lib.ConfigError as error:
     _fail(str(error))
   if _DRY_RUN.value:

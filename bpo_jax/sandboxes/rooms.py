@@ -61,6 +61,8 @@ _STEP = {"north": (0, 1), "east": (1, 0), "south": (0, -1), "west": (-1, 0)}
 _OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east"}
 VERBS = ("go", "take", "drop", "open", "put")
 DIFFICULTIES = (1, 2, 3, 4, 5)
+# World seeds per split: "train" takes the even seeds below 2 x this, "test" the odd ones.
+SEEDS_PER_SPLIT = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -643,14 +645,14 @@ def make_tasks(split: str, num: int, seed: int, difficulty: int = 1, **unused) -
     raise ValueError(f"split must be 'train' or 'test', got {split!r}")
   if difficulty not in _LEVELS:
     raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
-  if num < 0:
-    raise ValueError(f"num must be non-negative, got {num}")
+  if not 0 <= num <= SEEDS_PER_SPLIT:
+    raise ValueError(f"num must be in [0, {SEEDS_PER_SPLIT}] (the split's seeds), got {num}")
   rng = random.Random(f"rooms/{seed}/{difficulty}")
   parity = 0 if split == "train" else 1
   seeds: list[int] = []
   chosen = set()
   while len(seeds) < num:
-    world_seed = 2 * rng.randrange(1 << 30) + parity
+    world_seed = 2 * rng.randrange(SEEDS_PER_SPLIT) + parity
     if world_seed not in chosen:
       chosen.add(world_seed)
       seeds.append(world_seed)

@@ -7,19 +7,28 @@ it must have. Config files (`experiments/configs/*.py`) start from it and change
 * that every key is known (a misspelt key is an error, not a silently ignored setting),
 * that every value has its key's type (an int where a float is expected is fine; a bool is never
   an int),
-* allowed values and ranges (estimator names, K >= 2, positive sizes, ...),
+* that every float is finite (`float_keys()` lists them; NaN and Inf compare false with every
+  bound, so a range alone would let them through),
+* allowed values and ranges (estimator names, K >= 2, positive sizes, a `rollout.gamma` the
+  estimators accept, ...),
 * that the budgets can hold one tree (a fork of K siblings),
+* sizes the model and this host's memory can hold (`bounds.py`: the KV cache, the tasks, the
+  trees, the weights),
+* that the workdir can be written (training and evaluation write there): a directory, or a
+  path whose nearest existing ancestor is one, where a file can be created,
 * for evaluation, that the checkpoint directory exists.
 
 The budgets that need the tokenizer's token counts (a path of `max_turns` steps in the context
 and in the tree) are checked once the run has built its chat format: `check_text_budgets`.
 
-Every problem found is reported in one `ConfigError`, each naming its key and what is allowed:
+Every problem found is reported in one `ConfigError`, each naming its key and what is allowed
+(one problem is one line):
 
   >>> config = default_config()
   >>> config.rollout.k = 1
   >>> validate(config)
-  ConfigError: rollout.k = 1: must be >= 2 (a fork needs at least two siblings)
+  ConfigError: invalid configuration: rollout.k = 1: must be >= 2 (a fork needs at least two
+  siblings)
 
 Sections:
   env        which environment, its task splits and options
@@ -37,11 +46,15 @@ Sections:
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
+import tempfile
+import threading
 from typing import Any, Sequence
 
 import ml_collections
 
+from bpo_jax.training import bounds
 from bpo_jax.training import chips as chips_lib
 from bpo_jax.training import estimator_registry
 
@@ -65,7 +78,10 @@ class ConfigError(ValueError):
 
   def __init__(self, problems: Sequence[str]):
     self.problems = list(problems)
-    super().__init__("invalid configuration:\n  " + "\n  ".join(self.problems))
+    if len(self.problems) == 1:
+      super().__init__(f"invalid configuration: {self.problems[0]}")
+    else:
+      super().__init__("invalid configuration:\n  " + "\n  ".join(self.problems))
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -269,7 +285,6 @@ _RANGES = (
     ("rollout.max_env_steps", 1, None, ""),
     ("rollout.max_action_tokens", 1, None, ""),
     ("rollout.temperature", 0.0, None, "0 = greedy"),
-    ("rollout.gamma", 0.0, 1.0, ""),
     ("rollout.group_std_ddof", 0, 1, "0 = population std, 1 = unbiased"),
     ("rollout.group_std_eps", 0.0, None, ""),
     ("rollout.gigpo_step_weight", 0.0, None, ""),
@@ -287,9 +302,19 @@ _RANGES = (
     ("eval.temperature", 0.0, None, "0 = greedy"),
 )
 
-# Keys that must be strictly positive floats.
-_POSITIVE = ("env.timeout_s", "env.pool.cpus_per_worker", "warm_start.learning_rate", "train.learning_rate",
-             "train.max_grad_norm")
+# Float keys with an open bound: (key, test, the allowed values in words, why).
+_INTERVALS = (
+    ("env.timeout_s", lambda x: 0 < x <= threading.TIMEOUT_MAX,
+     f"in (0, {threading.TIMEOUT_MAX:g}]", "the longest wait Python's timeouts take"),
+    ("env.pool.cpus_per_worker", lambda x: x > 0, "> 0", ""),
+    ("warm_start.learning_rate", lambda x: x > 0, "> 0", ""),
+    ("train.learning_rate", lambda x: x > 0, "> 0", ""),
+    ("train.max_grad_norm", lambda x: x > 0, "> 0", ""),
+    ("rollout.top_p", lambda x: 0 < x <= 1, "in (0, 1]", ""),
+    ("rollout.gamma", lambda x: 0 < x <= 1, "in (0, 1]",
+     "a step without siblings inherits its parent's baseline divided by gamma"),
+    ("eval.confidence", lambda x: 0 < x < 1, "in (0, 1)", ""),
+)
 
 
 def _type_name(value: Any) -> str:
@@ -509,27 +534,18 @@ def _check_scale(config, problems: list[str]):
                       "plays at least one)")
 
 
-def validate(config, mode: str = "train", workdir: str | None = None) -> None:
-  """Checks `config` for `mode` ("train" or "eval"); raises ConfigError naming every problem."""
+def validate(config, mode: str = "train", workdir: str | None = None, *,
+             host_memory: bool = True) -> None:
+  """Checks `config` for `mode` ("train", "eval" or "export") and, when given, the `workdir`
+  it reads and writes; raises ConfigError naming every problem. `host_memory=False` leaves out
+  the bounds of this host's memory (the dry run checks a pod's configuration on another host)."""
   if mode not in MODES:
     raise ConfigError([f"mode = {mode!r}: must be one of {', '.join(MODES)}"])
   problems: list[str] = []
   _walk(default_config(), config, "", problems, free_sections=("env.options",))
   if problems:  # Later checks read values, which need the right keys and types.
     raise ConfigError(problems)
-  for path, allowed in (("rollout.estimator", estimator_registry.names()), *_CHOICES.items()):
-    value = _get(config, path)
-    if value not in allowed:
-      problems.append(f"{path} = {value!r}: must be one of {', '.join(map(repr, allowed))}")
-  for path, low, high, why in _RANGES:
-    value = _get(config, path)
-    if value < low or (high is not None and value > high):
-      bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-      problems.append(f"{path} = {value!r}: must be {bound}" + (f" ({why})" if why else ""))
-  for path in _POSITIVE:
-    value = _get(config, path)
-    if not value > 0:
-      problems.append(f"{path} = {value!r}: must be > 0")
+  nonfinite = _check_values(config, problems)
   m = config.model
   if m.num_kv_heads >= 1 and m.num_heads % m.num_kv_heads:
     problems.append(f"model.num_heads = {m.num_heads}: must be a multiple of model.num_kv_heads "
@@ -543,10 +559,6 @@ def validate(config, mode: str = "train", workdir: str | None = None) -> None:
     problems.append("env.pool.backend = 'ray': needs env.num_workers >= 1 (one actor each)")
   if config.env.pool.backend == "ray" and importlib.util.find_spec("ray") is None:
     problems.append("env.pool.backend = 'ray': ray is not installed (pip install -e '.[ray]')")
-  if not 0.0 < config.eval.confidence < 1.0:
-    problems.append(f"eval.confidence = {config.eval.confidence!r}: must be in (0, 1)")
-  if not 0.0 < config.rollout.top_p <= 1.0:
-    problems.append(f"rollout.top_p = {config.rollout.top_p!r}: must be in (0, 1]")
   if config.warm_start.num_trajectories > config.env.num_train_tasks:
     problems.append(f"warm_start.num_trajectories = {config.warm_start.num_trajectories}: more "
                     f"than the env.num_train_tasks = {config.env.num_train_tasks} training tasks")
@@ -554,7 +566,11 @@ def validate(config, mode: str = "train", workdir: str | None = None) -> None:
   _check_scale(config, problems)
   if not problems:
     _check_budgets(config, problems)
-  if m.lora_rank and not m.lora_alpha > 0:
+  if not problems:  # the bounds read sizes the checks above have found valid
+    group = (group_episodes(config) if estimator_registry.get(
+        config.rollout.estimator).topology == "group" else None)
+    bounds.check(config, problems, bounds.host_memory_bytes() if host_memory else None, group)
+  if m.lora_rank and "model.lora_alpha" not in nonfinite and not m.lora_alpha > 0:
     problems.append(f"model.lora_alpha = {m.lora_alpha!r}: must be > 0")
   if m.lora_rank and config.scale.distributed.num_processes > 1:
     problems.append(f"model.lora_rank = {m.lora_rank}: LoRA runs in one process (on any mesh "
@@ -569,8 +585,74 @@ def validate(config, mode: str = "train", workdir: str | None = None) -> None:
       if not os.path.isdir(checkpoint_dir):
         problems.append(f"workdir = {workdir!r}: no checkpoint directory "
                         f"({checkpoint_dir!r} does not exist); train first")
+  if workdir is not None and mode in ("train", "eval"):  # both write there
+    _check_workdir(workdir, problems)
   if problems:
     raise ConfigError(problems)
+
+
+def float_keys(schema=None, prefix: str = "") -> list[str]:
+  """The dotted keys of every float value of `schema` (default: `default_config()`), in schema
+  order; the free `env.options` section is not part of the schema."""
+  schema = default_config() if schema is None else schema
+  keys = []
+  for key, value in schema.items():
+    path = prefix + key
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      if path != "env.options":
+        keys += float_keys(value, path + ".")
+    elif isinstance(value, float):
+      keys.append(path)
+  return keys
+
+
+def _check_values(config, problems: list[str]) -> set[str]:
+  """Choices, finite floats (`float_keys` and any float in env.options) and ranges. Returns the
+  keys whose value is NaN or Inf (their ranges are not checked again)."""
+  for path, allowed in (("rollout.estimator", estimator_registry.names()), *_CHOICES.items()):
+    value = _get(config, path)
+    if value not in allowed:
+      problems.append(f"{path} = {value!r}: must be one of {', '.join(map(repr, allowed))}")
+  options = {f"env.options.{k}": v for k, v in dict(config.env.options).items()
+             if isinstance(v, float)}
+  values = {**{path: _get(config, path) for path in float_keys()}, **options}
+  # An int is finite (and may be too large for math.isfinite's float).
+  nonfinite = {path for path, value in values.items()
+               if not isinstance(value, int) and not math.isfinite(value)}
+  for path in sorted(nonfinite, key=list(values).index):
+    problems.append(f"{path} = {values[path]!r}: must be a finite number")
+  for path, low, high, why in _RANGES:
+    value = _get(config, path)
+    if path not in nonfinite and (value < low or (high is not None and value > high)):
+      bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+      problems.append(f"{path} = {value!r}: must be {bound}" + (f" ({why})" if why else ""))
+  for path, test, allowed, why in _INTERVALS:
+    value = _get(config, path)
+    if path not in nonfinite and not test(value):
+      problems.append(f"{path} = {value!r}: must be {allowed}" + (f" ({why})" if why else ""))
+  return nonfinite
+
+
+def _check_workdir(workdir: str, problems: list[str]) -> None:
+  """The workdir can be written: an existing directory, or a path whose nearest existing
+  ancestor is a directory, where a file can be created (a probe, created and removed: it also
+  finds a read-only mount or an immutable directory, which permission bits do not show to
+  root). Nothing is left behind."""
+  path = existing = os.path.abspath(workdir)
+  while not os.path.lexists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    what = "exists and" if existing == path else f"{existing!r}, a path above it,"
+    problems.append(f"workdir = {workdir!r}: {what} is not a directory")
+    return
+  try:
+    fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=existing)
+    os.close(fd)
+    os.remove(probe)
+  except OSError as error:
+    where = "" if existing == path else f" (where it would be created, {existing!r})"
+    problems.append(f"workdir = {workdir!r}: cannot write there{where}: "
+                    f"{error.strerror or error}")
 
 
 def to_plain(config) -> dict:

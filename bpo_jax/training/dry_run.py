@@ -28,7 +28,7 @@ def dry_run_from_config(config, check_fit: bool = True) -> DryRunReport:
   `scale.chip` (`program_memory.measure`); raises `DoesNotFitError` when one needs more than
   the chip's HBM."""
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  config_lib.validate(config)
+  config_lib.validate(config, host_memory=False)  # a pod's sizes, not this host's
   s = config.scale
   if not s.chip:
     raise config_lib.ConfigError([f"scale.chip: the dry run needs a target chip, one of "

@@ -247,11 +247,11 @@ def test_the_command_line_names_what_the_dry_run_cannot_use(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(CONFIG.to_hf_config()))
   for args, expected in (
       (["--config=experiments/configs/quickstart.py", "--config.scale.num_devices=1"],
-       "error: invalid configuration:\n  scale.chip: the dry run needs a target chip, one of "
+       "error: invalid configuration: scale.chip: the dry run needs a target chip, one of "
        "h100, h200"),
       (["--config=experiments/configs/pod_qwen2_5_7b_v5p64.py",
         f"--config.model.checkpoint={tmp_path}"],
-       "error: invalid configuration:\n  scale.model_preset = 'qwen2_5_7b': the checkpoint")):
+       "error: invalid configuration: scale.model_preset = 'qwen2_5_7b': the checkpoint")):
     result = subprocess.run([sys.executable, "experiments/run.py", "--dry_run", *args],
                             cwd=root, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr

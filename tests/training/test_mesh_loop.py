@@ -144,7 +144,7 @@ def test_a_mesh_trains_like_one_device(runs, name):
 
 @pytest.mark.parametrize("overrides, expected", [
     (["--config.scale.mesh.data=-1", "--config.scale.mesh.fsdp=3"],
-     "error: invalid configuration:\n  scale.mesh: 8 devices do not divide by the fixed axes"),
+     "error: invalid configuration: scale.mesh: 8 devices do not divide by the fixed axes"),
     (["--config.scale.mesh.fsdp=2", "--config.scale.mesh.tensor=2"],
      "scale.mesh: mesh {'data': 1, 'fsdp': 2, 'tensor': 2} needs 4 devices, have 8"),
     (["--config.scale.num_devices=16", "--config.scale.mesh.fsdp=16"],

@@ -32,6 +32,9 @@ import numpy as np
 from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes import free_text
 
+# Reset seeds per split: "train" takes the even seeds below 2 x this, "test" the odd ones.
+SEEDS_PER_SPLIT = 1 << 30
+
 
 @dataclasses.dataclass(frozen=True)
 class GymTask:
@@ -188,13 +191,13 @@ def make_tasks(spec: GymTextSpec, split: str, num: int, seed: int, **options) ->
   env_name = spec.name
   if split not in ("train", "test"):
     raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-  if num < 0:
-    raise ValueError(f"num must be non-negative, got {num}")
+  if not 0 <= num <= SEEDS_PER_SPLIT:
+    raise ValueError(f"num must be in [0, {SEEDS_PER_SPLIT}] (the split's seeds), got {num}")
   rng = random.Random(f"{env_name}/{seed}")
   parity = 0 if split == "train" else 1
   tasks, seen = [], set()
   while len(tasks) < num:
-    reset_seed = 2 * rng.randrange(1 << 30) + parity
+    reset_seed = 2 * rng.randrange(SEEDS_PER_SPLIT) + parity
     if reset_seed in seen:
       continue
     seen.add(reset_seed)
