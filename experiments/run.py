@@ -32,7 +32,9 @@ cannot be written, a missing checkpoint directory for `--mode=eval` or `export`)
 naming the key, before any compute, and the command exits with status 2; so is a checkpoint
 the run cannot use (`models.CheckpointError`: no config.json, an unreadable safetensors file, a
 missing shard, a tensor of the wrong shape or with NaN or Inf values, an unsupported
-model_type, a LoRA rank the model cannot take), in one line.
+model_type, a LoRA rank the model cannot take), in one line. A run whose updates keep being
+skipped for a non-finite loss or gradient (`train.max_skipped_updates` in a row) stops with
+one line and exit status 1.
 """
 
 import os
@@ -171,11 +173,15 @@ def main(argv):
   logging.get_absl_handler().addFilter(lambda record: "orbax" not in record.pathname)
   # The loop pulls in JAX, Flax and Orbax: imported only once the configuration is known good.
   from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import iteration  # pylint: disable=g-import-not-at-top
   run = {"eval": _evaluate, "export": _export, "train": _train}[mode]
   try:
     run(loop, config, workdir, distributed.is_primary())
   except _input_errors() as error:  # e.g. a workdir of another experiment, a bad checkpoint
     _fail(_first_line(error))
+  except iteration.NonFiniteUpdates as error:  # the run diverged: not bad input, a failed run
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(1)
   except sandbox_base.EnvironmentFailure as error:  # e.g. tests that cannot start on this host
     print(f"error: the {config.env.name} environment cannot run here: {_first_line(error)}",
           file=sys.stderr)

@@ -200,6 +200,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.clip_epsilon = 0.2
   c.train.kl_coef = 0.0
   c.train.normalization = "tree"
+  # Iterations in a row whose update is skipped (a NaN or Inf loss or gradient) before the run
+  # stops with an error: a run that keeps skipping learns nothing. 0 = never stop.
+  c.train.max_skipped_updates = 3
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 5           # iterations
@@ -293,6 +296,7 @@ _RANGES = (
     ("train.weight_decay", 0.0, None, ""),
     ("train.micro_batches", 1, None, ""),
     ("train.epochs", 1, None, ""),
+    ("train.max_skipped_updates", 0, None, "0 = never stop"),
     ("train.clip_epsilon", 0.0, None, ""),
     ("train.kl_coef", 0.0, None, ""),
     ("checkpoint.every", 1, None, ""),

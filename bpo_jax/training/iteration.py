@@ -125,6 +125,42 @@ def ppo_epochs(train_step, state, fed, num_trees: int, epochs: int,
   return state, update_metrics
 
 
+class NonFiniteUpdates(RuntimeError):
+  """The run's updates kept being skipped for a non-finite loss or gradient
+  (`train.max_skipped_updates` iterations in a row): it learns nothing, so it stops."""
+
+
+def skipped_streak(history) -> list[dict]:
+  """The training records at the end of `history` whose update was skipped, in order: the
+  iterations since the last one that updated (evaluation records in between do not count).
+
+  Example: training records with skipped 1, 0, 1, 1 (an evaluation between the last two)
+  -> the last two.
+  """
+  streak = []
+  for record in reversed(history):
+    if record.get("phase") != "train":
+      continue
+    if not record.get("skipped"):
+      break
+    streak.insert(0, record)
+  return streak
+
+
+def check_skipped_updates(history, limit: int) -> None:
+  """Raises NonFiniteUpdates (one line) when the last `limit` iterations of `history` all
+  skipped their update; `limit` 0 never does."""
+  streak = skipped_streak(history)
+  if limit <= 0 or len(streak) < limit:
+    return
+  last = streak[-1]
+  raise NonFiniteUpdates(
+      f"iterations {streak[0]['iteration']}-{last['iteration']}: the loss or gradient was not "
+      f"finite in {len(streak)} updates in a row, each skipped (last loss {last.get('loss')}, "
+      f"grad_norm {last.get('grad_norm')}); the run stops (train.max_skipped_updates = "
+      f"{limit}): lower train.learning_rate, or check the weights it started from")
+
+
 def iteration_tasks(exp: experiment_lib.Experiment, iteration: int) -> list:
   """The tasks of `iteration` i: positions `[o + (i-1)·T, o + i·T)` of the seeded order (o =
   `rollout.task_offset`, T = `rollout.tasks_per_iteration`), each repeated

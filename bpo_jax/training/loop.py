@@ -33,7 +33,9 @@ One run:
 3. Iterations 1..N: grow one tree (BPO) or group (RLOO, GRPO, GiGPO) per task with
    `rollout.RolloutEngine`, compute per-node advantages and path weights with the jitted
    estimator (vmapped over trees), pack each tree into one row (`packing.pack_trees`) and take
-   one update step (`training.update`), which skips a step whose loss or gradient is NaN or Inf.
+   one update step (`training.update`), which skips a step whose loss or gradient is NaN or Inf;
+   `train.max_skipped_updates` skipped iterations in a row stop the run
+   (`iteration.NonFiniteUpdates`).
    Every `eval.every` iterations a held-out evaluation; every `checkpoint.every` a checkpoint.
 
 Exact resume. Everything random is a function of the seed and the iteration: iteration i samples
@@ -276,6 +278,7 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
       state, record, _, threshold = iteration_lib.run_iteration(
           exp, engine, train_step, state, iteration, root_key, threshold, placement, ref)
       history.append(writer.write(record))
+      iteration_lib.check_skipped_updates(history, config.train.max_skipped_updates)
       final = iteration == config.train.iterations
       if (config.eval.every and iteration % config.eval.every == 0) or final:
         history.append(writer.write(_evaluate(exp, placement, state.params, iteration)))

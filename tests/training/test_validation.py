@@ -106,6 +106,13 @@ def test_a_timeout_beyond_what_python_waits_take():
   assert problem.startswith("env.timeout_s = 1e+300: must be in (0, 9.22337e+09]")
 
 
+def test_the_new_key_stops_after_three_skipped_updates_by_default():
+  assert config_lib.default_config().train.max_skipped_updates == 3
+  config = config_lib.default_config()
+  config.train.max_skipped_updates = -1
+  assert _problems(config) == ["train.max_skipped_updates = -1: must be >= 0 (0 = never stop)"]
+
+
 # ----------------------------------------------------------------------------- sizes
 
 
