@@ -24,7 +24,9 @@ log and progress bar go to stderr, with the time each step took.
 "none": each process compiles what it runs, so the compile figures do not depend on an earlier
 run). With --json: one object with, per estimator, the medians (`iteration_s`, `rollout_s`,
 `update_s`, `phase_s` per rollout phase and the estimator's packing, `decode_tokens_per_s`,
-`processed_tokens_per_s`), `env_steps` and `policy_tokens` per task, `peak_bytes`, the compiles
+`processed_tokens_per_s`, `update_tokens_per_s` (the packed trees' tokens over the update's
+seconds), `decode_steps`, `decode_s`, `tokens_decoded`, `update_tokens`), `param_bytes` (the
+checkpoint's), `env_steps` and `policy_tokens` per task, `peak_bytes`, the compiles
 (`compile_cache.CompileCounter`) of the start-up, everything before the second iteration
 (`startup_compiles`, `startup_compile_seconds` per program name), and of the timed iterations
 (`compiles_in_timed_iterations`, the names in `programs_compiled_in_timed_iterations`), and
@@ -163,6 +165,11 @@ def run_one(args) -> dict:
       rollout_s=rollout, update_s=median("time/update"),
       phase_s={k[len("time/"):]: median(k) for k in phases + ["time/estimate_and_pack"]},
       decode_tokens_per_s=median("tokens_decoded") / rollout,
+      decode_steps=median("decode_steps"), decode_s=median("time/rollout_decode"),
+      tokens_decoded=median("tokens_decoded"),
+      update_tokens_per_s=median("unique_tokens") / median("time/update"),
+      update_tokens=median("unique_tokens"),
+      param_bytes=os.path.getsize(os.path.join(args.checkpoint, "model.safetensors")),
       processed_tokens_per_s=median("tokens_processed") / rollout,
       env_steps=median("env_steps") / tasks, policy_tokens=median("num_action_tokens") / tasks,
       iterations_timed=len(train), peak_bytes=stats.get("peak_bytes_in_use"),

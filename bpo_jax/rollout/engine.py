@@ -72,6 +72,7 @@ class _Call:
   mesh: Any = None               # the parameters' mesh, where the rows' cache lives
   turns: int = 0
   device_row_tokens: int = 0     # rows x decode steps the device ran, padding included
+  decode_steps: int = 0          # decode steps the device ran
 
 
 def _checked_task_ids(task_ids: Sequence[int] | None, num_tasks: int) -> list[int]:
@@ -143,6 +144,7 @@ class RolloutEngine:
     return RolloutBatch(rollouts=[tree.result() for tree in call.trees], compute=total,
                         phase_seconds=call.clock.seconds,
                         device_row_tokens=call.device_row_tokens, turns=call.turns,
+                        decode_steps=call.decode_steps,
                         threshold=call.threshold,
                         decode_devices=1 if call.mesh is None else call.mesh.size)
 
@@ -308,6 +310,7 @@ class RolloutEngine:
     tokens = np.asarray(out.tokens)
     logprobs = np.asarray(out.logprobs)
     num_tokens = np.asarray(out.num_tokens)
+    call.decode_steps += int(num_tokens.max(initial=0))
     call.device_row_tokens += batch * int(num_tokens.max(initial=0))
     call.clock.lap("decode")
     nodes = {}

@@ -178,6 +178,7 @@ class RolloutBatch:
   turns: int
   threshold: float        # the entropy threshold the rule used
   decode_devices: int = 1  # devices the rows were decoded on (the parameters' mesh)
+  decode_steps: int = 0    # decode loop steps the device ran (one token per row each)
 
   @classmethod
   def concatenate(cls, batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
@@ -203,7 +204,8 @@ class RolloutBatch:
                               for k in batches[0].phase_seconds},
                device_row_tokens=sum(b.device_row_tokens for b in batches),
                turns=max(b.turns for b in batches), threshold=batches[0].threshold,
-               decode_devices=sum(b.decode_devices for b in batches))
+               decode_devices=sum(b.decode_devices for b in batches),
+               decode_steps=sum(b.decode_steps for b in batches))
 
   def stacked_trees(self) -> tree_lib.RolloutTree:
     return tree_lib.stack_trees([r.tree for r in self.rollouts])
@@ -245,6 +247,7 @@ class RolloutBatch:
     out["turns"] = self.turns
     out["threshold"] = self.threshold
     out["device_row_tokens"] = self.device_row_tokens
+    out["decode_steps"] = self.decode_steps
     out.update({f"seconds_{k}": v for k, v in self.phase_seconds.items()})
     return out
 

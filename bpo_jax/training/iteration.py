@@ -50,6 +50,7 @@ def rollout_stats(batch: rollout_lib.RolloutBatch) -> dict:
   out.update(batch.compute.as_dict())
   out["unique_tokens"] = int(sum(r.tokens.num_unique_tokens() for r in batch.rollouts))
   out["decode_devices"] = batch.decode_devices
+  out["decode_steps"] = batch.decode_steps
   out.update({f"time/rollout_{k}": v for k, v in batch.phase_seconds.items()})
   return out
 
