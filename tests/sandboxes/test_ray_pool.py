@@ -30,13 +30,29 @@ from bpo_jax.training import metrics
 
 FAULTY = functools.partial(faults.make_sandbox, inner="rooms")
 
+GAMES_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures",
+                         "textworld_games")
+
 # name -> (task config, prefix actions, three fork actions, continuation); frozenlake's slips
-# come from the generator inside the snapshot.
+# come from the generator inside the snapshot, TextWorld's state from its engine's.
 CASES = {
     "rooms": ({"difficulty": 3}, ["take red key"], ["go north", "open red door", "take red key"],
               ["go south", "go north", "look"]),
     "frozenlake": ({}, ["right"], ["down", "right", "up"], ["down", "right"] * 4),
+    "textworld": ({"games_dir": GAMES_DIR}, ["look"],
+                  ["go north", "examine box", "unlock box with keycard"],
+                  ["open box", "take desktop computer from box", "inventory", "look"]),
 }
+
+
+def _task(name, task_config):
+  module = registry.get_environment(name)
+  if name == "rooms":  # a task the prefix does not finish
+    return module.make_tasks("test", 1, 0, **task_config)[0]
+  tasks = module.make_tasks("train", 2, 0, **task_config)
+  if name == "textworld":  # the fixture game whose objects the actions name
+    return next(t for t in tasks if t.task_id.endswith("custom-s1"))
+  return tasks[0]
 
 
 @pytest.fixture(scope="module")
@@ -46,18 +62,20 @@ def cluster():
 
 
 def _local_replay(name, task, snapshot, actions):
-  """Steps and the snapshot bytes after each step, in this process."""
+  """The steps of `actions` from `snapshot`, in this process."""
   sandbox = registry.get_environment(name).make_sandbox()
   sandbox.reset(task)
-  sandbox.restore(snapshot)
-  out = []
-  for action in actions:
-    out.append((sandbox.step(action), sandbox.snapshot().data))
-  return out
+  return base.replay(sandbox, snapshot, actions)
 
 
 def _pool_replay(pool, branch, actions):
-  return [(pool.step(branch, a), pool.snapshot(branch).data) for a in actions]
+  """As `base.replay`, in the pool's `branch`: the steps up to the first done one."""
+  steps = []
+  for action in actions:
+    steps.append(pool.step(branch, action))
+    if steps[-1].done:
+      break
+  return steps
 
 
 def _place_on_worker(pool, branch, snapshot, worker):
@@ -77,8 +95,7 @@ def _place_on_worker(pool, branch, snapshot, worker):
 def test_forks_replay_byte_for_byte_on_both_nodes(cluster, name):
   _, nodes = cluster
   task_config, prefix, forks, continuation = CASES[name]
-  split = "test" if name == "rooms" else "train"  # a rooms task the prefix does not finish
-  task = registry.get_environment(name).make_tasks(split, 1, 0, **task_config)[0]
+  task = _task(name, task_config)
   with ray_pool.RaySandboxPool.for_environment(name, num_workers=2, timeout_s=60.0) as pool:
     assert sorted(pool.worker_nodes()) == sorted(n.node_id for n in nodes)  # one per node
     pool.reset("root", task)
