@@ -473,6 +473,11 @@ _prefill_jit = jax.jit(prefill_tokens, static_argnums=(0, 2, 3),
 _generate_jit = jax.jit(generate, static_argnums=(0, 4),
                         static_argnames=("attend_length", "keep_state"))
 _transpose_jit = jax.jit(jnp.transpose)
+# The same programs taking over the DecodeState's buffers (`Sampler(donate=True)`).
+_append_donating = jax.jit(append_tokens, static_argnums=(0,), static_argnames=("attend_length",),
+                           donate_argnums=(2,))
+_generate_donating = jax.jit(generate, static_argnums=(0, 4),
+                             static_argnames=("attend_length", "keep_state"), donate_argnums=(2,))
 
 
 def bucket_length(n: int, minimum: int = 16, maximum: Optional[int] = None) -> int:
@@ -531,10 +536,15 @@ class Sampler:
   transposed for the output projection on the CPU (`unembedding`).
   """
 
-  def __init__(self, graphdef, config: ModelConfig, max_length: int):
+  def __init__(self, graphdef, config: ModelConfig, max_length: int, donate: bool = False):
+    """`donate`: `append` and `generate` (keeping the state) take over the buffers of the
+    DecodeState passed in and write the result into them, so a row set's cache is in memory
+    once rather than twice during a call; the caller must not read that DecodeState again
+    (the rollout engine replaces it by the result every time)."""
     self.graphdef = graphdef
     self.config = config
     self.max_length = max_length
+    self.donate = donate
     self._unembedding = None  # (the embedding array it was made from, its transpose)
 
   def unembedding(self, state, batch_size: int) -> Optional[jax.Array]:
@@ -598,9 +608,10 @@ class Sampler:
     """Appends `rows[b]` to row b (continued prefill, e.g. an observation); others unchanged."""
     tokens, lengths, window = self._pad_rows(np.asarray(decode_state.lengths), rows,
                                              decode_state.cache.max_length)
-    return _append_jit(self.graphdef, state, decode_state, jnp.asarray(tokens),
-                       jnp.asarray(lengths), attend_length=window,
-                       unembedding=self.unembedding(state, decode_state.batch_size))
+    append = _append_donating if self.donate else _append_jit
+    return append(self.graphdef, state, decode_state, jnp.asarray(tokens), jnp.asarray(lengths),
+                  attend_length=window,
+                  unembedding=self.unembedding(state, decode_state.batch_size))
 
   def _pad_rows(self, lengths_now: np.ndarray, rows: Mapping[int, Sequence[int]],
                 cache_length: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -639,10 +650,11 @@ class Sampler:
       active = jnp.asarray(emitting)
     window = attend_length_for(lengths[emitting] + params.max_new_tokens,
                                decode_state.cache.max_length)
-    return _generate_jit(self.graphdef, state, decode_state, key, params.limits(), active,
-                         attend_length=window, keep_state=keep_state,
-                         unembedding=self.unembedding(state, decode_state.batch_size),
-                         settings=params.settings())
+    run = _generate_donating if self.donate and keep_state else _generate_jit
+    return run(self.graphdef, state, decode_state, key, params.limits(), active,
+               attend_length=window, keep_state=keep_state,
+               unembedding=self.unembedding(state, decode_state.batch_size),
+               settings=params.settings())
 
   def lower_generate(self, state, decode_state: DecodeState, key, params: SamplingParams,
                      active, keep_state: bool = True):

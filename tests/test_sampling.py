@@ -464,3 +464,28 @@ def test_one_decode_program_serves_every_draw_setting(policy):
   # The greedy path's numbers are those of softmax(logits / 1.3): larger entropies than at 1.
   mask = np.asarray(outs[0].mask)
   assert np.all(np.asarray(outs[3].entropies)[mask] > np.asarray(outs[0].entropies)[mask])
+
+
+def test_a_donating_sampler_reuses_the_state_and_gives_the_same_numbers(policy):
+  """`Sampler(donate=True)`: `append` and `generate` take over the DecodeState passed in (its
+  arrays are deleted: the result lives in their buffers), and the tokens and numbers are those
+  of the sampler that copies."""
+  _, config, graphdef, state, plain = policy
+  donating = sampling.Sampler(graphdef, config, MAX_LENGTH, donate=True)
+  params = SamplingParams(temperature=1.0, max_new_tokens=6)
+  results = []
+  for sampler in (plain, donating):
+    ds = sampler.prefill(state, PROMPTS)
+    given = ds
+    ds, first = sampler.generate(state, ds, jax.random.key(0), params)
+    assert given.cache.keys[0].is_deleted() == sampler.donate
+    given = ds
+    ds = sampler.append(state, ds, {0: [3, 4, 5], 2: [6]})
+    assert given.cache.values[0].is_deleted() == sampler.donate
+    _, probe = sampler.generate(state, ds, jax.random.key(1), params, keep_state=False)
+    assert not ds.cache.keys[0].is_deleted()  # a probe keeps the state it reads
+    ds, second = sampler.generate(state, ds, jax.random.key(2), params)
+    results.append([np.asarray(x) for out in (first, probe, second)
+                    for x in (out.tokens, out.logprobs)] + [np.asarray(ds.next_logits)])
+  for a, b in zip(*results):
+    np.testing.assert_array_equal(a, b)

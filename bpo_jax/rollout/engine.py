@@ -101,7 +101,8 @@ class RolloutEngine:
     self.config = config
     self.fmt = fmt
     self.pool = pool
-    self.sampler = sampling.Sampler(graphdef, model_config, config.max_length)
+    # Each call's decode state replaces the last: the sampler reuses its buffers.
+    self.sampler = sampling.Sampler(graphdef, model_config, config.max_length, donate=True)
     self.sampling_params = config.sampling_params(fmt.stop_token_ids)
     self._calls = itertools.count()
 
