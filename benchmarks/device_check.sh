@@ -37,16 +37,20 @@ start=$SECONDS
 
 log() { echo "[device_check $((SECONDS - start)) s] $*" | tee -a "$out/device_check.log" >&2; }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
-  > "$out/gpu.txt" 2>&1 || log "nvidia-smi failed: $(cat "$out/gpu.txt")"
-chip=$(head -n 1 "$out/gpu.txt" | cut -d, -f1)
+chip=unknown
+if nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+    > "$out/gpu.txt" 2>&1; then
+  chip=$(head -n 1 "$out/gpu.txt" | cut -d, -f1)
+else
+  log "nvidia-smi failed: $(head -n 1 "$out/gpu.txt")"
+fi
 python -c 'import jax, sys; print(jax.__version__, jax.devices()); sys.exit(jax.default_backend() != "gpu")' \
   > "$out/jax.txt" 2>&1
 if [[ $? -ne 0 && -z "${DEVICE_CHECK_ALLOW_CPU:-}" ]]; then
   log "JAX has no GPU backend (install jax[cuda12]): $(tail -n 1 "$out/jax.txt")"
   exit 3
 fi
-log "GPU: ${chip:-unknown}; $(cat "$out/jax.txt")"
+log "GPU: $chip; $(cat "$out/jax.txt")"
 
 # One preset's BPO and GRPO iterations within `seconds`; 0 when its JSON was written.
 measure() {
@@ -63,7 +67,7 @@ measure() {
     return 1
   fi
   mv "$out/$name.json.part" "$out/$name.json"
-  python benchmarks/device_figures.py "$out/$name.json" "${chip:-unknown}" \
+  python benchmarks/device_figures.py "$out/$name.json" "$chip" \
     > "$out/figures_$name.json" 2>> "$out/device_check.log"
   log "$preset: done; $(tr -d '\n ' < "$out/figures_$name.json" | cut -c 1-400)"
 }
