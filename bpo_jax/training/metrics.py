@@ -120,6 +120,14 @@ def tensorboard_writer(logdir: str):
     return None
 
 
+def eval_line(record: dict) -> str:
+  """One line for an evaluation record, e.g. `eval at iteration 10 (train): success 0.906
+  [0.810, 0.956] over 64 tasks`."""
+  return (f"eval at iteration {record['iteration']} ({record.get('stage', 'train')}): success "
+          f"{record['success_rate']:.3f} [{record['success_low']:.3f}, "
+          f"{record['success_high']:.3f}] over {record['num_tasks']} tasks")
+
+
 class MetricsWriter:
   """Writes records to `<workdir>/metrics.jsonl`, TensorBoard and a console progress bar."""
 
@@ -140,6 +148,9 @@ class MetricsWriter:
       done = sum(1 for r in history if r.get("phase") == "train")
       self._bar = tqdm.tqdm(total=total_iterations, initial=done, desc="train", unit="it",
                             dynamic_ncols=True)
+      for record in history:  # the evaluations made before the bar (iteration 0), under it
+        if record.get("phase") == "eval":
+          self._bar.write(eval_line(record))
 
   def write(self, record: dict) -> dict:
     """Appends `record` (cleaned for JSON) and returns it."""
@@ -156,9 +167,10 @@ class MetricsWriter:
     if record.get("phase") == "train":
       self._progress(record)
     elif record.get("phase") == "eval":
-      logging.info("eval at iteration %d: success %.3f [%.3f, %.3f] over %d tasks",
-                   record["iteration"], record["success_rate"], record["success_low"],
-                   record["success_high"], record["num_tasks"])
+      if self._bar is not None:
+        self._bar.write(eval_line(record))
+      else:
+        logging.info("%s", eval_line(record))
     return record
 
   def _progress(self, record: dict):

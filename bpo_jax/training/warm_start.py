@@ -15,6 +15,7 @@ import numpy as np
 
 from bpo_jax import text
 from bpo_jax import packing
+from bpo_jax.training import distributed
 from bpo_jax.training import experiment as experiment_lib
 from bpo_jax.training import placement as placement_lib
 from bpo_jax.training import translate
@@ -72,6 +73,10 @@ def warm_start(exp: experiment_lib.Experiment, params,
   ones = [np.ones(e.tokens.num_nodes, np.float32) for e in episodes]
   records = []
   start = time.perf_counter()
+  bar = None
+  if config.log.progress_bar and distributed.is_primary():
+    import tqdm  # pylint: disable=g-import-not-at-top
+    bar = tqdm.tqdm(total=ws.steps, desc="warm start", unit="step", dynamic_ncols=True)
   for step in range(1, ws.steps + 1):
     batch_ids = rng.choice(len(episodes), size=min(ws.batch_size, len(episodes)), replace=False)
     batch = packing.pack_trees([episodes[i].tokens for i in batch_ids],
@@ -87,4 +92,10 @@ def warm_start(exp: experiment_lib.Experiment, params,
                       "expert_episodes": len(episodes),
                       "time/elapsed": time.perf_counter() - start})
       logging.info("warm start step %d/%d: loss %.4f", step, ws.steps, records[-1]["loss"])
+      if bar is not None:
+        bar.set_postfix_str(f"loss={records[-1]['loss']:.3f}")
+    if bar is not None:
+      bar.update(1)
+  if bar is not None:
+    bar.close()
   return state.params, state.opt_state, records
