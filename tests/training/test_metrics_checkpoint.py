@@ -103,3 +103,17 @@ def test_checkpoint_restores_exactly(tmp_path):
   checkpointer.close()
   with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
     checkpoint_lib.Checkpointer(str(tmp_path / "absent"), create=False)
+
+
+def test_evaluations_print_beneath_the_progress_bar(tmp_path, capsys):
+  record = {"phase": "eval", "iteration": 0, "stage": "warm_start", "success_rate": 0.5,
+            "success_low": 0.25, "success_high": 0.75, "num_tasks": 4}
+  writer = metrics_lib.MetricsWriter(str(tmp_path), tensorboard=False, progress_bar=True,
+                                     total_iterations=2, history=[record])
+  writer.write(dict(record, iteration=1, stage="train", success_rate=1.0, success_low=0.5,
+                    success_high=1.0))
+  writer.close()
+  captured = capsys.readouterr()
+  lines = (captured.out + captured.err).replace("\r", "\n").splitlines()
+  assert "eval at iteration 0 (warm_start): success 0.500 [0.250, 0.750] over 4 tasks" in lines
+  assert "eval at iteration 1 (train): success 1.000 [0.500, 1.000] over 4 tasks" in lines
