@@ -1,64 +1,124 @@
-"""Display: one tree grown with a checkpoint, drawn as text with its advantages."""
+"""Display: a tree training grows with a checkpoint, drawn as text with its advantages.
+
+`draw_tree` grows what training's next iteration would grow from a checkpoint (its tasks, its
+key, the fork threshold the checkpoint stored, the configured budgets), computes the advantages
+training would give it (the estimator over the whole batch, trunk baseline included) and picks a
+tree with a fork whose siblings' returns differ, where the advantages are not all zero.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import textwrap
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bpo_jax import estimators
 from bpo_jax import rollout as rollout_lib
 from bpo_jax.training import estimator_registry
+from bpo_jax.training import iteration as iteration_lib
 from bpo_jax.training import loop
 from bpo_jax.training import translate
 
-
-def trunk_batch(config) -> tuple[int, int, str]:
-  """`(tasks, trees per task, trunk)` to grow so that a drawn tree gets the trunk baseline
-  training gives it (`rollout.trunk_baseline`): the tree alone ("zero", or an estimator without
-  a trunk), `rollout.trees_per_task` trees of its task ("loo"), or an iteration's worth of
-  trees ("batch")."""
-  r = config.rollout
-  trunk = r.trunk_baseline if estimator_registry.get(r.estimator).trunk_baseline else "zero"
-  if trunk == "zero":
-    return 1, 1, trunk
-  return (r.tasks_per_iteration if trunk == "batch" else 1), r.trees_per_task, trunk
+ROOT_WIDTH = 96  # characters per line of the root observation
 
 
-def sample_tree(config, workdir: str, task_index: int = 0, seed: int = 0):
-  """Grows one tree (or group) with the latest checkpoint of `workdir` on training task
-  `task_index`; returns `(TaskRollout, advantages)` for `render_tree`.
+@dataclasses.dataclass
+class DrawnTree:
+  """One tree of a batch grown as training grows it, with training's advantages.
 
-  The advantages are the ones training would give the tree: its estimator, and its trunk
-  baseline from the other trees of its task or of a batch of the tasks that follow it, which
-  are grown too (`trunk_batch`).
+  Attributes:
+    rollout: the tree (`TaskRollout`).
+    advantages: float[N], the estimator's per-node advantages of this tree in its batch.
+    threshold: the entropy threshold the batch forked at (the checkpoint's).
+    iteration: the training iteration whose tasks and key grew the batch (checkpoint + 1).
+    draw: 0 for training's own key of that iteration, d > 0 for `fold_in(key, d)`.
+    tree_index: the tree's position in the batch.
+    differing_forks: the forks whose siblings' values differ (`differing_forks`).
   """
-  num_tasks, trees_per_task, trunk = trunk_batch(config)
-  exp, state, _ = loop.load_checkpoint(config, workdir)
-  n = len(exp.train_tasks)
-  tasks = [exp.train_tasks[(task_index + j) % n] for j in range(num_tasks)
-           for _ in range(trees_per_task)]
+
+  rollout: rollout_lib.TaskRollout
+  advantages: np.ndarray
+  threshold: float
+  iteration: int
+  draw: int
+  tree_index: int
+  differing_forks: list[int]
+
+
+def differing_forks(rollout: rollout_lib.TaskRollout, gamma: float = 1.0) -> list[int]:
+  """The forks (nodes with two or more valid children; N for the root state) whose children's
+  values Q̂ (`estimators.node_values`: r + γ · the mean of the children's) are not all equal:
+  where BPO's leave-one-out sibling baseline gives the branches non-zero advantages. Example:
+  a root fork into a branch that succeeds (Q̂ = 1) and one that fails (Q̂ = 0)."""
+  values = np.asarray(estimators.node_values(jax.tree.map(jnp.asarray, rollout.tree), gamma))
+  out = []
+  for node, children in enumerate(rollout.tokens.children()):
+    if len(children) > 1 and np.ptp(values[children]) > 0:
+      out.append(node)
+  return out
+
+
+def training_advantages(config, batch: rollout_lib.RolloutBatch) -> np.ndarray:
+  """float[T, N]: the advantages training gives `batch` (as `iteration.estimate_and_pack`)."""
+  r = config.rollout
+  advantages, _ = estimator_registry.advantages_and_weights(
+      jax.tree.map(jnp.asarray, batch.stacked_trees()), estimator=r.estimator,
+      gamma=float(r.gamma), trees_per_task=r.trees_per_task, trunk=r.trunk_baseline,
+      options=estimator_registry.config_options(config))
+  return np.asarray(advantages)
+
+
+def draw_tree(config, workdir: str, step: int | None = None, draws: int = 4) -> DrawnTree:
+  """A tree of the batch training's iteration `step + 1` grows from checkpoint `step` (default:
+  the latest) of `workdir`, with the threshold stored there; the first tree (in batch order)
+  with a `differing_forks` entry, trying training's own key and then `draws - 1` others; if no
+  draw has one, the first tree with the most forks."""
+  if draws < 1:
+    raise ValueError(f"draws must be at least 1, got {draws}")
+  exp, state, saved = loop.load_checkpoint(config, workdir, step)
+  iteration = int(saved["iteration"]) + 1
+  threshold = float(saved["fork_threshold"]["threshold"])
+  key = jax.random.fold_in(jax.random.key(config.seed), iteration)
+  fallback = None
   try:
     engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
                                        translate.rollout_config(config))
-    batch = engine.rollout(exp.full_params(state.params), tasks, jax.random.key(seed))
+    tasks = iteration_lib.iteration_tasks(exp, iteration)
+    params = exp.full_params(state.params)
+    for draw in range(draws):
+      batch = engine.rollout(params, tasks, jax.random.fold_in(key, draw) if draw else key,
+                             threshold=threshold)
+      advantages = training_advantages(config, batch)
+      for index, tree in enumerate(batch.rollouts):
+        drawn = DrawnTree(tree, advantages[index], threshold, iteration, draw, index,
+                          differing_forks(tree, float(config.rollout.gamma)))
+        if drawn.differing_forks:
+          return drawn
+        forks = sum(len(k) > 1 for k in tree.tokens.children())
+        if fallback is None or forks > fallback[0]:
+          fallback = (forks, drawn)
   finally:
     exp.close()
-  advantages, _ = estimator_registry.advantages_and_weights(
-      jax.tree.map(jnp.asarray, batch.stacked_trees()), estimator=config.rollout.estimator,
-      gamma=float(config.rollout.gamma), trees_per_task=trees_per_task, trunk=trunk,
-      options=estimator_registry.config_options(config))
-  return batch.rollouts[0], np.asarray(advantages[0])
+  return fallback[1]
 
 
-def render_tree(rollout: rollout_lib.TaskRollout, advantages: np.ndarray | None = None) -> str:
+def render_tree(rollout: rollout_lib.TaskRollout, advantages: np.ndarray | None = None,
+                marked: tuple[int, ...] = ()) -> str:
   """A text drawing of one task's rollout tree: each step's action, reward and outcome.
 
-  Example line: `├─ take apple  r=0  A=+0.50` (A only when advantages are given); forks show as
-  several children under one step.
+  The root observation is wrapped at word boundaries (`ROOT_WIDTH`). Example step line:
+  `├─ take apple  r=0  A=+0.50` (A only when advantages are given); forks show as several
+  children under one step, a fork in `marked` (node index, N for the root state) as `◆`.
   """
   tokens = rollout.tokens
   kids = tokens.children()
-  lines = [f"[root] {rollout.first_observation[:90]}"]
+  root = textwrap.wrap(" ".join(rollout.first_observation.split()), ROOT_WIDTH) or [""]
+  lines = ["[root] " + root[0]] + ["       " + line for line in root[1:]]
+  if tokens.num_nodes in marked:
+    lines[-1] += "  ◆"
   reward = np.asarray(rollout.tree.reward)
 
   def visit(node: int, prefix: str, last: bool):
@@ -71,8 +131,9 @@ def render_tree(rollout: rollout_lib.TaskRollout, advantages: np.ndarray | None 
     elif bool(rollout.tree.terminal[node]):
       outcome = "  (end)"
     adv = "" if advantages is None else f"  A={advantages[node]:+.2f}"
+    fork = "  ◆" if node in marked else ""
     lines.append(f"{prefix}{connector}{rollout.action_texts[node] or '<empty>'}  "
-                 f"r={reward[node]:g}{adv}{outcome}")
+                 f"r={reward[node]:g}{adv}{outcome}{fork}")
     children = kids[node]
     for j, child in enumerate(children):
       visit(child, prefix + ("   " if last else "│  "), j == len(children) - 1)
