@@ -16,7 +16,7 @@ from experiments.configs import base
 def small_config():
   """The notebook's BPO configuration at its tiny size, with five turns (the world's) and a warm
   start long enough that the policy's branches sometimes succeed and sometimes fail."""
-  config = base.rooms_comparison("bpo", "tiny")
+  config = base.tiny(base.compared(base.rooms("bpo")))
   config.rollout.tasks_per_iteration = 4
   config.env.max_turns = 5
   config.rollout.max_env_steps = config.rollout.k * config.env.max_turns
