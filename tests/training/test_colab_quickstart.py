@@ -104,6 +104,7 @@ def test_quickstart_script_runs_on_the_tiny_setting_outside_the_checkout(tmp_pat
     assert f"{estimator.upper():4s} gradient-norm variance across micro-batches: mean" in out
     records = [json.loads(line) for line in open(tmp_path / "runs" / estimator / "metrics.jsonl")]
     assert [r["iteration"] for r in records if r["phase"] == "train"] == [1, 2]
+  assert "GRPO's spend per task as a multiple of BPO's: env steps " in out
   assert (tmp_path / "runs" / "curves.png").exists()
   # The drawn tree: its header, a root line, then steps with their rewards and advantages.
   assert "iteration 1, tree " in out and "fork threshold 0 nats" in out
