@@ -118,6 +118,7 @@ def test_the_reference_runs_on_one_device_and_moves_the_parameters(runs):
   assert moved > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MESHES))
 def test_a_mesh_trains_like_one_device(runs, name):
   shards, shape = MESHES[name]

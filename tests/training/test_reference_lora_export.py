@@ -186,6 +186,7 @@ def test_lora_checkpoints_hold_only_adapters_and_only_adapters_change(lora_kl_ru
   assert len(kl) == 2 and all(np.isfinite(kl)) and min(kl) >= 0
 
 
+@pytest.mark.slow
 def test_lora_kl_run_resumes_exactly(lora_kl_run):
   config_path, workdir, tmp_path = lora_kl_run
   resumed = str(tmp_path / "resumed")
@@ -232,6 +233,7 @@ def _library_and_hf_logits(config_path, workdir, export_dir, tokens):
   return np.asarray(ours), theirs, tokenizer, exp
 
 
+@pytest.mark.slow
 def test_export_loads_in_transformers_with_the_library_logits(lora_kl_run):
   config_path, workdir, tmp_path = lora_kl_run
   export_dir = str(tmp_path / "export")
