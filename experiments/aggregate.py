@@ -430,7 +430,7 @@ def plots(results: dict, out: str) -> list[str]:
     ax.set(xlabel=label, ylabel="held-out success", ylim=(-0.02, 1.02))
     ax.legend()
     fig.tight_layout()
-    fig.savefig(os.path.join(out, name), dpi=100)
+    _save(fig, out, name)
     plt.close(fig)
     names.append(name)
   spread = {n: m["grad_norm_variance"] for n, m in methods.items()}
@@ -446,6 +446,13 @@ def plots(results: dict, out: str) -> list[str]:
   return names
 
 
+def _save(fig, out: str, name: str) -> None:
+  """Saves `fig` as `out/name` whole: into a temporary file beside it, then renamed."""
+  temporary = os.path.join(out, f".{name}.partial.png")
+  fig.savefig(temporary, dpi=100)
+  os.replace(temporary, os.path.join(out, name))
+
+
 def _bar_plot(plt, out: str, name: str, values: dict, ylabel: str) -> str:
   """One bar per method of `values` ({method: {"mean", "low", "high"} or None}), its interval
   as the error bar where there is one; saved as `out/name`. Returns `name`."""
@@ -458,6 +465,6 @@ def _bar_plot(plt, out: str, name: str, values: dict, ylabel: str) -> str:
   ax.set_xticks(range(len(values)), list(values))
   ax.set(ylabel=ylabel)
   fig.tight_layout()
-  fig.savefig(os.path.join(out, name), dpi=100)
+  _save(fig, out, name)
   plt.close(fig)
   return name

@@ -32,8 +32,10 @@ plots of `aggregate.plots`.
 `experiments/grad_variance.py` measures the finished runs' gradient variance and adds it to
 these files.
 
-Bad flags or configurations: one line, exit status 2; a run that fails is reported with its
-log's last line (the error), the others are still aggregated, exit status 1.
+Bad flags or configurations (an --out that is a file): one line, exit status 2; a run that
+fails is reported with its log's last line (the error), the others are still aggregated and
+results.md names the runs left out, exit status 1; with no finished run no results or plots
+are written. Every results file is written whole (a temporary file renamed into place).
 """
 
 import dataclasses
@@ -57,6 +59,7 @@ from ml_collections import config_flags
 
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import estimator_registry
+from bpo_jax.training import workdir as workdir_lib
 from experiments import aggregate
 from experiments import cli
 from experiments.configs import base
@@ -153,6 +156,7 @@ def _saved_differences(run: Run, config) -> list[str]:
   with open(os.path.join(run.workdir, "config.json"), encoding="utf-8") as f:
     saved = json.load(f)
   saved.pop("env_protections", None)
+  saved.pop(workdir_lib.FLAG_KEYS, None)
   # How many checkpoints a run keeps does not change its numbers (a resumed run may change it).
   return list(config_lib.saved_differences(saved, plain(config), ignore=("checkpoint.keep",)))
 
@@ -191,8 +195,7 @@ def plan(config, estimators, seeds: int, out: str,
 def train(run: Run, config, env: dict) -> tuple[Run, int, float]:
   """Trains one run with run.py in a subprocess: (run, exit status, seconds)."""
   os.makedirs(os.path.dirname(run.workdir), exist_ok=True)
-  with open(run.config_path, "w", encoding="utf-8") as f:
-    json.dump(plain(config), f, indent=2, sort_keys=True)
+  workdir_lib.write_json(run.config_path, plain(config))
   command = [sys.executable, RUN_PY, f"--config={JSON_CONFIG_PY}:{run.config_path}",
              f"--workdir={run.workdir}"]
   start = time.perf_counter()
@@ -251,15 +254,18 @@ def _checkpoint_zero(run: Run) -> str:
   return os.path.join(run.workdir, "checkpoints", "0")
 
 
-def start_from_lead(run: Run, lead: Run) -> None:
+def start_from_lead(run: Run, lead: Run, config) -> None:
   """Gives `run` the parameters, Adam moments and loop state (the iteration-0 evaluations and
   the warm start's records) of `lead`'s checkpoint 0, and its tokenizer, so that run.py
   resumes from there. The warm start does not read the estimator: with the same seed and
   settings each run would compute the same checkpoint 0 (tests/training/test_compare.py checks
-  this bit for bit). Nothing is copied into a run that already has checkpoints."""
+  this bit for bit), so the run's record (config.json) is its own `config`'s. Nothing is
+  copied into a run that already has checkpoints."""
   if os.path.isdir(os.path.join(run.workdir, "checkpoints")):
     return
   os.makedirs(run.workdir, exist_ok=True)
+  workdir_lib.write_json(os.path.join(run.workdir, workdir_lib.CONFIG),
+                         {**workdir_lib.config_record(config), workdir_lib.FLAG_KEYS: []})
   tokenizer = os.path.join(lead.workdir, "tokenizer")
   if os.path.isdir(tokenizer):
     shutil.copytree(tokenizer, os.path.join(run.workdir, "tokenizer"), dirs_exist_ok=True)
@@ -339,7 +345,7 @@ def train_all(runs, jobs: int, leads: dict | None = None) -> list[Run]:
     while (item := next_run()) is not None:
       run, config = item
       if run in leads:
-        start_from_lead(run, leads[run])
+        start_from_lead(run, leads[run], config)
       run, status, seconds = train(run, config, env)
       with lock:
         if status == 0:
@@ -359,16 +365,21 @@ def train_all(runs, jobs: int, leads: dict | None = None) -> list[Run]:
 
 
 def write_results(runs, out: str, spec: str, params_of: str | None = None,
-                  trained=None) -> dict:
+                  trained=None, failed=()) -> dict | None:
   """Aggregates the finished runs of `trained` (default `runs`) into OUT/results.json,
-  results.md and the plots; with `params_of`, claim 2 from the shared-parameter measurements of
-  `runs` (`results["claim_2_shared"]`)."""
+  results.md and the plots, each file written whole; with `params_of`, claim 2 from the
+  shared-parameter measurements of `runs` (`results["claim_2_shared"]`). A method without a
+  finished run is left out, the `failed` runs are named in both files, and with no finished run
+  nothing is written (returns None)."""
   per_method: dict[str, list[dict]] = {}
   shared: dict[str, list[dict]] = {}
   for run, c in trained or runs:
-    per_method.setdefault(run.estimator, [])
     if finished(run, c.train.iterations):
-      per_method[run.estimator].append(aggregate.run_metrics(aggregate.read_run(run.workdir)))
+      per_method.setdefault(run.estimator, []).append(
+          aggregate.run_metrics(aggregate.read_run(run.workdir)))
+  if not per_method:
+    print(f"error: no run finished: nothing written to {out}", file=sys.stderr)
+    return None
   for run, _ in runs:
     path = os.path.join(run.workdir, aggregate.GRADIENT_VARIANCE_JSON)
     if params_of and os.path.exists(path):
@@ -386,10 +397,12 @@ def write_results(runs, out: str, spec: str, params_of: str | None = None,
   if params_of:
     results["claim_2_shared"] = aggregate.shared_variance(shared, params_of)
     table += "\n".join(aggregate.claim_two_lines(results["claim_2_shared"])) + "\n"
-  with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=2, sort_keys=True)
-  with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
-    f.write(f"# {spec}\n\n{table}")
+  if failed:
+    results["failed"] = [f"{r.estimator} seed {r.seed}" for r in failed]
+    table += (f"\nLeft out, failed: {', '.join(results['failed'])} (their logs: "
+              "runs/EST/seedS.log).\n")
+  workdir_lib.write_json(os.path.join(out, "results.json"), results)
+  workdir_lib.write_text(os.path.join(out, "results.md"), f"# {spec}\n\n{table}")
   results["plots"] = aggregate.plots(results, out)
   print(table, end="")
   return results
@@ -402,13 +415,14 @@ def main(argv):
     _fail(f"--jobs={jobs}: must be >= 0 (0 = the machine's cores)")
   spec = cli.config_arg(sys.argv)
   out = _FLAGS["out"].value or os.path.join("results", config_name(spec))
+  if os.path.exists(out) and not os.path.isdir(out):
+    _fail(f"--out={out}: exists and is not a directory")
   runs = plan(_FLAGS["config"].value, _FLAGS["estimators"].value, _FLAGS["seeds"].value, out,
               _FLAGS["first_seed"].value)
   os.makedirs(out, exist_ok=True)
   leads = warm_start_leads(runs) if _FLAGS["share_warm_start"].value else None
   failed = train_all(runs, jobs, leads)
-  write_results(runs, out, spec)
-  if failed:
+  if write_results(runs, out, spec, failed=failed) is None or failed:
     sys.exit(1)
 
 

@@ -47,6 +47,7 @@ if _ROOT not in sys.path:
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 
+from bpo_jax.training import workdir as workdir_lib
 from experiments import aggregate
 from experiments import cli
 from experiments import compare
@@ -130,10 +131,8 @@ def measure(runs, draws: int, count: int, params_of: str | None = None, sources=
       print(f"error: {run.estimator} seed {run.seed}: gradient variance failed: "
             f"{type(error).__name__}: {' '.join(str(error).split())}", file=sys.stderr)
       continue
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-      json.dump({"draws": draws, "checkpoints": results, "params_of": params_of,
-                 "params_from": params_from}, f, indent=2, sort_keys=True)
-    os.replace(path + ".tmp", path)
+    workdir_lib.write_json(path, {"draws": draws, "checkpoints": results,
+                                  "params_of": params_of, "params_from": params_from})
     print(f"{run.estimator} seed {run.seed}: gradient variance at checkpoints {steps} "
           f"({draws} draws) in {time.perf_counter() - start:.0f} s")
     for r in results:

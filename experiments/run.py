@@ -14,7 +14,15 @@ model's shape; `scale.model_preset` is then a check of that shape), `--config.mo
 trains low-rank adapters over the frozen base, `--config.train.kl_coef=B` adds the k3 KL term
 toward the parameters the policy gradient starts from.
 
-Training resumes from the workdir's latest checkpoint when there is one. Several processes (one
+A workdir is its run's record (`bpo_jax/training/workdir.py`): a resume, `--mode=eval` and
+`--mode=export` take the values of the keys the training's command line set (e.g.
+`--config.model.checkpoint`) from its config.json, so those flags need not be repeated; a flag
+or config file that contradicts the record is refused naming the keys, except, for eval and
+export, the evaluation's settings and the devices (`loop.EVAL_CHANGES`). One run at a time uses
+a workdir: a second is refused while the first holds its lock.
+
+Training resumes from the workdir's latest checkpoint that restores (a corrupt one is named and
+set aside). Several processes (one
 per host of a pod, or two on one machine) run the same command with their own
 `--config.scale.distributed.process_id` and the same `num_processes` and `coordinator_address`
 (process 0's "host:port"); they share the workdir, and process 0 prints the results:
@@ -32,9 +40,11 @@ cannot be written, a missing checkpoint directory for `--mode=eval` or `export`)
 naming the key, before any compute, and the command exits with status 2; so is a checkpoint
 the run cannot use (`models.CheckpointError`: no config.json, an unreadable safetensors file, a
 missing shard, a tensor of the wrong shape or with NaN or Inf values, an unsupported
-model_type, a LoRA rank the model cannot take), in one line. A run whose updates keep being
-skipped for a non-finite loss or gradient (`train.max_skipped_updates` in a row) stops with
-one line and exit status 1.
+model_type, a LoRA rank the model cannot take), a workdir in use or without its record, or a
+run none of whose checkpoints restores, in one line. A run whose updates keep being skipped
+for a non-finite loss or gradient (`train.max_skipped_updates` in a row) stops with one line
+and exit status 1. So does a file of the run that cannot be written (a full disk); what was
+written before stays whole and the run resumes once there is space.
 """
 
 import os
@@ -54,6 +64,7 @@ from ml_collections import config_flags
 from bpo_jax import text
 from bpo_jax.sandboxes import base as sandbox_base
 from bpo_jax.training import config as config_lib
+from bpo_jax.training import workdir as workdir_lib
 from experiments import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file.",
@@ -121,8 +132,10 @@ def _evaluate(loop, config, workdir: str, primary: bool):
 def _input_errors() -> tuple[type, ...]:
   """Errors that mean bad input (a configuration, checkpoint or tokenizer the run cannot use)."""
   from bpo_jax.models import params  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
   return (config_lib.ConfigError, params.CheckpointError, text.TokenizerError,
-          sandbox_base.TaskInputError)
+          sandbox_base.TaskInputError, workdir_lib.WorkdirError,
+          checkpoint.UnrestorableCheckpointError)
 
 
 def _first_line(error: Exception) -> str:
@@ -138,7 +151,8 @@ def _export(loop, config, workdir: str, primary: bool):
 
 
 def _train(loop, config, workdir: str, primary: bool):
-  summary = loop.train(config, workdir, stop_after=_STOP_AFTER.value)
+  summary = loop.train(config, workdir, stop_after=_STOP_AFTER.value,
+                       keys_set=workdir_lib.flag_keys(sys.argv))
   if not primary:
     return
   labels = {"init": "untrained model", "start": "after the warm start (iteration 0)",
@@ -158,9 +172,10 @@ def main(argv):
   try:
     if _DRY_RUN.value:  # writes nothing, and checks a pod's sizes rather than this host's
       config_lib.validate(config, "train", host_memory=False)
-    else:
+    else:  # the run's record decides what the flags leave out
+      config = workdir_lib.apply_record(config, workdir, workdir_lib.flag_keys(sys.argv))
       config_lib.validate(config, mode, workdir)
-  except config_lib.ConfigError as error:
+  except (config_lib.ConfigError, workdir_lib.WorkdirError) as error:
     _fail(str(error))
   if _DRY_RUN.value:
     _dry_run(config)
@@ -181,6 +196,9 @@ def main(argv):
     _fail(_first_line(error))
   except iteration.NonFiniteUpdates as error:  # the run diverged: not bad input, a failed run
     print(f"error: {error}", file=sys.stderr)
+    sys.exit(1)
+  except workdir_lib.WriteError as error:  # e.g. a full disk: what was written stays whole
+    print(f"error: {error.strerror}", file=sys.stderr)
     sys.exit(1)
   except sandbox_base.EnvironmentFailure as error:  # e.g. tests that cannot start on this host
     print(f"error: the {config.env.name} environment cannot run here: {_first_line(error)}",

@@ -11,7 +11,20 @@ stopped:
   its JSONL file on resume, so the file equals that of an uninterrupted run).
 
 Orbax writes each checkpoint into a temporary directory and renames it when complete, so a
-process killed mid-save leaves the previous checkpoint as the latest one.
+process killed mid-save leaves the previous checkpoint as the latest one. A save that fails (a
+full disk) removes its temporary directory and raises `workdir.WriteError`, one line; the
+earlier checkpoints are untouched.
+
+Integrity. Orbax reads a flipped byte in a data file back as a wrong value, silently (its chunks
+carry no checksum), so once a save is complete process 0 writes `<step>/checksums.json`: the
+SHA-256 of every file of the step (one read of the checkpoint, from the page cache). A
+checkpoint restores only if every listed file has its digest and Orbax reads it, and the caller's
+check of its loop state passes; a step without checksums.json (its writer killed between the
+two, or written by a library without them) is restored unverified, with a warning.
+`restore_latest` takes the latest checkpoint that restores: each one after it is named in one
+logged line with its reason and, when training goes on from the earlier one, moved to
+`<workdir>/unrestorable_checkpoints/` (kept for inspection; the run writes those steps again).
+When none restores it raises `UnrestorableCheckpointError`, one line naming each.
 
 Example:
 
@@ -23,12 +36,26 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from typing import Any
+import shutil
+import time
+from typing import Any, Callable
 
+from absl import logging
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from bpo_jax.training import distributed
+from bpo_jax.training import workdir as workdir_lib
+
+CHECKSUMS = "checksums.json"
+
+
+class UnrestorableCheckpointError(ValueError):
+  """No checkpoint of a run restores (each corrupt or incomplete): one line naming each."""
 
 
 def key_to_json(key: jax.Array) -> list[int]:
@@ -64,22 +91,128 @@ class Checkpointer:
     return list(self.manager.all_steps())
 
   def save(self, step: int, state: Any, loop: dict) -> None:
-    """Writes checkpoint `step` and waits until it is complete on disk."""
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    loop=ocp.args.JsonSave(loop)))
-    self.manager.wait_until_finished()
+    """Writes checkpoint `step`, waits until it is complete on disk and seals it with its
+    checksums; a write that fails raises `workdir.WriteError` (module docstring)."""
+    try:
+      self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                      loop=ocp.args.JsonSave(loop)))
+      self.manager.wait_until_finished()
+    except OSError as error:
+      if distributed.is_primary():
+        for name in os.listdir(self.directory):
+          if name.startswith(f"{step}.") and "tmp" in name:
+            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+      raise workdir_lib.WriteError(
+          error.errno, f"cannot write checkpoint {step} to {self.directory}: "
+          f"{error.strerror or error}; the checkpoints before it are intact") from None
+    if distributed.is_primary():
+      step_dir = os.path.join(self.directory, str(step))
+      workdir_lib.write_json(os.path.join(step_dir, CHECKSUMS), file_digests(step_dir))
+    distributed.barrier(f"checkpoint {step} sealed")
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
     """The checkpoint `step` restored into `abstract_state`'s structure (ShapeDtypeStructs or
-    arrays); returns `(state, loop)`."""
+    arrays); returns `(state, loop)`. Raises `UnrestorableCheckpointError` when its files are
+    not those it was saved with or Orbax cannot read them."""
     if step not in self.manager.all_steps():
       raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory!r}; "
                               f"have {self.all_steps()}")
-    abstract_state = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-    restored = self.manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                                      loop=ocp.args.JsonRestore()))
-    return restored.state, dict(restored.loop)
+    outcome = self._try_restore(step, abstract_state)
+    if isinstance(outcome, str):
+      raise UnrestorableCheckpointError(f"checkpoint {step} in {self.directory} does not "
+                                        f"restore: {outcome}")
+    return outcome
+
+  def _try_restore(self, step: int, abstract_state: Any,
+                   check: Callable[[int, dict], None] | None = None):
+    """`(state, loop)`, or why checkpoint `step` does not restore (one line). The processes
+    agree: a step any of them cannot read is unrestorable for all."""
+    try:
+      verify(os.path.join(self.directory, str(step)))
+      abstract_state = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+      restored = self.manager.restore(
+          step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                        loop=ocp.args.JsonRestore()))
+      outcome = restored.state, dict(restored.loop)
+      if check is not None:
+        check(step, outcome[1])
+      why = None
+    except Exception as error:  # pylint: disable=broad-except
+      outcome = why = f"{type(error).__name__}: {' '.join(str(error).split())}"[:300]
+    problems = [w for w in distributed.allgather_objects(why) if w]
+    return problems[0] if problems else outcome
+
+  def restore_latest(self, abstract_state: Any, check: Callable[[int, dict], None] | None = None,
+                     set_aside: bool = False) -> tuple[int, Any, dict] | None:
+    """`(step, state, loop)` of the latest checkpoint that restores (its loop state passing
+    `check(step, loop)`, which raises ValueError), None when there is no checkpoint. Each later
+    one is logged with its reason and, with `set_aside`, moved out of the checkpoint directory
+    (module docstring). Raises `UnrestorableCheckpointError` when none restores."""
+    rejected = []
+    for step in sorted(self.all_steps(), reverse=True):
+      outcome = self._try_restore(step, abstract_state, check)
+      if not isinstance(outcome, str):
+        if rejected and set_aside:
+          self._set_aside([s for s, _ in rejected])
+        return (step, *outcome)
+      logging.warning("checkpoint %d in %s does not restore (%s); trying the one before it",
+                      step, self.directory, outcome)
+      rejected.append((step, outcome))
+    if rejected:
+      raise UnrestorableCheckpointError(
+          f"no checkpoint in {self.directory} restores: " +
+          "; ".join(f"checkpoint {s}: {why}" for s, why in rejected))
+    return None
+
+  def _set_aside(self, steps: list[int]) -> None:
+    """Moves `steps` to unrestorable_checkpoints/ beside the checkpoint directory."""
+    if distributed.is_primary():
+      aside = os.path.join(os.path.dirname(self.directory), "unrestorable_checkpoints")
+      os.makedirs(aside, exist_ok=True)
+      for step in steps:
+        target = os.path.join(aside, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(os.path.join(self.directory, str(step)), target)
+        logging.warning("moved the unrestorable checkpoint %d to %s", step, target)
+    distributed.barrier("unrestorable checkpoints set aside")
+    self.manager.reload()
 
   def close(self) -> None:
     self.manager.close()
+
+
+def file_digests(directory: str) -> dict[str, str]:
+  """{path relative to `directory`: SHA-256 hex digest} of every file under it but the
+  checksums file itself."""
+  digests = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(root, name)
+      relative = os.path.relpath(path, directory)
+      if relative == CHECKSUMS:
+        continue
+      digest = hashlib.sha256()
+      with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+          digest.update(block)
+      digests[relative] = digest.hexdigest()
+  return dict(sorted(digests.items()))
+
+
+def verify(step_dir: str) -> None:
+  """Raises ValueError naming the first file of a sealed checkpoint step that is missing or
+  whose digest differs; a step without checksums passes, with a warning (module docstring)."""
+  path = os.path.join(step_dir, CHECKSUMS)
+  if not os.path.exists(path):
+    if os.path.isdir(step_dir) and os.listdir(step_dir):
+      logging.warning("checkpoint %s has no %s: restored unverified", step_dir, CHECKSUMS)
+    return
+  with open(path, encoding="utf-8") as f:
+    expected = json.load(f)
+  if not isinstance(expected, dict) or not expected:
+    raise ValueError(f"{CHECKSUMS} lists no files")
+  actual = file_digests(step_dir)
+  for name, digest in expected.items():
+    if name not in actual:
+      raise ValueError(f"its file {name} is missing")
+    if actual[name] != digest:
+      raise ValueError(f"its file {name} is not the one saved (SHA-256 differs)")

@@ -79,7 +79,6 @@ devices the trees were decoded on (`decode_devices`, summed over the processes).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import tempfile
@@ -92,7 +91,6 @@ import jax.numpy as jnp
 
 from bpo_jax import rollout as rollout_lib
 from bpo_jax.models import params as params_lib
-from bpo_jax.sandboxes import registry
 from bpo_jax.training import checkpoint as checkpoint_lib
 from bpo_jax.training import compile_cache
 from bpo_jax.training import config as config_lib
@@ -105,50 +103,57 @@ from bpo_jax.training import placement as placement_lib
 from bpo_jax.training import translate
 from bpo_jax.training import update as update_lib
 from bpo_jax.training import warm_start as warm_start_lib
+from bpo_jax.training import workdir as workdir_lib
 
 # Keys a resumed run may change without breaking exactness (they do not touch the numbers).
 RESUMABLE_CHANGES = ("train.iterations", "log.tensorboard", "log.progress_bar", "checkpoint.keep",
                      "env.num_workers", "env.timeout_s", "scale.distributed.process_id",
                      "scale.distributed.coordinator_address", "scale.compile_cache_dir")
+# Keys `evaluate` and `export` may set otherwise than the run's record: how many held-out tasks
+# and how they are played, and where the checkpoint is restored (its arrays are the same on any
+# mesh). Everything else decides which model the checkpoint holds and how it is read.
+EVAL_CHANGES = RESUMABLE_CHANGES + (
+    "eval.num_tasks", "eval.temperature", "eval.confidence", "eval.every", "env.num_eval_tasks",
+    "scale.num_devices", "scale.decode_batch", "scale.mesh.data", "scale.mesh.fsdp",
+    "scale.mesh.tensor", "scale.mesh.dcn_data", "scale.distributed.num_processes")
 
 
-def _check_workdir_config(config, workdir: str):
-  """A workdir holds one experiment: resuming with other settings would not be exact. Returns
-  the configuration record to save (`_write_workdir_config`)."""
-  path = os.path.join(workdir, "config.json")
-  current = config_lib.to_plain(config)
-  env = registry.get_environment(config.env.name)
-  if hasattr(env, "protections_record"):  # what the sandbox's commands are confined by
-    current["env_protections"] = env.protections_record(**dict(config.env.options))
+def _check_workdir_config(config, workdir: str, keys_set=(), may_change=RESUMABLE_CHANGES):
+  """A workdir holds one experiment (`workdir.py`): resuming with other settings would not be
+  exact, and a checkpoint restores only into its own model. Returns the configuration record to
+  save (`_write_workdir_config`), with the keys the run's command lines set (`keys_set` now)."""
+  current = workdir_lib.config_record(config)
   # Every process checks the saved file before process 0 rewrites it.
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      saved = json.load(f)
-
-    changed = config_lib.saved_differences(saved, current, RESUMABLE_CHANGES)
+  saved = workdir_lib.require_record(workdir)
+  if saved is not None:
+    recorded = {k: v for k, v in saved.items() if k != workdir_lib.FLAG_KEYS}
+    changed = config_lib.saved_differences(recorded, current, may_change)
     if changed:
       raise config_lib.ConfigError([
           f"{k}: the workdir {workdir!r} holds a run with {k} = {was!r}, not {now!r} "
           "(use a new workdir, or the same settings to resume)"
           for k, (was, now) in changed.items()])
+  current[workdir_lib.FLAG_KEYS] = workdir_lib.record_keys(saved, keys_set)
   distributed.barrier("workdir config checked")
   return current
 
 
 def _write_workdir_config(current: dict, workdir: str) -> None:
-  """Saves the checked configuration (`_check_workdir_config`) once the run is built."""
-  if distributed.is_primary():
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-      json.dump(current, f, indent=2, sort_keys=True)
+  """Saves the checked configuration (`_check_workdir_config`) once the run is built, whole
+  (`workdir.write_json`), when it differs from the saved one."""
+  if distributed.is_primary() and workdir_lib.read_record(workdir) != current:
+    workdir_lib.write_json(os.path.join(workdir, workdir_lib.CONFIG), current)
 
 
-def train(config, workdir: str, stop_after: int | None = None) -> dict:
+def train(config, workdir: str, stop_after: int | None = None, keys_set=()) -> dict:
   """Trains as configured in `workdir`, resuming from its latest checkpoint if there is one.
 
   Args:
     config: an experiment configuration (see `training/config.py`); validated first.
     workdir: where the tokenizer, checkpoints, metrics.jsonl, tensorboard/ and summary.json go.
     stop_after: stop after this iteration (for tests and demos; the run can be resumed).
+    keys_set: the keys the command line set (`--config.KEY=V`), recorded in config.json so
+      that later commands on the workdir take their values from it (`workdir.apply_record`).
 
   Returns:
     The summary: held-out success before RL (after the warm start) and at the end, with
@@ -159,19 +164,20 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
   _connect_processes(config)
   created = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
-  checked = _check_workdir_config(config, workdir)
-  try:
-    exp, state = experiment_lib.build_experiment(config, workdir)
-  except BaseException:
-    # Nothing half-written: a run that cannot be built leaves no workdir it created.
-    if created and distributed.is_primary():
-      shutil.rmtree(workdir, ignore_errors=True)
-    raise
-  _write_workdir_config(checked, workdir)
-  try:
-    return _train(exp, state, stop_after)
-  finally:
-    exp.close()
+  with workdir_lib.lock_run(workdir, "train"):
+    checked = _check_workdir_config(config, workdir, keys_set)
+    try:
+      exp, state = experiment_lib.build_experiment(config, workdir)
+    except BaseException:
+      # Nothing half-written: a run that cannot be built leaves no workdir it created.
+      if created and distributed.is_primary():
+        shutil.rmtree(workdir, ignore_errors=True)
+      raise
+    _write_workdir_config(checked, workdir)
+    try:
+      return _train(exp, state, stop_after)
+    finally:
+      exp.close()
 
 
 def _connect_processes(config) -> None:
@@ -247,12 +253,12 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
   root_key = jax.random.key(config.seed)
   abstract = _checkpoint_tree(placement.abstract(local_state), use_ref)
   del local_state
-  latest = checkpointer.latest_step()
-  if latest is not None:
-    (state, ref), loop = _from_checkpoint_tree(checkpointer.restore(latest, abstract))
+  # The latest checkpoint that restores; those after it are set aside (checkpoint.py).
+  restored = checkpointer.restore_latest(abstract, _check_loop_state(root_key), set_aside=True)
+  if restored is not None:
+    latest, tree, loop = restored
+    (state, ref), loop = _from_checkpoint_tree((tree, loop))
     history, threshold = loop["history"], loop["fork_threshold"]
-    if checkpoint_lib.key_to_json(root_key) != loop["key"]:
-      raise ValueError("the checkpoint's RNG key does not match this configuration's seed")
     logging.info("resumed from the checkpoint of iteration %d in %s", latest, workdir)
   else:
     # The initial parameters (alike in every process) laid out over the run's devices: the
@@ -290,8 +296,7 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
     checkpointer.close()
   summary = summarize(history, workdir)
   if distributed.is_primary():
-    with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
-      json.dump(summary, f, indent=2, sort_keys=True)
+    workdir_lib.write_json(os.path.join(workdir, "summary.json"), summary)
   return summary
 
 
@@ -341,6 +346,21 @@ def _from_checkpoint_tree(restored):
   if isinstance(tree, dict) and "ref" in tree:
     return (tree["train"], tree["ref"]), loop
   return (tree, None), loop
+
+
+def _check_loop_state(root_key) -> Callable[[int, dict], None]:
+  """The check of a restored checkpoint's loop state (`_loop_state`) at its step: raises
+  ValueError, naming what is wrong, for a state this run cannot continue from."""
+  def check(step: int, loop: dict) -> None:
+    for name, kind in (("iteration", int), ("key", list), ("task_position", int),
+                       ("fork_threshold", dict), ("history", list)):
+      if not isinstance(loop.get(name), kind):
+        raise ValueError(f"its loop state has no {kind.__name__} {name!r}")
+    if loop["iteration"] != step:
+      raise ValueError(f"its loop state is of iteration {loop['iteration']}, not {step}")
+    if loop["key"] != checkpoint_lib.key_to_json(root_key):
+      raise ValueError("its RNG key does not match this configuration's seed")
+  return check
 
 
 def _loop_state(iteration: int, root_key, config, history, threshold: dict) -> dict:
@@ -394,14 +414,18 @@ def restore_checkpoint(exp: experiment_lib.Experiment, state: update_lib.TrainSt
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(exp.workdir, "checkpoints"),
                                              create=False)
   try:
-    step = checkpointer.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"no checkpoint in {checkpointer.directory!r}; train first")
     state = update_lib.TrainState(step=state.step, params=state.params,
                                   opt_state=tx.init(state.params))
     placement = placement_lib.Placement.create(config, state)
     abstract = _checkpoint_tree(placement.abstract(state), config.train.kl_coef > 0)
-    (state, ref), loop = _from_checkpoint_tree(checkpointer.restore(step, abstract))
+    if step is None:  # the latest that restores (checkpoint.py)
+      restored = checkpointer.restore_latest(abstract)
+      if restored is None:
+        raise FileNotFoundError(f"no checkpoint in {checkpointer.directory!r}; train first")
+      _, *restored = restored
+    else:
+      restored = checkpointer.restore(step, abstract)
+    (state, ref), loop = _from_checkpoint_tree(restored)
   finally:
     checkpointer.close()
   return placement.local(state), None if ref is None else placement.local(ref), loop
@@ -415,15 +439,17 @@ def evaluate(config, workdir: str) -> dict:
   """
   config_lib.validate(config, "eval", workdir)
   compile_cache.enable(config.scale.compile_cache_dir)
-  exp, state, loop = load_checkpoint(config, workdir)
-  try:
-    record = evaluation.eval_record(exp, exp.full_params(state.params), loop["iteration"])
-  finally:
-    exp.close()
-  record = metrics_lib.clean_record(record)
-  if distributed.is_primary():
-    with open(os.path.join(workdir, "eval.json"), "w", encoding="utf-8") as f:
-      json.dump(record, f, indent=2, sort_keys=True)
+  _connect_processes(config)
+  _check_workdir_config(config, workdir, may_change=EVAL_CHANGES)
+  with workdir_lib.lock_run(workdir, "eval"):
+    exp, state, loop = load_checkpoint(config, workdir)
+    try:
+      record = evaluation.eval_record(exp, exp.full_params(state.params), loop["iteration"])
+    finally:
+      exp.close()
+    record = metrics_lib.clean_record(record)
+    if distributed.is_primary():
+      workdir_lib.write_json(os.path.join(workdir, "eval.json"), record)
   return record
 
 
@@ -440,7 +466,10 @@ def export(config, workdir: str, export_dir: str) -> str:
   if os.path.exists(export_dir) and (not os.path.isdir(export_dir) or os.listdir(export_dir)):
     raise config_lib.ConfigError([f"export_dir = {export_dir!r}: exists and is not an empty "
                                   "directory (export into a new one)"])
-  exp, state, _ = load_checkpoint(config, workdir)
+  _connect_processes(config)
+  _check_workdir_config(config, workdir, may_change=EVAL_CHANGES)
+  with workdir_lib.lock_run(workdir, "export"):
+    exp, state, _ = load_checkpoint(config, workdir)
   exp.close()
   if not distributed.is_primary():
     return export_dir

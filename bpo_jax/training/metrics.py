@@ -2,7 +2,9 @@
 
 Each record is a flat dict of JSON numbers and strings with an `iteration` and a `phase`
 ("warm_start", "train" or "eval"). `MetricsWriter` appends it as one line of
-`<workdir>/metrics.jsonl` (flushed at once, so a killed run loses nothing it reported), writes
+`<workdir>/metrics.jsonl` (flushed at once, so a killed run loses nothing it reported; a
+resumed run rewrites the file whole from its checkpoint's history, so records past the
+checkpoint, or a line cut short, are replaced by those the run computes again), writes
 its numbers as TensorBoard scalars under `<workdir>/tensorboard` (with the `tensorboard`
 package's own event writer, which needs no TensorFlow, or `tensorboardX`; skipped with a logged
 warning when neither is installed), and shows a progress bar on the console.
@@ -21,6 +23,8 @@ import time
 from typing import Any, Iterable, Sequence
 
 from absl import logging
+
+from bpo_jax.training import workdir as workdir_lib
 
 TIME_PREFIX = "time/"
 
@@ -72,11 +76,19 @@ def clean_record(record: dict) -> dict:
 
 
 def read_jsonl(path: str) -> list[dict]:
-  """The records of a metrics file (an empty list when it does not exist)."""
+  """The records of a metrics file (an empty list when it does not exist), without a last line
+  cut short."""
   if not os.path.exists(path):
     return []
   with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+    text = f.read()
+  lines = [line for line in text.split("\n") if line.strip()]
+  if lines and not text.endswith("\n"):
+    try:  # the last line of a writer killed mid-line
+      json.loads(lines[-1])
+    except ValueError:
+      lines.pop()
+  return [json.loads(line) for line in lines]
 
 
 class ScalarEventWriter:
@@ -136,9 +148,8 @@ class MetricsWriter:
     """Starts the JSONL file afresh from `history` (the records of a restored checkpoint)."""
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
-    with open(self.path, "w", encoding="utf-8") as f:
-      for record in history:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
+    workdir_lib.write_text(self.path, "".join(json.dumps(record, sort_keys=True) + "\n"
+                                              for record in history))
     self._tensorboard = None
     if tensorboard:
       self._tensorboard = tensorboard_writer(os.path.join(workdir, "tensorboard"))
@@ -155,9 +166,13 @@ class MetricsWriter:
   def write(self, record: dict) -> dict:
     """Appends `record` (cleaned for JSON) and returns it."""
     record = clean_record(record)
-    with open(self.path, "a", encoding="utf-8") as f:
-      f.write(json.dumps(record, sort_keys=True) + "\n")
-      f.flush()
+    try:
+      with open(self.path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+        f.flush()
+    except OSError as error:
+      raise workdir_lib.WriteError(error.errno, f"cannot write {self.path}: "
+                                   f"{error.strerror or error}") from None
     if self._tensorboard is not None:
       phase, step = record.get("phase", "train"), int(record.get("iteration", 0))
       for key, value in record.items():

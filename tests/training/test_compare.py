@@ -369,3 +369,43 @@ def test_a_run_whose_finished_lead_left_no_checkpoint_zero_trains_its_own_warm_s
   # bpo0 finished earlier, its checkpoints gone; bpo1's are kept; bpo2 is still to run.
   assert compare.lost_leads(leads, {grpo0, grpo1, bpo2, grpo2}) == [grpo0]
   assert compare.lost_leads(leads, {grpo1, bpo2, grpo2}) == []
+
+
+def test_an_out_that_is_a_file_is_one_line_exit_2(tmp_path):
+  out = tmp_path / "results"
+  out.write_text("notes")
+  result = _compare(f"--config={ROOMS_TINY}", f"--out={out}")
+  assert result.returncode == 2
+  assert result.stderr == f"error: --out={out}: exists and is not a directory\n"
+  assert out.read_text() == "notes"
+
+
+def test_results_come_from_the_finished_runs_and_name_the_failed(tmp_path, capsys):
+  """GRPO's run failed (no summary.json): the table holds BPO's two seeds alone and both files
+  name the run left out; with no finished run nothing is written."""
+  out = str(tmp_path / "out")
+  from experiments import cli  # pylint: disable=g-import-not-at-top
+  config, _ = cli.load_config_file(ROOMS_TINY)
+  runs = [(compare.Run("bpo", s, os.path.join(out, "runs", "bpo", f"seed{s}")),
+           compare.run_config(config, "bpo", s)) for s in (0, 1)]
+  for (run, _), successes in zip(runs, ([0.0, 0.25, 0.5], [0.0, 0.5, 0.75])):
+    _write_run(run.workdir, successes, [10, 14], [100, 140], [1.0, 3.0])
+  failed = compare.Run("grpo", 0, os.path.join(out, "runs", "grpo", "seed0"))
+  runs.append((failed, compare.run_config(config, "grpo", 0)))
+  results = compare.write_results(runs, out, "rooms.py:tiny", failed=[failed])
+  assert set(results["methods"]) == {"bpo"} and results["methods"]["bpo"]["seeds"] == 2
+  assert results["methods"]["bpo"]["final_success"]["mean"] == 0.625
+  assert results["failed"] == ["grpo seed 0"]
+  with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+    assert json.load(f)["failed"] == ["grpo seed 0"]
+  with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
+    table = f.read()
+  assert "| bpo | 2 |" in table and "| grpo |" not in table
+  assert "Left out, failed: grpo seed 0" in table
+  assert not [n for n in os.listdir(out) if n.startswith(".")]  # no temporary file left
+
+  empty = str(tmp_path / "empty")
+  os.makedirs(empty)
+  assert compare.write_results([runs[-1]], empty, "rooms.py:tiny", failed=[failed]) is None
+  assert os.listdir(empty) == []
+  assert "error: no run finished: nothing written to " in capsys.readouterr().err
