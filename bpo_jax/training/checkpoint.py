@@ -36,10 +36,14 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging as py_logging
 import os
+import re
 import shutil
+import sys
 import time
 from typing import Any, Callable
 
@@ -93,22 +97,46 @@ class Checkpointer:
   def save(self, step: int, state: Any, loop: dict) -> None:
     """Writes checkpoint `step`, waits until it is complete on disk and seals it with its
     checksums; a write that fails raises `workdir.WriteError` (module docstring)."""
+    self._check_room(step, state)
     try:
       self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                       loop=ocp.args.JsonSave(loop)))
       self.manager.wait_until_finished()
-    except OSError as error:
+    except Exception as error:  # pylint: disable=broad-except
+      code = os_error_code(error)
+      if code is None:
+        raise
+      _quiet_sibling_writes()
       if distributed.is_primary():
         for name in os.listdir(self.directory):
           if name.startswith(f"{step}.") and "tmp" in name:
             shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-      raise workdir_lib.WriteError(
-          error.errno, f"cannot write checkpoint {step} to {self.directory}: "
-          f"{error.strerror or error}; the checkpoints before it are intact") from None
+      raise self._write_error(step, code) from None
     if distributed.is_primary():
       step_dir = os.path.join(self.directory, str(step))
       workdir_lib.write_json(os.path.join(step_dir, CHECKSUMS), file_digests(step_dir))
     distributed.barrier(f"checkpoint {step} sealed")
+
+  def _write_error(self, step: int, code: int, detail: str = "") -> workdir_lib.WriteError:
+    return workdir_lib.WriteError(
+        code, f"cannot write checkpoint {step} to {self.directory}: {os.strerror(code)}{detail}; "
+        "the checkpoints before it are intact")
+
+  def _check_room(self, step: int, state: Any) -> None:
+    """Refuses a save that cannot fit before writing anything: the free space of the checkpoint
+    directory's filesystem against the state's bytes, uncompressed (random weights and their
+    Adam moments hardly compress). Process 0 decides for all. A save that starts and then runs
+    out (the disk filled meanwhile) fails in `save`."""
+    needed = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+                 for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
+    free = None
+    if distributed.is_primary():
+      stats = os.statvfs(self.directory)
+      free = stats.f_bavail * stats.f_frsize
+    free = distributed.allgather_objects(free)[0]
+    if free < needed:
+      raise self._write_error(step, errno.ENOSPC, f" ({free / 2**20:.1f} MiB free, the state "
+                              f"takes {needed / 2**20:.1f} MiB)")
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
     """The checkpoint `step` restored into `abstract_state`'s structure (ShapeDtypeStructs or
@@ -178,6 +206,44 @@ class Checkpointer:
 
   def close(self) -> None:
     self.manager.close()
+
+
+class _SiblingWriteFailures(py_logging.Filter):
+  """Drops asyncio's report of the other writes of a failed save (each its own task, failed by
+  the same OS error, "Task exception was never retrieved" with a traceback): the save's one
+  line says it all."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return not (error is not None and "never retrieved" in record.getMessage()
+                and os_error_code(error) is not None)
+
+
+def _quiet_sibling_writes() -> None:
+  """After a failed save: its other writes' reports are dropped, and so are the callbacks of
+  TensorStore writes that complete once Orbax has closed their event loop (each printed as a
+  "RuntimeError: Event loop is closed" traceback through `sys.excepthook`)."""
+  logger = py_logging.getLogger("asyncio")
+  if not any(isinstance(f, _SiblingWriteFailures) for f in logger.filters):
+    logger.addFilter(_SiblingWriteFailures())
+  hook = sys.excepthook
+  if getattr(hook, "quiet_closed_loops", False):
+    return
+
+  def quiet(kind, value, traceback):
+    if not (kind is RuntimeError and str(value) == "Event loop is closed"):
+      hook(kind, value, traceback)
+  quiet.quiet_closed_loops = True
+  sys.excepthook = quiet
+
+
+def os_error_code(error: BaseException) -> int | None:
+  """The OS error number behind a failed save, None when it is not an OS error: an OSError's
+  own, or the `os_error_code='N'` TensorStore puts in its message (a ValueError)."""
+  if isinstance(error, OSError) and error.errno:
+    return error.errno
+  found = re.search(r"os_error_code='(\d+)'", str(error))
+  return int(found.group(1)) if found else None
 
 
 def file_digests(directory: str) -> dict[str, str]:

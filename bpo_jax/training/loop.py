@@ -43,7 +43,10 @@ with `fold_in(key(seed), i)`, its tasks are positions `[(i-1)·T, i·T)` of a fi
 of the training split, and the sandboxes are deterministic. A checkpoint holds the parameters,
 the optimiser state, the iteration, the key, the task position and the metrics history, so a run
 killed at any point and started again with the same workdir ends with the same parameters and
-the same metrics (wall-clock times aside) as a run that was never interrupted. The KL term's
+the same metrics (wall-clock times aside) as a run that was never interrupted; a checkpoint that
+does not restore is named and the one before it used (`checkpoint.py`). The workdir is the run's
+record, locked while a run uses it (`workdir.py`): a resume, `evaluate` and `export` are
+checked against its config.json (`RESUMABLE_CHANGES`, `EVAL_CHANGES`). The KL term's
 reference parameters are saved in every checkpoint beside the train state (`_checkpoint_tree`),
 so a resumed run keeps the reference of the run it continues.
 

@@ -174,3 +174,37 @@ def test_checksums_list_every_file_of_the_step(tmp_path):
            for root, _, names in os.walk(step_dir) for name in names}
   assert set(listed) == files - {checkpoint_lib.CHECKSUMS}
   assert listed == checkpoint_lib.file_digests(step_dir)
+
+
+def test_the_os_error_behind_a_failed_save():
+  assert checkpoint_lib.os_error_code(OSError(28, "No space left on device")) == 28
+  assert checkpoint_lib.os_error_code(ValueError(
+      "RESOURCE_EXHAUSTED: Error writing \"w/0.0\" in OCDBT database: Failed to write 26140 "
+      "bytes to file 8: No space left on device [os_error_code='28']")) == 28
+  assert checkpoint_lib.os_error_code(ValueError("tree structures do not match")) is None
+
+
+def test_a_save_that_runs_out_of_room_is_one_line_and_leaves_the_earlier_ones(tmp_path,
+                                                                             monkeypatch):
+  """The disk fills while Orbax writes (the room check before the save passed): one line, no
+  temporary directory, the checkpoint before it restores."""
+  from tests.training import test_workdir  # pylint: disable=g-import-not-at-top
+  with test_workdir.small_filesystem(tmp_path / "fs", 1024) as fs:
+    directory = os.path.join(fs, "checkpoints")
+    _save(directory, steps=(0,))
+    test_workdir.fill(fs, leave_bytes=8 << 10)
+    checkpointer = checkpoint_lib.Checkpointer(directory, keep=3)
+    monkeypatch.setattr(checkpointer, "_check_room", lambda step, state: None)
+    with pytest.raises(OSError) as error:
+      checkpointer.save(1, _state(1), {"iteration": 1})
+    assert error.value.strerror == (f"cannot write checkpoint 1 to {directory}: No space left on "
+                                    "device; the checkpoints before it are intact")
+    assert os.listdir(directory) == ["0"]
+    monkeypatch.undo()
+    with pytest.raises(OSError, match=r"No space left on device \(0\.0 MiB free, the state takes "
+                                      r"0\.0 MiB\)"):
+      checkpointer.save(1, _state(1), {"iteration": 1})
+    checkpointer.close()
+    step, state, _ = _restore_latest(directory)
+    assert step == 0
+    np.testing.assert_array_equal(np.asarray(state["w"]), np.asarray(_state(0)["w"]))

@@ -1,12 +1,17 @@
 """The training loop: its pure pieces by hand, and kill -9 + resume == an uninterrupted run.
 
-The resume test runs `experiments/run.py` with a tiny configuration three times: once without
-interruption, once killed with SIGKILL in the middle, and once resuming that workdir. The final
-parameters, optimiser state and metrics (wall-clock times aside) must be equal, exactly.
+The resume tests run `experiments/run.py` with a tiny configuration: once without interruption,
+and then killed with SIGKILL at random moments and resumed; with the latest checkpoint corrupt;
+and on a small tmpfs that fills up under config.json and under a checkpoint. Each ends, once
+resumed, with the uninterrupted run's parameters, optimiser state and metrics (wall-clock times
+aside), exactly.
 """
 
 import json
 import os
+import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,50 +164,47 @@ def _checkpoint_steps(workdir):
   return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
 
 
-@pytest.mark.slow
-def test_kill_and_resume_equals_uninterrupted_run(tmp_path):
+@pytest.fixture(name="straight", scope="module")
+def _straight(tmp_path_factory):
+  """(config file, workdir, seconds) of the tiny run without interruption."""
+  tmp_path = tmp_path_factory.mktemp("straight")
   config_path = _config_file(tmp_path)
-  straight, interrupted = str(tmp_path / "straight"), str(tmp_path / "interrupted")
-
-  result = _run(config_path, straight)
+  workdir = str(tmp_path / "run")
+  start = time.time()
+  result = _run(config_path, workdir)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "held-out success, untrained model: " in result.stdout
   assert "held-out success, after the warm start (iteration 0): " in result.stdout
   assert f"held-out success, after iteration {ITERATIONS}: " in result.stdout
-
-  # Kill -9 as soon as the first iteration's metrics are written: the process is then saving
-  # checkpoint 1 or already in iteration 2.
-  process = subprocess.Popen([sys.executable, RUN, f"--config={config_path}",
-                              f"--workdir={interrupted}"], cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  metrics_file = os.path.join(interrupted, "metrics.jsonl")
-  deadline = time.time() + 600
-  try:
-    while time.time() < deadline and process.poll() is None:
-      if any(r.get("phase") == "train" for r in metrics.read_jsonl(metrics_file)):
-        break
-      time.sleep(0.02)
-  finally:
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-  assert process.returncode == -signal.SIGKILL
-  assert max(_checkpoint_steps(interrupted), default=-1) < ITERATIONS  # it was cut short
-
-  result = _run(config_path, interrupted)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert _checkpoint_steps(interrupted) == _checkpoint_steps(straight)
-
-  # The metrics, record by record, wall-clock times aside.
-  assert _train_records(interrupted) == _train_records(straight)
-  phases = [r["phase"] for r in _train_records(straight)]
+  phases = [r["phase"] for r in _train_records(workdir)]
   assert phases.count("train") == ITERATIONS and phases.count("eval") == 3
-  stages = [r["stage"] for r in _train_records(straight) if r["phase"] == "eval"]
+  stages = [r["stage"] for r in _train_records(workdir) if r["phase"] == "eval"]
   assert stages == ["init", "warm_start", "train"]
+  return config_path, workdir, time.time() - start
 
-  # The final parameters and optimiser state, bit for bit.
+
+def _kill_at(config_path, workdir, seconds):
+  """Starts the run and kills it with SIGKILL after `seconds`; whether it was still running."""
+  process = subprocess.Popen([sys.executable, RUN, f"--config={config_path}",
+                              f"--workdir={workdir}"], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    process.wait(timeout=seconds)
+  except subprocess.TimeoutExpired:
+    os.kill(process.pid, signal.SIGKILL)
+  process.wait()
+  assert process.returncode in (0, -signal.SIGKILL), process.returncode
+  return process.returncode == -signal.SIGKILL
+
+
+def _assert_same_run(straight, workdir, config_path):
+  """The metrics record by record (wall-clock times aside), the checkpoints kept, and the final
+  parameters and optimiser state bit for bit."""
+  assert _checkpoint_steps(workdir) == _checkpoint_steps(straight)
+  assert _train_records(workdir) == _train_records(straight)
   config = _load(config_path)
   _, state_a, loop_a = loop.load_checkpoint(config, straight)
-  _, state_b, loop_b = loop.load_checkpoint(config, interrupted)
+  _, state_b, loop_b = loop.load_checkpoint(config, workdir)
   assert loop_a["iteration"] == loop_b["iteration"] == ITERATIONS
   assert loop_a["fork_threshold"] == loop_b["fork_threshold"]
   assert int(state_a.step) == int(state_b.step) == ITERATIONS
@@ -211,14 +213,118 @@ def test_kill_and_resume_equals_uninterrupted_run(tmp_path):
   for a, b in zip(leaves_a, leaves_b):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
+
+@pytest.mark.slow
+def test_kill_at_random_moments_and_resume_equals_uninterrupted_run(tmp_path, straight):
+  """Killed with SIGKILL twice, at moments drawn at random over the uninterrupted run's span
+  (the seed is in the assertion messages; KILL_SEED repeats it), then resumed to the end."""
+  config_path, straight_dir, seconds = straight
+  seed = int(os.environ.get("KILL_SEED", time.time_ns() % 2**31))
+  rng = random.Random(seed)
+  interrupted = str(tmp_path / "interrupted")
+  moments = [rng.uniform(0.15, 0.85) * seconds, rng.uniform(0.05, 0.6) * seconds]
+  killed = [_kill_at(config_path, interrupted, t) for t in moments]
+  assert killed[0], f"KILL_SEED={seed}: the first kill at {moments[0]:.1f} s came after the end"
+  result = _run(config_path, interrupted)
+  assert result.returncode == 0, f"KILL_SEED={seed} {moments}: {result.stderr[-3000:]}"
+  if killed[-1]:  # the killed run's lock, taken over
+    assert "took over the lock of pid " in result.stderr, f"KILL_SEED={seed}"
+  _assert_same_run(straight_dir, interrupted, config_path)
+
   # Evaluation mode scores the latest checkpoint: the numbers of the run's final evaluation.
   result = _run(config_path, interrupted, "--mode=eval")
   assert result.returncode == 0, result.stderr[-3000:]
-  final_eval = [r for r in _train_records(straight) if r["phase"] == "eval"][-1]
+  final_eval = [r for r in _train_records(straight_dir) if r["phase"] == "eval"][-1]
   with open(os.path.join(interrupted, "eval.json")) as f:
     evaluated = metrics.deterministic_part(json.load(f))
   assert evaluated == final_eval
   assert f"held-out success {final_eval['success_rate']:.3f}" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_corrupt_latest_checkpoint_is_named_and_the_run_goes_on_from_the_one_before(
+    tmp_path, straight):
+  """A flipped byte in the last checkpoint: evaluation names it and scores the one before; a
+  resume sets it aside, trains its iteration again and ends as the uninterrupted run. With no
+  intact checkpoint left, one line and exit status 2."""
+  from tests.training import test_checkpoint_integrity as integrity  # pylint: disable=g-import-not-at-top
+  config_path, straight_dir, _ = straight
+  workdir = str(tmp_path / "run")
+  shutil.copytree(straight_dir, workdir)
+  last = os.path.join(workdir, "checkpoints", str(ITERATIONS))
+  integrity._damage(last, "flipped bytes")  # pylint: disable=protected-access
+  result = _run(config_path, workdir, "--mode=eval")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"checkpoint {ITERATIONS} in {os.path.join(workdir, 'checkpoints')} does not restore " \
+         "(ValueError: its file state/" in result.stderr
+  with open(os.path.join(workdir, "eval.json")) as f:
+    assert json.load(f)["iteration"] == ITERATIONS - 1
+  assert _checkpoint_steps(workdir) == _checkpoint_steps(straight_dir)  # an evaluation moves none
+
+  result = _run(config_path, workdir)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"moved the unrestorable checkpoint {ITERATIONS} to " in result.stderr
+  assert len(os.listdir(os.path.join(workdir, "unrestorable_checkpoints"))) == 1
+  _assert_same_run(straight_dir, workdir, config_path)
+
+  for step in _checkpoint_steps(workdir):
+    integrity._damage(os.path.join(workdir, "checkpoints", str(step)), "truncated data file")  # pylint: disable=protected-access
+  result = _run(config_path, workdir, "--mode=eval")
+  assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and errors[0].startswith(
+      f"error: no checkpoint in {os.path.join(workdir, 'checkpoints')} restores: "
+      f"checkpoint {ITERATIONS}: "), result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_full_disk_leaves_the_workdir_resumable(tmp_path, straight):
+  """On a small tmpfs: config.json rewritten onto a full filesystem, then checkpoint 2 written
+  onto one without room for it. Each is one line and exit status 1, the files before stay whole
+  (config.json, checkpoints 0 and 1, no temporary directory), and once there is room the run
+  resumes to the uninterrupted run's metrics and parameters."""
+  from tests.training import test_workdir  # pylint: disable=g-import-not-at-top
+  config_path, straight_dir, _ = straight
+  no_tensorboard = "--config.log.tensorboard=false"  # its writer thread is not the run's
+  with test_workdir.small_filesystem(tmp_path / "fs", 4096) as fs:
+    workdir = os.path.join(fs, "run")
+    result = _run(config_path, workdir, no_tensorboard, "--stop_after=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(os.path.join(workdir, "config.json")) as f:
+      record = f.read()
+
+    filler = test_workdir.fill(fs)
+    result = _run(config_path, workdir, no_tensorboard, "--config.checkpoint.keep=3")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    config_json = os.path.join(workdir, "config.json")
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: cannot write {config_json}: No space left on device")
+    with open(config_json) as f:
+      assert f.read() == record
+    os.remove(filler)
+
+    size = sum(os.path.getsize(os.path.join(root, name)) for root, _, names
+               in os.walk(os.path.join(workdir, "checkpoints", "1")) for name in names)
+    filler = test_workdir.fill(fs, leave_bytes=max(size // 2, 64 << 10))
+    result = _run(config_path, workdir, no_tensorboard, "--config.checkpoint.keep=3")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert re.fullmatch(
+        rf"error: cannot write checkpoint {ITERATIONS} to "
+        rf"{re.escape(os.path.join(workdir, 'checkpoints'))}: No space left on device \(0\.\d "
+        r"MiB free, the state takes \d\.\d MiB\); the checkpoints before it are intact",
+        result.stderr.strip().splitlines()[-1]), result.stderr[-3000:]
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["0", "1"]
+    os.remove(filler)
+
+    result = _run(config_path, workdir, no_tensorboard, "--config.checkpoint.keep=3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _train_records(workdir) == _train_records(straight_dir)
+    assert _checkpoint_steps(workdir) == [0, 1, 2]  # keep=3 from the second start on
+    config = _load(config_path)
+    _, state_a, _ = loop.load_checkpoint(config, straight_dir)
+    _, state_b, _ = loop.load_checkpoint(config, workdir)
+    for a, b in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_b)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def _load(config_path):
