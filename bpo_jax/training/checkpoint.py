@@ -127,8 +127,7 @@ class Checkpointer:
     directory's filesystem against the state's bytes, uncompressed (random weights and their
     Adam moments hardly compress). Process 0 decides for all. A save that starts and then runs
     out (the disk filled meanwhile) fails in `save`."""
-    needed = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
-                 for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
+    needed = sum(_nbytes(x) for x in jax.tree.leaves(state))
     free = None
     if distributed.is_primary():
       stats = os.statvfs(self.directory)
@@ -206,6 +205,16 @@ class Checkpointer:
 
   def close(self) -> None:
     self.manager.close()
+
+
+def _nbytes(leaf) -> int:
+  """The bytes of an array leaf (a PRNG key's by its raw words), 0 for anything else."""
+  if hasattr(leaf, "dtype") and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    leaf = jax.random.key_data(leaf)
+  try:
+    return int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+  except (AttributeError, TypeError):
+    return 0
 
 
 class _SiblingWriteFailures(py_logging.Filter):

@@ -222,13 +222,17 @@ def test_kill_at_random_moments_and_resume_equals_uninterrupted_run(tmp_path, st
   seed = int(os.environ.get("KILL_SEED", time.time_ns() % 2**31))
   rng = random.Random(seed)
   interrupted = str(tmp_path / "interrupted")
-  moments = [rng.uniform(0.15, 0.85) * seconds, rng.uniform(0.05, 0.6) * seconds]
+  # A resumed run is shorter than a fresh one and the compilation cache is warm by now: the
+  # moments are drawn over the first half of the uninterrupted run's span.
+  moments = [rng.uniform(0.1, 0.5) * seconds for _ in range(2)]
   killed = [_kill_at(config_path, interrupted, t) for t in moments]
-  assert killed[0], f"KILL_SEED={seed}: the first kill at {moments[0]:.1f} s came after the end"
+  assert any(killed), f"KILL_SEED={seed}: both kills ({moments}) came after the run's end"
+  lock = os.path.join(interrupted, "run.lock")
+  left = os.path.exists(lock) and os.path.getsize(lock) > 0  # a killed holder's name
   result = _run(config_path, interrupted)
   assert result.returncode == 0, f"KILL_SEED={seed} {moments}: {result.stderr[-3000:]}"
-  if killed[-1]:  # the killed run's lock, taken over
-    assert "took over the lock of pid " in result.stderr, f"KILL_SEED={seed}"
+  assert ("took over the lock of pid " in result.stderr) == left, f"KILL_SEED={seed}"
+  assert not os.path.exists(lock)  # released
   _assert_same_run(straight_dir, interrupted, config_path)
 
   # Evaluation mode scores the latest checkpoint: the numbers of the run's final evaluation.
