@@ -384,11 +384,50 @@ def _with_test_command(task, command):
   return dataclasses.replace(task, instance={**task.instance, "test_cmd": command})
 
 
+@pytest.mark.parametrize("status", [126, 127])
+def test_tests_the_agent_makes_exit_like_a_missing_program_are_graded(status):
+  """Once the probe finds the test runner, 126 and 127 are the tests' verdict: agent code (a
+  conftest.py that exits so) cannot make its branch a failed one instead of a reward of 0; the
+  reference fix with the same conftest.py is not resolved either."""
+  task = swe.load_shipped_task("lru")
+  sandbox = swe.make_sandbox(confinement=MODE)
+  try:
+    for fix in ([], sandbox_expert_edits(sandbox, task)):
+      sandbox.reset(task)
+      for action in fix:
+        sandbox.step(action)
+      sandbox.step(f"run printf 'import os\\nos._exit({status})\\n' > conftest.py")
+      step = sandbox.step("submit")
+      assert step.reward == 0.0 and step.done, step
+  finally:
+    sandbox.close()
+
+
+def sandbox_expert_edits(sandbox, task):
+  """The reference fix's actions, without the final submit."""
+  sandbox.reset(task)
+  return sandbox.expert_actions()[:-1]
+
+
+def test_runner_probe_finds_programs_builtins_and_nothing_else(tmp_path):
+  script = tmp_path / "run.sh"
+  script.write_text("#!/bin/sh\n")
+  script.chmod(0o755)
+  plain = tmp_path / "data.txt"
+  plain.write_text("x")
+  expected = {"cd x": 0, "sh -c true": 0, f"{script} -q": 0, "no-such-runner -q": 127,
+              f"{plain}": 1, f"{tmp_path}": 1, "i=0; while false; do :; done; no-such": 0,
+              "python -m pytest 'unbalanced": 0}
+  for command, status in expected.items():
+    probe = subprocess.run(["sh", "-c", grading.runner_probe(command)], capture_output=True)
+    assert probe.returncode == status, (command, probe)
+
+
 def test_a_test_command_that_cannot_start_fails_the_branch():
   task = _with_test_command(swe.load_shipped_task("lru"), "no-such-test-runner -q")
   sandbox = swe.make_sandbox(confinement=MODE)
   sandbox.reset(task)
-  with pytest.raises(grading.GradingError, match=r"could not start \(exit code 127\)"):
+  with pytest.raises(grading.GradingError, match=r"could not start .*exit code 127"):
     sandbox.step("submit")
   sandbox.close()
   with pool_lib.SandboxPool.for_environment("swe", num_workers=0, confinement=MODE) as pool:

@@ -11,22 +11,27 @@ inside the confinement, and the log is written in the harness's format so that `
 Only the grading half of `swebench` is used (log parsers and report); its Docker harness and
 dataset download are not needed.
 
-Infrastructure is never a verdict: a test command that cannot start (exit status 126 or 127, or
-a confinement that cannot be set up), a log without the harness's markers, a grader that
+Infrastructure is never a verdict: a test command that cannot start (Python that does not start, or
+its program not found or not executable in the confined environment, probed before the tests:
+`runner_probe`; or a confinement that cannot be set up), a log without the harness's markers, a grader that
 crashes, a git or OS error (a full disk), a test patch that does not apply (the test files are
 put back as at the base first, clearing whatever the agent put in their way, and the patch
 applies there: `rows.check_row` checks it at load), or a disk with under `MIN_FREE_BYTES` free
 before or after the tests raises `GradingError`, which fails the branch (see
-sandboxes/pool.py) instead of scoring it. Harness markers printed by the tests themselves are
-defanged, so the command's output cannot forge or cut the harness's own lines. Grading leaves no
+sandboxes/pool.py) instead of scoring it. Once the probe has found the program, every exit
+status of the tests is a verdict, 126 and 127 included: code the agent wrote (a conftest.py that
+exits 127) cannot turn its own failure into a failed branch. Harness markers printed by the tests
+themselves are defanged, so the command's output cannot forge or cut the harness's own lines. Grading leaves no
 trace of the test patch in the task's git directory (commands can read it), not even a copy that
 the tests or the agent's code made while they ran, so tests hidden from the agent stay hidden.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import shlex
 import shutil
 import tempfile
 from typing import Any
@@ -41,8 +46,6 @@ from bpo_jax.sandboxes.swe import workspace as workspace_lib
 GRADING_LIMITS = confinement.Limits(wall_seconds=60.0, cpu_seconds=60, max_output_chars=2_000_000,
                                     kill_output_bytes=8 << 20)
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
-# Exit statuses of `sh -c` for a command that could not start (not executable; not found).
-CANNOT_START = (126, 127)
 # Free space the task directory's disk must have before and after the tests run.
 MIN_FREE_BYTES = 1 << 20
 
@@ -125,6 +128,25 @@ def env_access(env: envs_lib.PythonEnv | None, workdir: str, namespaces: bool) -
   return {"env": env.command_env(pythonpath), "reachable": [env.path]}
 
 
+def runner_probe(command: str) -> str:
+  """A shell command that exits 0 iff the infrastructure can start `command`'s tests: Python
+  starts in isolated mode (`-I`: nothing of the task directory or the environment variables is
+  read, so agent code cannot fail it), and where the command begins with a program name,
+  `command -v` finds it (a builtin or keyword, or an executable regular file). A compound
+  command (`i=0; while ...`) is probed for Python alone."""
+  checks = ["python -I -c pass"]
+  try:
+    words = shlex.split(command)
+  except ValueError:  # unbalanced quotes: no program name to probe
+    words = []
+  if words and re.fullmatch(r"[\w./+-]+", words[0]):
+    quoted = shlex.quote(words[0])
+    # A builtin prints its name; a program, a path to check for execute permission.
+    checks.append(f'p=$(command -v {quoted}) && case "$p" in */*) [ -x "$p" ] && [ -f "$p" ];; '
+                  'esac')
+  return " && ".join(f"{{ {check}; }}" for check in checks)
+
+
 def run_tests(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib.SweTask,
               limits: confinement.Limits = GRADING_LIMITS, uid: int | None = None,
               namespaces: bool = True, env: envs_lib.PythonEnv | None = None) -> str:
@@ -150,14 +172,16 @@ def run_tests(ws: workspace_lib.Workspace, base_tree: str, task: tasks_lib.SweTa
   check_free_space(ws.workdir, task.task_id, "before the tests")
   lines = [constants.APPLY_PATCH_PASS]
   command = task.grading_command(test_files)
+  confined = functools.partial(confinement.run_confined, cwd=ws.workdir, limits=limits, uid=uid,
+                               namespaces=namespaces, **env_access(env, ws.workdir, namespaces))
   try:
-    result = confinement.run_confined(command, ws.workdir, limits, uid=uid, namespaces=namespaces,
-                                      **env_access(env, ws.workdir, namespaces))
+    probe = confined(runner_probe(command))
+    if probe.exit_code:
+      raise GradingError(f"the test command of {task.task_id} could not start (`{command}`: "
+                         f"exit code {probe.exit_code} finding its program)")
+    result = confined(command)
   except confinement.ConfinementError as e:
     raise GradingError(f"the tests of {task.task_id} could not run: {e}") from e
-  if result.exit_code in CANNOT_START:
-    raise GradingError(f"the test command of {task.task_id} could not start (exit code "
-                       f"{result.exit_code}): {result.output.strip()[-500:]}")
   check_free_space(ws.workdir, task.task_id, "after the tests")
   lines += [constants.START_TEST_OUTPUT, _defang(result.output), constants.END_TEST_OUTPUT,
             f"{constants.TEST_EXIT_CODE}: {result.exit_code}"]
