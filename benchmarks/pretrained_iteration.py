@@ -75,6 +75,7 @@ def write_checkpoint(config, preset: str, shape: dict[str, int], directory: str)
   from bpo_jax.testing import chat_tokenizers  # pylint: disable=g-import-not-at-top
   from bpo_jax.text import corpus  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import experiment  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import settings  # pylint: disable=g-import-not-at-top
   model_config = getattr(ModelConfig, preset)(**shape)
   hf = model_config.to_hf_config()
   hf.update(initializer_range=0.02, torch_dtype="float32", dtype="float32")
@@ -83,7 +84,8 @@ def write_checkpoint(config, preset: str, shape: dict[str, int], directory: str)
   model.to(torch.bfloat16).save_pretrained(directory)
   del model
   options = dict(config.env.options)
-  tasks = experiment.make_tasks(config, "train", min(64, config.env.num_train_tasks))
+  tasks = experiment.make_tasks(settings.from_config(config), "train",
+                                 min(64, config.env.num_train_tasks))
   texts = corpus.environment_texts(config.env.name, tasks, options)
   with open(TEMPLATE, encoding="utf-8") as f:
     template = f.read()

@@ -81,12 +81,13 @@ def main(argv=None):
     _, fmt = text.build_text("rooms", workdir, tasks, env_options={"difficulty": 2},
                              max_observation_tokens=40)
   config, graphdef, params = _policy(fmt.vocab_size)
-  shared = dict(max_turns=args.max_turns, max_new_tokens=8, max_length=1024,
+  shared = dict(max_turns=args.max_turns, max_action_tokens=8, max_length=1024,
                 batch_buckets=(8, 16, 32, 64, 128, 256))
   # The random rule spreads forks along the backbone (a random tiny policy's entropies are all
   # about log V, so the entropy rule would fork at the first states only).
-  bpo_config = rollout.RolloutConfig(num_siblings=args.siblings, fork_rule="random",
-                                     fork_prob=args.fork_prob, max_leaves=args.max_leaves,
+  bpo_config = rollout.RolloutConfig(k=args.siblings, fork_rule="random",
+                                     fork_probability=args.fork_prob, max_leaves=args.max_leaves,
+                                     max_env_steps=None, max_tree_tokens=None,
                                      budget_accounting="used", **shared)
 
   pool = pool_lib.SandboxPool(
@@ -163,8 +164,8 @@ def main(argv=None):
       "tasks": args.tasks,
       "repeats": args.repeats,
       "workers": args.workers,
-      "num_siblings": args.siblings,
-      "fork_prob": args.fork_prob,
+      "k": args.siblings,
+      "fork_probability": args.fork_prob,
       **phases,
       **counters,
   }

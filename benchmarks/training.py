@@ -79,7 +79,7 @@ def main():
   model = Decoder(config, rngs=nnx.Rngs(0))
   tx = optax.sgd(1e-3)
   graphdef, state = update.create_train_state(model, tx)
-  step = update.make_train_step(graphdef, tx, update.UpdateConfig())
+  step = update.make_train_step(graphdef, tx, update.UpdateConfig(micro_batches=1))
 
   rng = np.random.default_rng(0)
   num_trees = args.trees

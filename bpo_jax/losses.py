@@ -10,13 +10,13 @@ Per token t of node i (an action token), with ratio ρ_t = exp(log π(t) − log
 Observation and prompt tokens carry no node (index −1) and are masked out.
 
 Normalisation (`normalization=`):
-  * "per_tree": Σ_t mask_t ℓ_t / C with C a constant that does not depend on the sampled tokens
+  * "tree": Σ_t mask_t ℓ_t / C with C a constant that does not depend on the sampled tokens
     (default: the number of trees, i.e. rows when a row is a tree). With w the path weights this
     is (1/C) Σ_trees Σ_i w_i Σ_{t ∈ i} ..., whose gradient at ρ = 1 is exactly the BPO estimator
     Σ_i w_i A_i ∇log π(a_i|s_i) (log π of an action is the sum over its tokens): UNBIASED.
-  * "per_token": Σ_t mask_t ℓ_t / Σ_t mask_t, the token mean of GRPO/DAPO. The divisor is random
+  * "token": Σ_t mask_t ℓ_t / Σ_t mask_t, the token mean of GRPO/DAPO. The divisor is random
     (it depends on the sampled lengths), so the gradient is biased.
-  * "per_sequence": the mean over rows of each row's token mean (the original GRPO). Biased too.
+  * "sequence": the mean over rows of each row's token mean (the original GRPO). Biased too.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 
 Array = chex.Array
-Normalization = Literal["per_tree", "per_token", "per_sequence"]
-NORMALIZATIONS = ("per_tree", "per_token", "per_sequence")
+Normalization = Literal["tree", "token", "sequence"]
+NORMALIZATIONS = ("tree", "token", "sequence")
 
 
 def broadcast_to_tokens(node_values: Array, token_node: Array) -> Array:
@@ -77,7 +77,7 @@ def k3_kl(logp: Array, ref_logp: Array, mask: Array) -> Array:
 def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, weights: Array,
                 mask: Array, *, ref_logprobs: Array | None = None, clip_eps: float = 0.2,
                 clip_eps_high: float | None = None, kl_coef: float = 0.0,
-                normalization: Normalization = "per_tree",
+                normalization: Normalization = "tree",
                 normalizer: float | None = None) -> tuple[Array, dict[str, Array]]:
   """The clipped policy objective (module docstring) and its metrics.
 
@@ -91,8 +91,8 @@ def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, weights
     clip_eps, clip_eps_high: the clip range [1 − clip_eps, 1 + clip_eps_high] (high defaults to
       clip_eps; DAPO's clip-higher sets it larger).
     kl_coef: β, the KL weight (needs ref_logprobs when > 0).
-    normalization: "per_tree" (unbiased), "per_token" or "per_sequence" (see module docstring).
-    normalizer: C for "per_tree"; defaults to the number of rows (1 for a single [T] row).
+    normalization: "tree" (unbiased), "token" or "sequence" (see module docstring).
+    normalizer: C for "tree"; defaults to the number of rows (1 for a single [T] row).
   Returns:
     (loss, metrics) with metrics: clip_fraction, approx_kl (old → new, k3), ref_kl (if given),
     num_tokens.
@@ -120,12 +120,12 @@ def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, weights
     metrics["ref_kl"] = jnp.sum(kl * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
   rows = 1 if logprobs.ndim == 1 else logprobs.shape[0]
-  if normalization == "per_tree":
+  if normalization == "tree":
     c = float(rows if normalizer is None else normalizer)
     if c <= 0:
       raise ValueError(f"normalizer must be positive, got {normalizer}")
     loss = jnp.sum(per_token * mask) / c
-  elif normalization == "per_token":
+  elif normalization == "token":
     loss = jnp.sum(per_token * mask) / jnp.maximum(jnp.sum(mask), 1.0)
   else:
     row_sum = jnp.sum(per_token * mask, axis=-1)

@@ -107,6 +107,7 @@ from experiments import compare  # noqa: E402
 from experiments.configs import base  # noqa: E402
 from bpo_jax.training import display  # noqa: E402
 from bpo_jax.training import loop  # noqa: E402
+from bpo_jax.training import settings  # noqa: E402
 
 configs, runs = {}, {}
 start, cpu_start = time.time(), time.process_time()
@@ -204,7 +205,8 @@ if plt is not None:
 # K branches.
 
 # %%
-drawn = display.draw_tree(configs["bpo"], os.path.join(WORKDIR, "bpo"), step=0)
+drawn = display.draw_tree(settings.from_config(configs["bpo"]), os.path.join(WORKDIR, "bpo"),
+                          step=0)
 print(f"iteration {drawn.iteration}, tree {drawn.tree_index} of the batch (draw {drawn.draw}), "
       f"fork threshold {drawn.threshold:.3g} nats, forks whose siblings differ: "
       f"{len(drawn.differing_forks)}")

@@ -59,6 +59,7 @@ from ml_collections import config_flags
 
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import estimator_registry
+from bpo_jax.training import settings as settings_lib
 from bpo_jax.training import workdir as workdir_lib
 from experiments import aggregate
 from experiments import cli
@@ -265,7 +266,8 @@ def start_from_lead(run: Run, lead: Run, config) -> None:
     return
   os.makedirs(run.workdir, exist_ok=True)
   workdir_lib.write_json(os.path.join(run.workdir, workdir_lib.CONFIG),
-                         {**workdir_lib.config_record(config), workdir_lib.FLAG_KEYS: []})
+                         {**workdir_lib.config_record(settings_lib.from_config(config)),
+                          workdir_lib.FLAG_KEYS: []})
   tokenizer = os.path.join(lead.workdir, "tokenizer")
   if os.path.isdir(tokenizer):
     shutil.copytree(tokenizer, os.path.join(run.workdir, "tokenizer"), dirs_exist_ok=True)

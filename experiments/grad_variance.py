@@ -113,6 +113,7 @@ def measure(runs, draws: int, count: int, params_of: str | None = None, sources=
   run of the same seed, among `sources` (default `runs`; the runs of `params_from` with
   --params_from). Returns the runs it failed for."""
   from bpo_jax.training import gradient_variance  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import settings  # pylint: disable=g-import-not-at-top
   sources = {(r.estimator, r.seed): (r, c) for r, c in (sources or runs)}
   failed = []
   for run, c in runs:
@@ -125,7 +126,8 @@ def measure(runs, draws: int, count: int, params_of: str | None = None, sources=
       if _reusable(path, draws, steps, params_of, params_from):
         print(f"{run.estimator} seed {run.seed}: gradient variance measured, skipped")
         continue
-      results = gradient_variance.checkpoint_gradient_variance(c, source.workdir, steps, draws)
+      results = gradient_variance.checkpoint_gradient_variance(
+          settings.from_config(c), source.workdir, steps, draws)
     except Exception as error:  # pylint: disable=broad-except
       failed.append(run)
       print(f"error: {run.estimator} seed {run.seed}: gradient variance failed: "

@@ -183,7 +183,8 @@ def main(argv):
   _refuse_unwired_scale_settings(config)
   # Before anything computes with JAX: connects the processes of a multi-process run.
   from bpo_jax.training import distributed  # pylint: disable=g-import-not-at-top
-  distributed.initialize_from_config(config)
+  from bpo_jax.training import settings  # pylint: disable=g-import-not-at-top
+  distributed.initialize_from_settings(settings.from_config(config).scale.distributed)
   # Orbax reports every save step at INFO; keep the console to the run's own progress.
   logging.get_absl_handler().addFilter(lambda record: "orbax" not in record.pathname)
   # The loop pulls in JAX, Flax and Orbax: imported only once the configuration is known good.

@@ -71,9 +71,9 @@ def test_policy_loss_kl_term_is_k3():
   logp, old, ref = (jnp.asarray(-rng.exponential(size=shape), jnp.float32) for _ in range(3))
   mask = jnp.asarray(rng.random(shape) < 0.8, jnp.float32)
   ones, zeros = jnp.ones(shape), jnp.zeros(shape)
-  without, _ = losses.policy_loss(logp, old, zeros, ones, mask, normalization="per_token")
+  without, _ = losses.policy_loss(logp, old, zeros, ones, mask, normalization="token")
   with_kl, metrics = losses.policy_loss(logp, old, zeros, ones, mask, ref_logprobs=ref,
-                                        kl_coef=0.5, normalization="per_token")
+                                        kl_coef=0.5, normalization="token")
   mean_k3 = jnp.sum(losses.k3_kl(logp, ref, mask)) / jnp.sum(mask)
   assert_close(metrics["ref_kl"], mean_k3, steps=4)
   assert_close(with_kl - without, 0.5 * mean_k3, steps=4)

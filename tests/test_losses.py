@@ -34,7 +34,7 @@ def test_per_tree_gradient_is_the_bpo_estimator():
   lp = jnp.log(jnp.array([0.3, 0.2, 0.6, 0.5, 0.4, 0.7, 0.9, 0.1]))
 
   def loss(lp):
-    return L.policy_loss(lp, lp, adv, w, mask, normalization="per_tree", normalizer=2.0)[0]
+    return L.policy_loss(lp, lp, adv, w, mask, normalization="tree", normalizer=2.0)[0]
 
   grad = jax.grad(loss)(lp)
   # d loss / d logp_t = −w_i A_i / C on action tokens, 0 elsewhere.
@@ -53,9 +53,9 @@ def test_normalisation_modes():
   mask = jnp.array([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
   lp = jnp.zeros((2, 4))
   ones = jnp.ones((2, 4))
-  per_tree, _ = L.policy_loss(lp, lp, adv, ones, mask, normalization="per_tree")
-  per_token, _ = L.policy_loss(lp, lp, adv, ones, mask, normalization="per_token")
-  per_seq, _ = L.policy_loss(lp, lp, adv, ones, mask, normalization="per_sequence")
+  per_tree, _ = L.policy_loss(lp, lp, adv, ones, mask, normalization="tree")
+  per_token, _ = L.policy_loss(lp, lp, adv, ones, mask, normalization="token")
+  per_seq, _ = L.policy_loss(lp, lp, adv, ones, mask, normalization="sequence")
   # Integer sums and a division: ≤ 6 roundings at magnitude ≤ 5 (exact here).
   for loss, expected in ((per_tree, -(3 + 2) / 2), (per_token, -(3 + 2) / 4),
                          (per_seq, -(1 + 2) / 2)):

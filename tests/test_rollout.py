@@ -35,8 +35,9 @@ from bpo_jax.testing.tolerance import assert_close, ulp_tol
 
 SANDBOX_MAX_STEPS = 5
 # One shape family for every test, so the decode loop and the appends compile once per bucket.
-COMMON = dict(max_turns=6, max_new_tokens=6, max_length=384, batch_buckets=(4, 8, 16),
-              temperature=1.0)
+COMMON = dict(max_turns=6, max_action_tokens=6, max_length=384, batch_buckets=(4, 8, 16),
+              temperature=1.0, k=4, group_size=8, entropy_threshold=1.0, fork_probability=0.25,
+              max_leaves=16, max_env_steps=None, max_tree_tokens=None)
 PATH_LENGTH = 384
 
 
@@ -198,7 +199,7 @@ def bpo_batch(policy, fmt, tasks):
                max_leaves=1)
   threshold = float(np.median(probe.state_entropies()))
   batch = grow(policy, fmt, in_process_pool(), tasks, seed=0, threshold=threshold,
-               num_siblings=3, max_leaves=7, state_ids="snapshot")
+               k=3, max_leaves=7, state_ids="snapshot")
   return threshold, batch
 
 
@@ -244,7 +245,7 @@ def test_trees_feed_the_estimator_and_the_packed_update(bpo_batch):
 
 def test_forks_happen_exactly_where_the_rule_says(bpo_batch):
   threshold, batch = bpo_batch
-  config = rollout.RolloutConfig(**{**COMMON, "num_siblings": 3, "max_leaves": 7})
+  config = rollout.RolloutConfig(**{**COMMON, "k": 3, "max_leaves": 7})
   fired = declined = 0
   for result in batch.rollouts:
     kids = valid_children(result)
@@ -406,7 +407,7 @@ def test_bpo_and_a_group_spend_the_same_env_step_budget_without_cutting_an_episo
   # depth d adds 6 - d worst-case steps; at depth 0: 0 + 6 + 6 = 12 <= 20; depth 1: 2 + 10 + 5
   # = 17; depth 2: 5 + 12 + 4 = 21 refused; depth 3: 8 + 9 + 3 = 20; depth 4: 12 + 8 + 2 = 22
   # and depth 5: 16 + 4 + 1 = 21 refused. Leaves of 6, 6, 5 and 3 steps: 20 env steps.
-  tree = grow(policy, fmt, countdown_pool(), [6], threshold=-1.0, num_siblings=2,
+  tree = grow(policy, fmt, countdown_pool(), [6], threshold=-1.0, k=2,
               max_leaves=None, **common).rollouts[0]
   tree_lib.validate(tree.tree)
   forked = sorted(d.depth for d in tree.decisions if d.num_siblings > 1)
@@ -461,7 +462,7 @@ def test_failed_branches_are_invalid_and_accounted_for(policy, fmt, tasks):
   # backbone's second state. Step calls: turn 1 = 1..3, turn 2 = 4..6; restores: 1-2, then 3-4.
   pool = pool_lib.SandboxPool(functools.partial(_FaultyRooms, counter, {2, 6}, {4}),
                               num_workers=0)
-  batch = grow(policy, fmt, pool, tasks[:1], seed=3, threshold=-1.0, num_siblings=3,
+  batch = grow(policy, fmt, pool, tasks[:1], seed=3, threshold=-1.0, k=3,
                max_leaves=5)
   result = batch.rollouts[0]
   tree_lib.validate(result.tree)
@@ -506,7 +507,7 @@ def test_a_failed_snapshot_ends_the_branch_at_its_state(policy, fmt, tasks):
   counter = collections.Counter()
   pool = pool_lib.SandboxPool(functools.partial(_FaultyRooms, counter, (), (), {2}),
                               num_workers=0)
-  batch = grow(policy, fmt, pool, tasks[:1], seed=3, threshold=-1.0, num_siblings=3,
+  batch = grow(policy, fmt, pool, tasks[:1], seed=3, threshold=-1.0, k=3,
                max_leaves=5)
   result = batch.rollouts[0]
   tree_lib.validate(result.tree)
@@ -525,7 +526,7 @@ def test_a_failed_reset_leaves_an_empty_tree_and_the_others_go_on(policy, fmt, t
   counter = collections.Counter()
   pool = pool_lib.SandboxPool(functools.partial(_FaultyRooms, counter, (), (), (), {1}),
                               num_workers=0)
-  batch = grow(policy, fmt, pool, tasks[:2], seed=9, threshold=-1.0, num_siblings=2,
+  batch = grow(policy, fmt, pool, tasks[:2], seed=9, threshold=-1.0, k=2,
                max_leaves=2)
   empty, other = batch.rollouts
   assert [(f.node, f.op) for f in empty.failures] == [(-1, "reset")]
@@ -539,13 +540,13 @@ def test_a_failed_reset_leaves_an_empty_tree_and_the_others_go_on(policy, fmt, t
 def test_worst_case_budgets_are_hard_limits(policy, fmt, tasks):
   # Every state is above the threshold, so only the budgets stop the forks; whatever the policy
   # samples, no tree may exceed its env-step or token budget.
-  for budget in (dict(max_env_steps=20), dict(max_tokens=1000)):
+  for budget in (dict(max_env_steps=20), dict(max_tree_tokens=1000)):
     batch = grow(policy, fmt, in_process_pool(), tasks, seed=4, threshold=-1.0,
-                 num_siblings=2, max_leaves=None, capacity=64, **budget)
+                 k=2, max_leaves=None, capacity=64, **budget)
     for result in batch.rollouts:
       tree_lib.validate(result.tree)
       assert result.compute.env_steps <= budget.get("max_env_steps", 10**9)
-      assert result.compute.tokens_processed <= budget.get("max_tokens", 10**9)
+      assert result.compute.tokens_processed <= budget.get("max_tree_tokens", 10**9)
       assert result.compute.forks >= 1
       refused = [d for d in result.decisions if d.rule and not d.affordable]
       assert refused  # the budget, not the rule, stopped the forks
@@ -556,7 +557,7 @@ def test_used_budget_and_sibling_forks_follow_the_audit(policy, fmt, tasks):
   # "used" accounting: a fork needs only the counters so far to leave room for K-1 more leaves
   # and steps. Siblings may fork too.
   batch = grow(policy, fmt, in_process_pool(), tasks[:1], seed=7, threshold=-1.0,
-               num_siblings=2, max_leaves=6, max_env_steps=14, budget_accounting="used",
+               k=2, max_leaves=6, max_env_steps=14, budget_accounting="used",
                siblings_fork=True)
   result = batch.rollouts[0]
   tree_lib.validate(result.tree)
@@ -585,7 +586,7 @@ def test_root_fork_takes_root_siblings_and_later_forks_take_k(policy, fmt, tasks
   # forks while the worst-case env-step budget allows: 4 branches x 6 turns = 24 at the root,
   # then a fork below only while the live branches' remaining turns leave room in 30.
   batch = grow(policy, fmt, in_process_pool(), tasks[:2], seed=7, threshold=-1.0,
-               num_siblings=2, root_siblings=4, max_leaves=8, max_env_steps=30,
+               k=2, root_k=4, max_leaves=8, max_env_steps=30,
                siblings_fork=True)
   for result in batch.rollouts:
     tree_lib.validate(result.tree)
@@ -600,10 +601,10 @@ def test_root_fork_takes_root_siblings_and_later_forks_take_k(policy, fmt, tasks
     replay_checks(result)
     check_token_accounting(result)
   assert any(d.depth > 0 and d.affordable for r in batch.rollouts for d in r.decisions)
-  with pytest.raises(ValueError, match="root_siblings must be >= 2"):
-    rollout.RolloutConfig(root_siblings=1)
-  with pytest.raises(ValueError, match="root_siblings: only a tree grown by an online"):
-    rollout.RolloutConfig(topology="group", root_siblings=4)
+  with pytest.raises(ValueError, match="root_k must be >= 2"):
+    rollout.RolloutConfig(root_k=1)
+  with pytest.raises(ValueError, match="root_k: only a tree grown by an online"):
+    rollout.RolloutConfig(topology="group", root_k=4)
 
 
 def test_turn_limit_cuts_a_branch(policy, fmt, tasks):
@@ -633,7 +634,7 @@ def test_top_k_after_the_fact_forks_at_the_backbones_highest_entropies(policy, f
   # The biased comparison rule: the backbone runs to the end, then forks at its 2 highest-
   # entropy states; the siblings start from its cache row cut back to each state.
   batch = grow(policy, fmt, in_process_pool(), tasks[:2], seed=8, fork_rule="top_k_after",
-               num_siblings=3, max_leaves=5)
+               k=3, max_leaves=5)
   for result in batch.rollouts:
     tree_lib.validate(result.tree)
     kids = valid_children(result)
@@ -661,7 +662,7 @@ def test_top_k_after_the_fact_forks_at_the_backbones_highest_entropies(policy, f
 
 
 def test_worker_pool_gives_the_same_trees(policy, fmt, tasks):
-  config = dict(seed=6, threshold=-1.0, num_siblings=2, max_leaves=3)
+  config = dict(seed=6, threshold=-1.0, k=2, max_leaves=3)
   local = grow(policy, fmt, in_process_pool(), tasks[:2], **config)
   with pool_lib.SandboxPool.for_environment("rooms", num_workers=2, timeout_s=30.0,
                                             max_steps=SANDBOX_MAX_STEPS) as pool:
@@ -693,9 +694,9 @@ def _same_tree(a: rollout.TaskRollout, b: rollout.TaskRollout):
   assert a.compute == b.compute
 
 
-@pytest.mark.parametrize("rule", [dict(fork_rule="entropy", threshold=-1.0, num_siblings=2,
+@pytest.mark.parametrize("rule", [dict(fork_rule="entropy", threshold=-1.0, k=2,
                                        max_leaves=4, siblings_fork=True),
-                                  dict(fork_rule="random", fork_prob=0.5, num_siblings=3,
+                                  dict(fork_rule="random", fork_probability=0.5, k=3,
                                        max_leaves=5),
                                   dict(topology="group", group_size=3)])
 def test_a_tasks_tree_does_not_depend_on_its_batch_mates(policy, fmt, tasks, rule):
@@ -721,7 +722,7 @@ def test_branch_keys_follow_the_documented_derivation(policy, fmt, tasks):
   # here one row at a time with the sampler, the actions are the tree's.
   config, graphdef, params = policy
   batch = grow(policy, fmt, in_process_pool(), tasks[:2], seed=5, task_ids=[3, 8],
-               threshold=-1.0, num_siblings=2, max_leaves=2)
+               threshold=-1.0, k=2, max_leaves=2)
   sampler = sampling.Sampler(graphdef, config, COMMON["max_length"])
   params_of_sampling = rollout.RolloutConfig(**COMMON).sampling_params(fmt.stop_token_ids)
 
@@ -779,12 +780,12 @@ def test_matched_group_size_by_hand():
 def test_bad_configs_and_inputs_are_named(policy, fmt, tasks):
   with pytest.raises(ValueError, match="topology"):
     rollout.RolloutConfig(topology="forest")
-  with pytest.raises(ValueError, match="num_siblings"):
-    rollout.RolloutConfig(num_siblings=1)
+  with pytest.raises(ValueError, match="RolloutConfig.k must be"):
+    rollout.RolloutConfig(k=1)
   with pytest.raises(ValueError, match="max_leaves or an explicit capacity"):
     rollout.RolloutConfig(max_leaves=None)
   with pytest.raises(ValueError, match="group_size=8"):
-    rollout.RolloutConfig(topology="group", capacity=10, max_turns=4)
+    rollout.RolloutConfig(topology="group", group_size=8, capacity=10, max_turns=4)
   with pytest.raises(ValueError, match="batch_buckets"):
     rollout.RolloutConfig(batch_buckets=(8, 4))
   with pytest.raises(ValueError, match="does not fit max_length=40"):
@@ -839,7 +840,7 @@ def test_greedy_action_entropy_is_the_greedy_paths_entropy_and_drives_the_forks(
         for node in result.path(d.node):
           sequence += list(result.tokens.segment(node))
       expected, length, magnitude = _greedy_action_entropy(
-          policy, fmt, sequence, COMMON["max_new_tokens"], COMMON["temperature"])
+          policy, fmt, sequence, COMMON["max_action_tokens"], COMMON["temperature"])
       # Each token's entropy to a forward's roundings (cached against full), then their sum.
       steps = length * forward_roundings(policy[0], PATH_LENGTH, logprobs=True) + length
       np.testing.assert_allclose(d.entropy, expected, rtol=0, err_msg=str(d),

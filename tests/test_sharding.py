@@ -111,7 +111,7 @@ def test_sharded_train_step_equals_unsharded_and_compiles_once():
       step=NamedSharding(mesh, P()), params=param_sh,
       opt_state=sharding.optimizer_shardings(state.opt_state, state.params, param_sh, mesh))
   batch_sh = sharding.batch_sharding(mesh)
-  config = update.UpdateConfig(num_micro_batches=2)
+  config = update.UpdateConfig(micro_batches=2)
   sharded_step = update.make_train_step(graphdef, tx, config, state_sharding=state_sh,
                                         batch_sharding=batch_sh)
   plain_step = update.make_train_step(graphdef, tx, config)
@@ -266,7 +266,7 @@ def test_a_lora_base_laid_out_by_the_rules_gives_the_update_of_one_device():
     expected += leaf.nbytes // int(np.prod(split))
   whole, per_device = placement_lib.state_bytes(placed)
   assert per_device == expected < whole / 7
-  config = update.UpdateConfig(num_micro_batches=2)
+  config = update.UpdateConfig(micro_batches=2)
   sharded_step = update.make_train_step(graphdef, tx, config,
                                         state_sharding=placement.state_sharding,
                                         batch_sharding=placement.row_sharding)

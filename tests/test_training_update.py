@@ -77,7 +77,7 @@ def test_packed_equals_per_path_through_decoder():
   lp_path, _ = logprobs(graphdef, state.params, per_path)
   packed.old_logprob = np.asarray(lp_packed)
   per_path.old_logprob = np.asarray(lp_path)
-  step = update.make_train_step(graphdef, tx, update.UpdateConfig())
+  step = update.make_train_step(graphdef, tx, update.UpdateConfig(micro_batches=1))
   new_a, m_a = step(_copy(state), packed, None, 3)
   new_b, m_b = step(_copy(state), per_path, None, 3)
   # The layouts sum the same terms in other orders and lengths through two decoder layers:
@@ -109,7 +109,7 @@ def test_micro_batching_and_reinforce_gradient():
 
   results = {}
   for m in (1, 4):
-    step = update.make_train_step(graphdef, tx, update.UpdateConfig(num_micro_batches=m))
+    step = update.make_train_step(graphdef, tx, update.UpdateConfig(micro_batches=m))
     new, metrics = step(_copy(state), batch)
     results[m] = (new, metrics)
     # Micro-batches split the sums as above (≤ 64 roundings at the norm).
@@ -137,7 +137,7 @@ def test_nan_loss_skips_update():
   batch = packing.pack_trees(trees, adv, w, buckets=BUCKETS)
   graphdef, tx, state = _state(_model(2))
   before = jax.tree.map(np.asarray, state.params)
-  step = update.make_train_step(graphdef, tx, update.UpdateConfig())
+  step = update.make_train_step(graphdef, tx, update.UpdateConfig(micro_batches=1))
   new, metrics = step(state, batch)
   assert float(metrics["skipped"]) == 1.0
   for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(new.params)):
@@ -154,7 +154,7 @@ def test_sft_step_lowers_expert_nll():
   logprob, _ = jax.jit(update.packed_logprobs, static_argnums=0)(graphdef, state.params, batch)
   nll = -np.where(batch.loss_mask, np.asarray(logprob, np.float64), 0.0)
   first_loss = nll.sum() / batch.loss_mask.sum()
-  step = update.make_sft_step(graphdef, tx, num_micro_batches=2)
+  step = update.make_sft_step(graphdef, tx, micro_batches=2)
   losses_seen = []
   for _ in range(15):
     state, metrics = step(state, batch)
@@ -172,12 +172,12 @@ def test_bad_settings_are_named():
     update.UpdateConfig(normalization="mean")
   with pytest.raises(ValueError, match="kl_coef > 0 needs reference"):
     graphdef, tx, _ = _state(_model())
-    update.make_train_step(graphdef, tx, update.UpdateConfig(kl_coef=0.1))
+    update.make_train_step(graphdef, tx, update.UpdateConfig(micro_batches=1, kl_coef=0.1))
   rng = np.random.default_rng(4)
   trees, adv, w = _random_trees(rng, 3)
   batch = packing.pack_trees(trees, adv, w, buckets=BUCKETS)
   graphdef, tx, state = _state(_model())
-  step = update.make_train_step(graphdef, tx, update.UpdateConfig(num_micro_batches=2))
+  step = update.make_train_step(graphdef, tx, update.UpdateConfig(micro_batches=2))
   with pytest.raises(ValueError, match="3 rows do not split into 2"):
     step(state, batch)
 
@@ -221,7 +221,7 @@ def test_optimizer_state_keeps_its_dtypes_and_the_update_compiles_once():
   for tx in (fixed, plain):
     state = update.TrainState(step=jnp.zeros((), jnp.int32), params=_copy(adapters),
                               opt_state=tx.init(adapters))
-    step = update.make_train_step(graphdef, tx, update.UpdateConfig())
+    step = update.make_train_step(graphdef, tx, update.UpdateConfig(micro_batches=1))
     dtypes = [jax.tree.map(lambda x: x.dtype, state)]
     for _ in range(3):
       state, _ = step(state, batch, frozen=frozen)

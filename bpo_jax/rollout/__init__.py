@@ -30,7 +30,7 @@ tokens decoded equals `TreeTokens.num_unique_tokens()` exactly.
 Example:
 
   engine = RolloutEngine(graphdef, model_config, fmt, pool,
-                         RolloutConfig(num_siblings=4, entropy_threshold=2.0, max_leaves=8))
+                         RolloutConfig(k=4, entropy_threshold=2.0, max_leaves=8))
   batch = engine.rollout(params, tasks, jax.random.key(0))
   trees = batch.stacked_trees()              # RolloutTree with a leading task axis
   tokens = batch.tree_tokens()               # for packing.pack_trees

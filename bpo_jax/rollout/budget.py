@@ -53,7 +53,7 @@ class TurnBudget:
       tokens_needed = tree.compute.tokens_processed + extra
     if cfg.max_env_steps is not None and steps_needed > cfg.max_env_steps:
       return False
-    if cfg.max_tokens is not None and tokens_needed > cfg.max_tokens:
+    if cfg.max_tree_tokens is not None and tokens_needed > cfg.max_tree_tokens:
       return False
     return True
 

@@ -1,4 +1,4 @@
-"""How trees are grown: `RolloutConfig`, validated on construction."""
+"""How trees are grown: `RolloutConfig`, its invariants checked on construction."""
 
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ class RolloutConfig:
   Attributes:
     topology: "tree" (BPO: forks decided online along the way) or "group" (N independent
       rollouts per task: a fork of N at the root state and none after, `episodes_per_group`).
-    num_siblings: K, the actions tried at a fork (the branch itself plus K-1 new ones).
-    root_siblings: K at the tree's root state (the backbone's first decision, where a group
-      forks too); None: `num_siblings`. The number is fixed by the state's depth, known before
-      any action there is sampled, so the online rules stay unbiased (`siblings_at`).
+    k: K, the actions tried at a fork (the branch itself plus K-1 new ones).
+    root_k: K at the tree's root state (the backbone's first decision, where a group forks
+      too); 0: `k`. The number is fixed by the state's depth, known before any action there is
+      sampled, so the online rules stay unbiased (`siblings_at`).
     group_size: N for the group topology: > 0 a fixed N (the env-step budget is not read);
       0 as many whole episodes as fit in `max_env_steps` at the worst case, N =
       max_env_steps // max_turns (`episodes_per_group`), at least 2.
     fork_rule: "entropy" (fork when the state's entropy, see `entropy_measure`, exceeds the
-      threshold), "random" (fork with probability `fork_prob`), "never" (a single backbone),
+      threshold), "random" (fork with probability `fork_probability`), "never" (a single backbone),
       or "top_k_after": once the backbone has finished, fork at its `max_forks`
       highest-entropy states (`rollout.top_k_after`). The last is BIASED (where the forks go
       depends on the backbone's own later actions) and is kept only to measure that bias
@@ -44,16 +44,17 @@ class RolloutConfig:
       first token of an action ("put apple in *basket*"), which the first misses.
     entropy_threshold: the threshold of the entropy rule, in nats (`rollout(threshold=...)`
       overrides it per call, e.g. with a running quantile from earlier batches).
-    fork_prob: the probability of the random rule (drawn from a NumPy generator per tree,
+    fork_probability: the probability of the random rule (drawn from a NumPy generator per tree,
       seeded with the task key's words).
     siblings_fork: whether branches started at a fork may fork too (else only the backbone).
     max_leaves: most leaves per tree (every started branch ends in one leaf); None: no limit.
     max_env_steps: most sandbox steps per tree (or group, with `group_size` 0); None: no
       limit.
-    max_tokens: most tokens the policy processes per tree (prefill + decode); None: no limit.
+    max_tree_tokens: most tokens the policy processes per tree (prefill + decode); None: no
+      limit.
     budget_accounting: "worst_case" (hard limits) or "used" (see `rollout.budget`).
     max_turns: most actions per branch; a branch reaching it is cut (truncated).
-    max_new_tokens: most tokens per action.
+    max_action_tokens: most tokens per action.
     temperature, top_p, top_k: sampling (see `sampling.SamplingParams`).
     max_length: KV-cache slots per row: the longest path (prompt, actions, observations).
     batch_buckets: batch sizes the device sees (rows padded up; beyond the largest, multiples
@@ -66,76 +67,83 @@ class RolloutConfig:
   """
 
   topology: str = "tree"
-  num_siblings: int = 4
-  root_siblings: int | None = None
-  group_size: int = 8
+  k: int = 2
+  root_k: int = 0
+  group_size: int = 2
   fork_rule: str = "entropy"
   entropy_measure: str = "first_token"
-  entropy_threshold: float = 1.0
-  fork_prob: float = 0.25
+  entropy_threshold: float = 0.5
+  fork_probability: float = 0.3
   siblings_fork: bool = False
-  max_leaves: int | None = 16
-  max_env_steps: int | None = None
-  max_tokens: int | None = None
+  max_leaves: int | None = 4
+  max_env_steps: int | None = 64
+  max_tree_tokens: int | None = 1024
   budget_accounting: str = "worst_case"
-  max_turns: int = 16
-  max_new_tokens: int = 16
+  max_turns: int = 5
+  max_action_tokens: int = 5
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
-  max_length: int = 1024
+  max_length: int = 320
   batch_buckets: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
   capacity: int | None = None
   state_ids: str = "none"
 
   def __post_init__(self):
-    def choice(name, options):
+    # Invariants the engine relies on; a run's settings are checked, with messages naming
+    # their keys, by the schema (`training/config.py`) before they get here.
+    for name, options in (("topology", TOPOLOGIES), ("fork_rule", FORK_RULES),
+                          ("entropy_measure", ENTROPY_MEASURES),
+                          ("budget_accounting", BUDGET_ACCOUNTING), ("state_ids", STATE_IDS)):
       if getattr(self, name) not in options:
         raise ValueError(f"RolloutConfig.{name} must be one of {options}, got "
                          f"{getattr(self, name)!r}")
-
-    choice("topology", TOPOLOGIES)
-    choice("fork_rule", FORK_RULES)
-    choice("entropy_measure", ENTROPY_MEASURES)
-    choice("budget_accounting", BUDGET_ACCOUNTING)
-    choice("state_ids", STATE_IDS)
-    for name in ("num_siblings", "max_turns", "max_new_tokens", "max_length"):
+    for name in ("k", "max_turns", "max_action_tokens", "max_length"):
       if getattr(self, name) < 1:
         raise ValueError(f"RolloutConfig.{name} must be positive, got {getattr(self, name)}")
-    if self.group_size < 0:
-      raise ValueError(f"RolloutConfig.group_size must be >= 0 (0: as many episodes as fit "
-                       f"max_env_steps), got {self.group_size}")
-    if self.topology == "tree" and self.fork_rule != "never" and self.num_siblings < 2:
-      raise ValueError(f"RolloutConfig.num_siblings must be >= 2 to fork, got "
-                       f"{self.num_siblings}")
-    if self.root_siblings is not None:
-      if self.root_siblings < 2:
-        raise ValueError(f"RolloutConfig.root_siblings must be >= 2 or None, got "
-                         f"{self.root_siblings}")
-      if self.topology != "tree" or self.fork_rule == "top_k_after":
-        raise ValueError("RolloutConfig.root_siblings: only a tree grown by an online fork rule "
-                         f"has a root fork of its own (topology {self.topology!r}, fork_rule "
-                         f"{self.fork_rule!r})")
-    for name in ("max_leaves", "max_env_steps", "max_tokens", "capacity"):
+    for name in ("max_leaves", "max_env_steps", "max_tree_tokens", "capacity"):
       value = getattr(self, name)
       if value is not None and value < 1:
         raise ValueError(f"RolloutConfig.{name} must be positive or None, got {value}")
-    if not 0.0 <= self.fork_prob <= 1.0:
-      raise ValueError(f"RolloutConfig.fork_prob must be in [0, 1], got {self.fork_prob}")
+    if self.group_size < 0:
+      raise ValueError(f"RolloutConfig.group_size must be >= 0 (0: as many episodes as fit "
+                       f"max_env_steps), got {self.group_size}")
+    if not 0.0 <= self.fork_probability <= 1.0:
+      raise ValueError(f"RolloutConfig.fork_probability must be in [0, 1], got "
+                       f"{self.fork_probability}")
     buckets = tuple(int(b) for b in self.batch_buckets)
     if not buckets or min(buckets) < 1 or list(buckets) != sorted(set(buckets)):
       raise ValueError(f"RolloutConfig.batch_buckets must be increasing positive sizes, got "
                        f"{self.batch_buckets}")
     object.__setattr__(self, "batch_buckets", buckets)
-    if self.topology == "tree" and self.capacity is None and self.max_leaves is None:
-      raise ValueError("RolloutConfig: a tree needs max_leaves or an explicit capacity")
+    self._check_forks()
+    self._check_capacity()
+    self.sampling_params()  # validates temperature, top_p, top_k
+
+  def _check_forks(self):
+    """K and the fork rule's own limits."""
+    if self.topology == "tree" and self.fork_rule != "never" and self.k < 2:
+      raise ValueError(f"RolloutConfig.k must be >= 2 to fork, got {self.k}")
+    if self.root_k:
+      if self.root_k < 2:
+        raise ValueError(f"RolloutConfig.root_k must be >= 2 or 0, got {self.root_k}")
+      if self.topology != "tree" or self.fork_rule == "top_k_after":
+        raise ValueError("RolloutConfig.root_k: only a tree grown by an online fork rule "
+                         f"has a root fork of its own (topology {self.topology!r}, fork_rule "
+                         f"{self.fork_rule!r})")
     if self.topology == "tree" and self.fork_rule == "top_k_after":
-      if self.max_leaves is None or self.max_env_steps is not None or self.max_tokens is not None:
+      if (self.max_leaves is None or self.max_env_steps is not None
+          or self.max_tree_tokens is not None):
         raise ValueError("RolloutConfig: fork_rule 'top_k_after' takes its forks from "
                          "max_leaves and supports no env-step or token budget")
       if self.siblings_fork:
         raise ValueError("RolloutConfig: fork_rule 'top_k_after' forks the backbone only "
                          "(siblings_fork must be False)")
+
+  def _check_capacity(self):
+    """The nodes of a tree or group fit its `RolloutTree`."""
+    if self.topology == "tree" and self.capacity is None and self.max_leaves is None:
+      raise ValueError("RolloutConfig: a tree needs max_leaves or an explicit capacity")
     if self.topology == "group" and self.group_size == 0:
       if self.max_env_steps is None or self.max_env_steps // self.max_turns < 2:
         raise ValueError(f"RolloutConfig: group_size=0 needs max_env_steps to hold two whole "
@@ -149,7 +157,6 @@ class RolloutConfig:
       raise ValueError(f"RolloutConfig.capacity {self.node_capacity} cannot hold "
                        f"group_size={self.episodes_per_group} rollouts of "
                        f"max_turns={self.max_turns}")
-    self.sampling_params()  # validates temperature, top_p, top_k
 
   @property
   def episodes_per_group(self) -> int:
@@ -182,22 +189,22 @@ class RolloutConfig:
     return self.max_leaves * self.max_turns
 
   def siblings_at(self, depth: int) -> int:
-    """K at a state `depth` steps into its branch: `root_siblings` at the root (depth 0, only
-    the backbone decides there), else `num_siblings`."""
-    if depth == 0 and self.root_siblings is not None:
-      return self.root_siblings
-    return self.num_siblings
+    """K at a state `depth` steps into its branch: `root_k` at the root (depth 0, only the
+    backbone decides there) when set, else `k`."""
+    if depth == 0 and self.root_k:
+      return self.root_k
+    return self.k
 
   @property
   def max_forks(self) -> int | None:
     """Forks a tree may make within `max_leaves` (each adds K-1 leaves)."""
     if self.topology == "group" or self.max_leaves is None:
       return None
-    return (self.max_leaves - 1) // (self.num_siblings - 1) if self.num_siblings > 1 else 0
+    return (self.max_leaves - 1) // (self.k - 1) if self.k > 1 else 0
 
   def sampling_params(self, stop_token_ids: Sequence[int] = ()) -> sampling.SamplingParams:
     return sampling.SamplingParams(temperature=self.temperature, top_p=self.top_p,
-                                   top_k=self.top_k, max_new_tokens=self.max_new_tokens,
+                                   top_k=self.top_k, max_new_tokens=self.max_action_tokens,
                                    stop_token_ids=tuple(stop_token_ids))
 
   def batch_size(self, rows: int) -> int:

@@ -202,10 +202,10 @@ class RolloutEngine:
         continue
       tree.first_observation = first
       tree.prompt = self.fmt.prompt_tokens(first)
-      if len(tree.prompt) + cfg.max_new_tokens > cfg.max_length:
+      if len(tree.prompt) + cfg.max_action_tokens > cfg.max_length:
         self.pool.close_many(list(backbone_ids.values()))
         raise ValueError(f"task {i}: the prompt has {len(tree.prompt)} tokens; with "
-                         f"max_new_tokens={cfg.max_new_tokens} it does not fit "
+                         f"max_action_tokens={cfg.max_action_tokens} it does not fit "
                          f"max_length={cfg.max_length}")
       state_id = text_state_id(first) if cfg.state_ids == "observation" else -1
       live.append(Branch(task=i, branch_id=backbone_ids[i], node=ROOT, depth=0,
@@ -461,7 +461,7 @@ class RolloutEngine:
     reply_ended = len(action) > 0 and int(action[-1]) in self.fmt.stop_token_ids
     observation = ([] if done or cut else
                    self.fmt.observation_tokens(step.observation, reply_ended=reply_ended))
-    if not (done or cut) and (branch.length + len(observation) + cfg.max_new_tokens
+    if not (done or cut) and (branch.length + len(observation) + cfg.max_action_tokens
                               > cfg.max_length):
       cut, observation = True, []  # no room for the next action: a token-limit cut
     tree.builder.set_outcome(node, float(step.reward), terminal=done,

@@ -109,14 +109,15 @@ class EntropyRule(OnlineRule):
 
 
 class RandomRule(OnlineRule):
-  """Fires with probability `fork_prob` (the tree's own generator), forks permitting."""
+  """Fires with probability `fork_probability` (the tree's own generator), forks permitting."""
 
   def __init__(self, config: RolloutConfig):
     super().__init__(config)
-    self._fork_prob = config.fork_prob
+    self._fork_probability = config.fork_probability
 
   def fires(self, entropy, tree):
-    return bool(tree.rule_rng.random() < self._fork_prob) and tree.compute.forks < self._max_forks
+    return (bool(tree.rule_rng.random() < self._fork_probability)
+            and tree.compute.forks < self._max_forks)
 
 
 class Never(OnlineRule):

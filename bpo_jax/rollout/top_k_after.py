@@ -90,8 +90,8 @@ class TopKAfter(ForkPolicy):
       for index in picks[backbone.branch_id]:
         past = self._history[backbone.branch_id][index]
         tree.compute.forks += 1
-        tree.branches_started += self._config.num_siblings - 1
-        for child in range(1, self._config.num_siblings):
+        tree.branches_started += self._config.k - 1
+        for child in range(1, self._config.k):
           branch = Branch(task=backbone.task, branch_id=self._new_branch_id(backbone.task),
                           node=past.decision.node, depth=past.decision.depth,
                           length=past.length, can_fork=False, state_id=past.state_id,

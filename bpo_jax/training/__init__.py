@@ -3,7 +3,8 @@
 How the parts fit together: docs/DESIGN.md §2.
 
   config.py              the schema and its validation
-  translate.py           the configuration -> ModelConfig, RolloutConfig, UpdateConfig, mesh
+  settings.py            the configuration read once into typed, frozen settings
+  translate.py           the settings -> ModelConfig, RolloutConfig, UpdateConfig, mesh
   estimator_registry.py  the estimators by name (advantage function, topology)
   loop.py                train / resume / evaluate; the parts it calls: experiment.py,
                          warm_start.py, evaluation.py, placement.py, iteration.py

@@ -61,40 +61,40 @@ def differing_forks(rollout: rollout_lib.TaskRollout, gamma: float = 1.0) -> lis
   return out
 
 
-def training_advantages(config, batch: rollout_lib.RolloutBatch) -> np.ndarray:
+def training_advantages(settings, batch: rollout_lib.RolloutBatch) -> np.ndarray:
   """float[T, N]: the advantages training gives `batch` (as `iteration.estimate_and_pack`)."""
-  r = config.rollout
+  r = settings.rollout
   advantages, _ = estimator_registry.advantages_and_weights(
       jax.tree.map(jnp.asarray, batch.stacked_trees()), estimator=r.estimator,
       gamma=float(r.gamma), trees_per_task=r.trees_per_task, trunk=r.trunk_baseline,
-      options=estimator_registry.config_options(config))
+      options=estimator_registry.config_options(settings.rollout))
   return np.asarray(advantages)
 
 
-def draw_tree(config, workdir: str, step: int | None = None, draws: int = 4) -> DrawnTree:
+def draw_tree(settings, workdir: str, step: int | None = None, draws: int = 4) -> DrawnTree:
   """A tree of the batch training's iteration `step + 1` grows from checkpoint `step` (default:
   the latest) of `workdir`, with the threshold stored there; the first tree (in batch order)
   with a `differing_forks` entry, trying training's own key and then `draws - 1` others; if no
   draw has one, the first tree with the most forks."""
   if draws < 1:
     raise ValueError(f"draws must be at least 1, got {draws}")
-  exp, state, saved = loop.load_checkpoint(config, workdir, step)
+  exp, state, saved = loop.load_checkpoint(settings, workdir, step)
   iteration = int(saved["iteration"]) + 1
   threshold = float(saved["fork_threshold"]["threshold"])
-  key = jax.random.fold_in(jax.random.key(config.seed), iteration)
+  key = jax.random.fold_in(jax.random.key(settings.seed), iteration)
   fallback = None
   try:
     engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
-                                       translate.rollout_config(config))
+                                       translate.rollout_config(settings))
     tasks = iteration_lib.iteration_tasks(exp, iteration)
     params = exp.full_params(state.params)
     for draw in range(draws):
       batch = engine.rollout(params, tasks, jax.random.fold_in(key, draw) if draw else key,
                              threshold=threshold)
-      advantages = training_advantages(config, batch)
+      advantages = training_advantages(settings, batch)
       for index, tree in enumerate(batch.rollouts):
         drawn = DrawnTree(tree, advantages[index], threshold, iteration, draw, index,
-                          differing_forks(tree, float(config.rollout.gamma)))
+                          differing_forks(tree, float(settings.rollout.gamma)))
         if drawn.differing_forks:
           return drawn
         forks = sum(len(k) > 1 for k in tree.tokens.children())

@@ -5,7 +5,7 @@ On a pod every host runs the same program. `initialize` connects them (process 0
 coordinator); afterwards `jax.devices()` lists every chip of the pod and a mesh built from it
 spans all hosts. Each process then works on the rows of the batch that its own devices hold:
 
-    initialize_from_config(config)                  # before anything else uses JAX
+    initialize_from_settings(settings.scale.distributed)  # before anything uses JAX
     mesh = sharding.make_mesh(MeshConfig(...))
     row_sh = sharding.batch_sharding(mesh)
     rows = process_rows(row_sh, num_rows)            # e.g. range(0, 32) of 64 on process 0
@@ -62,9 +62,9 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int,
   return True
 
 
-def initialize_from_config(config) -> bool:
-  """`initialize` with the `scale.distributed` section of an experiment configuration."""
-  d = config.scale.distributed
+def initialize_from_settings(d) -> bool:
+  """`initialize` with the `scale.distributed` section of a run's settings
+  (`settings.DistributedSettings`)."""
   return initialize(d.coordinator_address, d.num_processes, d.process_id)
 
 

@@ -11,6 +11,7 @@ already has the configuration's devices: `print(dry_run_from_config(config).form
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -28,15 +29,16 @@ def dry_run_from_config(config, check_fit: bool = True) -> DryRunReport:
   `scale.chip` (`program_memory.measure`); raises `DoesNotFitError` when one needs more than
   the chip's HBM."""
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import settings as settings_lib  # pylint: disable=g-import-not-at-top
   config_lib.validate(config, host_memory=False)  # a pod's sizes, not this host's
-  s = config.scale
-  if not s.chip:
+  settings = settings_lib.from_config(config)
+  if not settings.scale.chip:
     raise config_lib.ConfigError([f"scale.chip: the dry run needs a target chip, one of "
                                   f"{', '.join(sorted(CHIPS))}"])
-  if config.model.lora_rank:
+  if settings.model.lora_rank:
     raise config_lib.ConfigError(["model.lora_rank: the dry run compiles full fine-tuning; "
                                   "set it to 0"])
-  report = measure(config, get_chip(s.chip))
+  report = measure(settings, get_chip(settings.scale.chip))
   if check_fit and not report.fits:
     raise does_not_fit(report)
   return report
@@ -73,14 +75,17 @@ def use_fake_cpu_devices(num_devices: int) -> None:
 
 def run_from_config(config) -> DryRunReport:
   """The command line's work: fake the pod's devices on CPU, dry-run, print the report."""
-  s = config.scale
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import settings as settings_lib  # pylint: disable=g-import-not-at-top
+  config_lib.validate(config, host_memory=False)
+  s = settings_lib.from_config(config).scale
   devices = s.num_devices
   if not devices:
     sizes = [s.mesh.data * s.mesh.dcn_data, s.mesh.fsdp, s.mesh.tensor]
     if -1 in sizes:
-      from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
       raise config_lib.ConfigError(["scale.num_devices: the dry run fakes the pod's devices; "
-                                    f"set it (the mesh {dict(s.mesh)} leaves the count open)"])
+                                    f"set it (the mesh {dataclasses.asdict(s.mesh)} leaves the "
+                                    "count open)"])
     devices = sizes[0] * sizes[1] * sizes[2]
   use_fake_cpu_devices(devices)
   report = dry_run_from_config(config)

@@ -9,7 +9,7 @@ entry; nothing else in the library branches on the name. Adding an estimator is 
   >>> register(Estimator("rloo_copy", with_path_weights(estimators.rloo_advantages),
   ...                    topology="group"))
 
-after which `config.rollout.estimator = "rloo_copy"` validates and trains.
+after which `rollout.estimator = "rloo_copy"` validates and trains.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Estimator:
       "observation" for estimators that group identical states.
     trunk_baseline: whether it reads `rollout.trunk_baseline` (the baseline of a tree's steps
       before its first fork).
-    options: `(keyword, key)` pairs: `advantages` takes `keyword=config.rollout.<key>` (e.g.
+    options: `(keyword, key)` pairs: `advantages` takes `keyword=` the setting `rollout.<key>` (e.g.
       GRPO's `ddof` from `rollout.group_std_ddof`); see `config_options`.
   """
 
@@ -145,14 +145,14 @@ register(Estimator("gigpo", with_path_weights(estimators.gigpo_advantages), topo
                                          ("step_gamma", "gigpo_step_gamma"))))
 
 
-def config_options(config) -> tuple[tuple[str, object], ...]:
-  """The `options` argument of `advantages_and_weights` for `config`'s estimator: its
-  `(keyword, value)` pairs read from the `rollout` section (hashable, for `jax.jit`).
+def config_options(rollout) -> tuple[tuple[str, object], ...]:
+  """The `options` argument of `advantages_and_weights` for the estimator of `rollout` (the
+  `rollout` section of a run's `Settings`): its `(keyword, value)` pairs read from that section
+  (hashable, for `jax.jit`).
 
   Example: GRPO with the defaults → (("normalize_std", True), ("ddof", 0), ("eps", 1e-6)).
   """
-  r = config.rollout
-  return tuple((keyword, r[key]) for keyword, key in get(r.estimator).options)
+  return tuple((keyword, getattr(rollout, key)) for keyword, key in get(rollout.estimator).options)
 
 
 @functools.partial(jax.jit, static_argnames=("estimator", "gamma", "trees_per_task",

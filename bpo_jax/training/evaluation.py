@@ -24,7 +24,7 @@ def evaluate_policy(exp: experiment_lib.Experiment, params, tasks: Sequence[Any]
   the outcomes are gathered, so every process returns the same record.
   """
   engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
-                                     translate.rollout_config(exp.config, evaluation=True))
+                                     translate.rollout_config(exp.settings, evaluation=True))
   start = time.perf_counter()
   share = distributed.process_share(len(tasks))
   batch = engine.rollout(params, list(tasks)[share.start:share.stop], key, task_ids=share)
@@ -46,9 +46,9 @@ def eval_record(exp: experiment_lib.Experiment, params, iteration: int,
                 stage: str = "train") -> dict:
   """A held-out evaluation record; `stage` is "init" (the untrained model), "warm_start" or
   "train". `params`: the whole policy where it decodes (`iteration.policy_for_sampling`)."""
-  config = exp.config
-  key = jax.random.fold_in(jax.random.key(config.seed + 1), iteration)
-  result = evaluate_policy(exp, params, exp.eval_tasks[:config.eval.num_tasks], key,
-                           config.eval.confidence)
+  settings = exp.settings
+  key = jax.random.fold_in(jax.random.key(settings.seed + 1), iteration)
+  result = evaluate_policy(exp, params, exp.eval_tasks[:settings.eval.num_tasks], key,
+                           settings.eval.confidence)
   return {"phase": "eval", "iteration": iteration, "stage": stage, **result}
 

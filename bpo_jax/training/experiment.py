@@ -1,8 +1,9 @@
-"""What a run builds from its configuration before any training: tasks, sandboxes, tokenizer.
+"""What a run builds from its settings before any training: tasks, sandboxes, tokenizer.
 
-`build_experiment(config, workdir)` makes the training and held-out tasks of the configured
-environment, the sandbox pool (free-text sandboxes: a step takes the model's reply and the
-environment's parser takes the action out of it), the run's text path (`text.build`: a
+`build_experiment(settings, workdir)` (a run's `Settings`, `training/settings.py`) makes the
+training and held-out tasks of the configured environment, the sandbox pool (free-text
+sandboxes: a step takes the model's reply and the environment's parser takes the action out of
+it), the run's text path (`text.build`: a
 byte-level BPE tokenizer trained on the environment's text and saved to `<workdir>/tokenizer`,
 or with `model.checkpoint` that checkpoint's tokenizer, chat template and generation config)
 and the initial decoder (`initial_model`: the HF checkpoint of `model.checkpoint`, whose
@@ -36,41 +37,41 @@ from bpo_jax.sandboxes import pool as pool_lib
 from bpo_jax.sandboxes import registry
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import distributed
+from bpo_jax.training import settings as settings_lib
 from bpo_jax.training import translate
 from bpo_jax.training import update as update_lib
 
 
-def make_tasks(config, split: str, num: int) -> list:
+def make_tasks(settings, split: str, num: int) -> list:
   """`num` tasks of the configured environment's split ("train" or "test")."""
-  env = registry.get_environment(config.env.name)
-  return env.make_tasks(split, num=num, seed=config.env.task_seed, **dict(config.env.options))
+  env = registry.get_environment(settings.env.name)
+  return env.make_tasks(split, num=num, seed=settings.env.task_seed,
+                        **dict(settings.env.options))
 
 
-def sandbox_factory(config):
+def sandbox_factory(settings):
   """A picklable factory of the configured environment's free-text sandboxes (a step takes a
   reply; `registry.make_free_text_sandbox`)."""
-  return functools.partial(registry.make_free_text_sandbox, config.env.name,
-                           **dict(config.env.options))
+  return functools.partial(registry.make_free_text_sandbox, settings.env.name,
+                           **dict(settings.env.options))
 
 
-def make_pool(config) -> pool_lib.SandboxPool:
+def make_pool(settings) -> pool_lib.SandboxPool:
   """The run's sandbox pool: worker processes on this host, or Ray actors
   (`env.pool.backend = "ray"`, imported only then)."""
-  settings = config.env.pool
-  if settings.backend == "ray":
+  env = settings.env
+  if env.pool.backend == "ray":
     from bpo_jax.sandboxes import ray_pool  # pylint: disable=g-import-not-at-top
-    return ray_pool.RaySandboxPool(sandbox_factory(config), num_workers=config.env.num_workers,
-                                   timeout_s=config.env.timeout_s,
-                                   address=settings.ray_address,
-                                   cpus_per_worker=settings.cpus_per_worker,
-                                   resource=settings.ray_resource)
+    return ray_pool.RaySandboxPool(sandbox_factory(settings), num_workers=env.num_workers,
+                                   timeout_s=env.timeout_s, address=env.pool.ray_address,
+                                   cpus_per_worker=env.pool.cpus_per_worker,
+                                   resource=env.pool.ray_resource)
   # In-process sandboxes keep no backups: there is no worker to lose.
-  return pool_lib.SandboxPool(sandbox_factory(config), num_workers=config.env.num_workers,
-                              timeout_s=config.env.timeout_s,
-                              keep_backups=config.env.num_workers > 0)
+  return pool_lib.SandboxPool(sandbox_factory(settings), num_workers=env.num_workers,
+                              timeout_s=env.timeout_s, keep_backups=env.num_workers > 0)
 
 
-def build_text(config, workdir: str, train_tasks) -> tuple[Any, text.ChatFormat]:
+def build_text(settings, workdir: str, train_tasks) -> tuple[Any, text.ChatFormat]:
   """The run's tokenizer and chat format: the checkpoint's (`model.checkpoint`), or a BPE
   tokenizer trained once on the primary process and saved to `<workdir>/tokenizer`; every
   process then loads the same directory.
@@ -78,16 +79,17 @@ def build_text(config, workdir: str, train_tasks) -> tuple[Any, text.ChatFormat]
   Raises:
     text.TokenizerError: the tokenizer cannot serve the chat format (one line).
   """
-  name = config.env.name
+  name = settings.env.name
   system_prompt = registry.get_action_syntax(name).system_prompt
-  directory = config.model.checkpoint
+  directory = settings.model.checkpoint
   if not directory:
     if distributed.is_primary():
-      text.ensure_bpe_tokenizer(name, workdir, train_tasks, env_options=dict(config.env.options))
+      text.ensure_bpe_tokenizer(name, workdir, train_tasks,
+                                env_options=dict(settings.env.options))
     distributed.barrier("tokenizer saved")
     directory = os.path.join(workdir, text.TOKENIZER_DIR)
   return text.load_format(directory, system_prompt or None,
-                          config.env.max_observation_tokens or None)
+                          settings.env.max_observation_tokens or None)
 
 
 def task_order(num_tasks: int, seed: int, start: int, count: int) -> list[int]:
@@ -107,9 +109,9 @@ def task_order(num_tasks: int, seed: int, start: int, count: int) -> list[int]:
 
 @dataclasses.dataclass
 class Experiment:
-  """What a run builds from its configuration before any training."""
+  """What a run builds from its settings before any training."""
 
-  config: Any
+  settings: settings_lib.Settings
   workdir: str
   tokenizer: Any
   fmt: text.ChatFormat
@@ -133,35 +135,35 @@ SHAPE_FIELDS = ("architecture", "hidden_size", "intermediate_size", "num_layers"
                 "num_kv_heads", "head_dim", "vocab_size", "tie_word_embeddings")
 
 
-def check_preset(config, loaded: model_config_lib.ModelConfig) -> None:
+def check_preset(settings, loaded: model_config_lib.ModelConfig) -> None:
   """`scale.model_preset`, with a checkpoint, must name the checkpoint's shape (ConfigError)."""
-  if not config.scale.model_preset:
+  if not settings.scale.model_preset:
     return
-  preset = getattr(model_config_lib.ModelConfig, config.scale.model_preset)()
+  preset = getattr(model_config_lib.ModelConfig, settings.scale.model_preset)()
   differ = [f"{name} {getattr(loaded, name)} (preset {getattr(preset, name)})"
             for name in SHAPE_FIELDS if getattr(loaded, name) != getattr(preset, name)]
   if differ:
     raise config_lib.ConfigError([
-        f"scale.model_preset = {config.scale.model_preset!r}: the checkpoint "
-        f"{config.model.checkpoint!r} has another shape: " + ", ".join(differ)])
+        f"scale.model_preset = {settings.scale.model_preset!r}: the checkpoint "
+        f"{settings.model.checkpoint!r} has another shape: " + ", ".join(differ)])
 
 
-def initial_model(config, vocab_size: int) -> decoder_lib.Decoder:
+def initial_model(settings, vocab_size: int) -> decoder_lib.Decoder:
   """The run's starting decoder: `model.checkpoint`'s weights (adapters from the seed, the
   layer loop's remat and scan from `scale`: `translate.checkpoint_overrides`), or a
   from-scratch decoder of the `model` section built from the seed."""
-  m = config.model
+  m = settings.model
   if not m.checkpoint:
-    model_config = translate.model_config(config, vocab_size).replace(
+    model_config = translate.model_config(settings, vocab_size).replace(
         lora_rank=m.lora_rank, lora_alpha=m.lora_alpha)
-    return decoder_lib.Decoder(model_config, rngs=nnx.Rngs(params=config.seed))
+    return decoder_lib.Decoder(model_config, rngs=nnx.Rngs(params=settings.seed))
   model, model_config = params_lib.load_hf_checkpoint(
-      m.checkpoint, seed=config.seed, **translate.checkpoint_overrides(config))
+      m.checkpoint, seed=settings.seed, **translate.checkpoint_overrides(settings))
   if vocab_size > model_config.vocab_size:
     raise params_lib.CheckpointError(
         f"model.checkpoint = {m.checkpoint!r}: the tokenizer has {vocab_size} tokens, more than "
         f"the model's vocab_size {model_config.vocab_size}")
-  check_preset(config, model_config)
+  check_preset(settings, model_config)
   return model
 
 
@@ -172,23 +174,23 @@ def split_trainable(params, model_config) -> tuple[Any, Any]:
   return lora_lib.split_lora(params)
 
 
-def build_experiment(config, workdir: str) -> tuple[Experiment, update_lib.TrainState]:
+def build_experiment(settings, workdir: str) -> tuple[Experiment, update_lib.TrainState]:
   """Tasks, tokenizer and chat format, sandbox pool, initial model.
 
   Raises:
     text.TokenizerError: the tokenizer cannot serve the chat format.
     config_lib.ConfigError: a path of the configured budgets does not fit the context.
   """
-  train_tasks = make_tasks(config, "train", config.env.num_train_tasks)
-  eval_tasks = make_tasks(config, "test", config.env.num_eval_tasks)
-  tokenizer, fmt = build_text(config, workdir, train_tasks)
-  config_lib.check_text_budgets(config, fmt)
-  model = initial_model(config, fmt.vocab_size)
+  train_tasks = make_tasks(settings, "train", settings.env.num_train_tasks)
+  eval_tasks = make_tasks(settings, "test", settings.env.num_eval_tasks)
+  tokenizer, fmt = build_text(settings, workdir, train_tasks)
+  config_lib.check_text_budgets(settings, fmt)
+  model = initial_model(settings, fmt.vocab_size)
   model_config = model.config
   graphdef, params = nnx.split(model)
   trainable, frozen = split_trainable(params, model_config)
   state = update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=trainable, opt_state=None)
-  return Experiment(config=config, workdir=workdir, tokenizer=tokenizer, fmt=fmt,
+  return Experiment(settings=settings, workdir=workdir, tokenizer=tokenizer, fmt=fmt,
                     model_config=model_config, graphdef=graphdef, train_tasks=train_tasks,
-                    eval_tasks=eval_tasks, pool=make_pool(config), frozen=frozen), state
+                    eval_tasks=eval_tasks, pool=make_pool(settings), frozen=frozen), state
 

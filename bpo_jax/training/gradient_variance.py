@@ -35,7 +35,7 @@ It differs from the `grad_norm_variance` an iteration logs: that is the variance
 of the micro-batch gradients of one batch (a scalar spread, at whatever θ the iteration had),
 not the spread of the gradient vector over independent batches at one θ.
 
-`checkpoint_gradient_variance(config, workdir, steps, draws)` does this at checkpoints of a
+`checkpoint_gradient_variance(settings, workdir, steps, draws)` does this at checkpoints of a
 finished run: the tasks are those of the iteration after the checkpoint, the fork threshold that
 of the measuring configuration (`fork_threshold`: its fixed threshold, or with a quantile the
 running one saved with the checkpoint), and draw m's key
@@ -100,11 +100,11 @@ def draw_gradient(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
     return None, batch.compute.as_dict(), failure
   compute = batch.compute.as_dict()
   trees = jax.tree.map(jnp.asarray, batch.stacked_trees())
-  gamma = float(exp.config.rollout.gamma)
+  gamma = float(exp.settings.rollout.gamma)
   levels = [np.stack([np.asarray(m, np.float64) for m in moments(trees, gamma)], 1)
             for moments in _MOMENTS]  # each [trees, 4]: mean, mean_square, within, reach
   compute["moments"] = np.stack(levels, 1)
-  packed, _, _, _ = iteration_lib.estimate_and_pack(exp.config, batch, len(tasks),
+  packed, _, _, _ = iteration_lib.estimate_and_pack(exp.settings, batch, len(tasks),
                                                     placement_lib.Placement())
   grads, _, _, _ = gradient(params, jax.tree.map(jnp.asarray, packed), ref, len(tasks),
                             exp.frozen)
@@ -175,7 +175,7 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
     because = f"; {failed} had a failed branch, the first {failure}" if failed else ""
     raise ValueError(f"{used} draws with a finite gradient out of {len(keys)}{because}: the "
                      f"variance needs at least {MIN_DRAWS}")
-  trees_per_task = max(exp.config.rollout.trees_per_task, 1)
+  trees_per_task = max(exp.settings.rollout.trees_per_task, 1)
   per_task = len(tasks) // trees_per_task
   # `tasks` holds each task's trees_per_task entries in a row (`iteration.iteration_tasks`).
   task_index = [i // trees_per_task for i in range(len(tasks))]
@@ -219,7 +219,7 @@ def spread(steps: Sequence[int], count: int) -> list[int]:
   return [steps[i] for i in picks]
 
 
-def fork_threshold(config, saved: dict) -> float:
+def fork_threshold(settings, saved: dict) -> float:
   """The entropy threshold the draws fork at, given the running state `saved` with a
   checkpoint: the configuration's own `rollout.entropy_threshold` when it is fixed
   (`entropy_quantile` 0), so that another fork rule can be measured at a run's parameters; with
@@ -228,12 +228,12 @@ def fork_threshold(config, saved: dict) -> float:
   Example: threshold 0.5, quantile 0, saved {"threshold": 0.0} → 0.5; quantile 0.8, saved
   {"threshold": 1.3} → 1.3.
   """
-  if config.rollout.entropy_quantile > 0:
+  if settings.rollout.entropy_quantile > 0:
     return float(saved["threshold"])
-  return float(config.rollout.entropy_threshold)
+  return float(settings.rollout.entropy_threshold)
 
 
-def checkpoint_gradient_variance(config, workdir: str, steps: Sequence[int],
+def checkpoint_gradient_variance(settings, workdir: str, steps: Sequence[int],
                                  draws: int) -> list[dict]:
   """`gradient_variance` at each checkpoint `steps` of the run in `workdir` (module docstring),
   each result with its `step`; the experiment (tasks, tokenizer, sandboxes) is built once."""
@@ -242,19 +242,19 @@ def checkpoint_gradient_variance(config, workdir: str, steps: Sequence[int],
   if jax.process_count() > 1:
     raise ValueError(f"the gradient variance is measured in one process, not "
                      f"{jax.process_count()}")
-  exp, state = experiment_lib.build_experiment(config, workdir)
+  exp, state = experiment_lib.build_experiment(settings, workdir)
   try:
     engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
-                                       translate.rollout_config(config))
-    gradient = jax.jit(update_lib.make_gradient_fn(exp.graphdef, translate.update_config(config),
-                                                   use_ref=config.train.kl_coef > 0))
+                                       translate.rollout_config(settings))
+    gradient = jax.jit(update_lib.make_gradient_fn(exp.graphdef, translate.update_config(settings),
+                                                   use_ref=settings.train.kl_coef > 0))
     out = []
     for step in steps:
       restored, ref, loop = loop_lib.restore_checkpoint(exp, state, step)
       tasks = iteration_lib.iteration_tasks(exp, step + 1)
       result = gradient_variance(exp, engine, gradient, restored.params, tasks,
-                                 draw_keys(config.seed, step, draws),
-                                 fork_threshold(config, loop["fork_threshold"]), ref)
+                                 draw_keys(settings.seed, step, draws),
+                                 fork_threshold(settings, loop["fork_threshold"]), ref)
       out.append({"step": step, **result})
     return out
   finally:

@@ -87,15 +87,15 @@ def explained_share_stats(trees, leaf_returns, gamma: float) -> dict:
           "variance_trees": int(differ.sum())}
 
 
-def initial_fork_threshold(config) -> dict:
+def initial_fork_threshold(settings) -> dict:
   """The fork threshold's running state before the first iteration (JSON-able)."""
-  return {"threshold": float(config.rollout.entropy_threshold), "updates": 0}
+  return {"threshold": float(settings.rollout.entropy_threshold), "updates": 0}
 
 
-def next_fork_threshold(config, threshold: dict, batch: rollout_lib.RolloutBatch) -> dict:
+def next_fork_threshold(settings, threshold: dict, batch: rollout_lib.RolloutBatch) -> dict:
   """The threshold for the next iteration: with `rollout.entropy_quantile` > 0, an average of
   the quantiles of the state entropies seen so far (`branching.update_quantile_threshold`)."""
-  quantile = config.rollout.entropy_quantile
+  quantile = settings.rollout.entropy_quantile
   if quantile <= 0:
     return threshold
   running = branching.QuantileThreshold(jnp.float32(threshold["threshold"]),
@@ -166,8 +166,8 @@ def iteration_tasks(exp: experiment_lib.Experiment, iteration: int) -> list:
   """The tasks of `iteration` i: positions `[o + (i-1)·T, o + i·T)` of the seeded order (o =
   `rollout.task_offset`, T = `rollout.tasks_per_iteration`), each repeated
   `rollout.trees_per_task` times (one entry per tree or group)."""
-  r = exp.config.rollout
-  positions = experiment_lib.task_order(len(exp.train_tasks), exp.config.seed,
+  r = exp.settings.rollout
+  positions = experiment_lib.task_order(len(exp.train_tasks), exp.settings.seed,
                                         r.task_offset + (iteration - 1) * r.tasks_per_iteration,
                                         r.tasks_per_iteration)
   return [exp.train_tasks[p] for p in positions for _ in range(r.trees_per_task)]
@@ -191,22 +191,22 @@ def grow(engine: rollout_lib.RolloutEngine, params, tasks: list, key: jax.Array,
   return rollout_lib.RolloutBatch.concatenate(distributed.allgather_objects(batch))
 
 
-def estimate_and_pack(config, batch: rollout_lib.RolloutBatch, num_tasks: int,
+def estimate_and_pack(settings, batch: rollout_lib.RolloutBatch, num_tasks: int,
                       placement: placement_lib.Placement):
   """(packed batch, advantages, weights, stacked trees): the estimator's per-node advantages and
   path weights, and one row per tree, the rows a multiple of the micro-batches, each split
   evenly over the devices of the batch axes."""
-  r = config.rollout
+  r = settings.rollout
   trees = batch.stacked_trees()
   advantages, weights = estimator_registry.advantages_and_weights(
       jax.tree.map(jnp.asarray, trees), estimator=r.estimator, gamma=float(r.gamma),
       trees_per_task=r.trees_per_task, trunk=r.trunk_baseline,
-      options=estimator_registry.config_options(config))
+      options=estimator_registry.config_options(settings.rollout))
   advantages, weights = np.asarray(advantages), np.asarray(weights)
   num_rows = placement_lib.row_count(num_tasks,
-                                     config.train.micro_batches * placement.row_shards)
+                                     settings.train.micro_batches * placement.row_shards)
   packed = packing.pack_trees(batch.tree_tokens(), list(advantages), list(weights),
-                              buckets=translate.row_buckets(config), num_rows=num_rows)
+                              buckets=translate.row_buckets(settings), num_rows=num_rows)
   return packed, advantages, weights, trees
 
 
@@ -225,9 +225,9 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   Returns:
     (state, metrics record, the whole rollout batch, the fork threshold for the next iteration).
   """
-  config = exp.config
+  settings = exp.settings
   placement = placement or placement_lib.Placement()
-  threshold = threshold or initial_fork_threshold(config)
+  threshold = threshold or initial_fork_threshold(settings)
   times = {}
   start = time.perf_counter()
   tasks = iteration_tasks(exp, iteration)
@@ -239,21 +239,21 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   times["time/rollout"] = time.perf_counter() - start
 
   start = time.perf_counter()
-  packed, advantages, weights, trees = estimate_and_pack(config, batch, len(tasks), placement)
+  packed, advantages, weights, trees = estimate_and_pack(settings, batch, len(tasks), placement)
   times["time/estimate_and_pack"] = time.perf_counter() - start
 
   start = time.perf_counter()
   state, update_metrics = ppo_epochs(train_step, state, placement.feed(packed), len(tasks),
-                                     config.train.epochs, placement, ref, exp.frozen)
+                                     settings.train.epochs, placement, ref, exp.frozen)
   times["time/update"] = time.perf_counter() - start
 
   record = {"phase": "train", "iteration": iteration, "row_length": int(packed.shape[1]),
             "fork_threshold": threshold["threshold"]}
   record.update(rollout_stats(batch))
   record.update(advantage_stats(advantages, weights, np.asarray(trees.valid)))
-  if estimator_registry.get(config.rollout.estimator).topology == "tree":
+  if estimator_registry.get(settings.rollout.estimator).topology == "tree":
     record.update(explained_share_stats(trees, [r.leaf_returns() for r in batch.rollouts],
-                                        config.rollout.gamma))
+                                        settings.rollout.gamma))
   record.update(update_metrics)
   if "ref_kl" in update_metrics:
     record["kl_ref"] = record.pop("ref_kl")
@@ -264,5 +264,5 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   if record["skipped"]:
     logging.warning("iteration %d: non-finite loss or gradient (loss %s); update skipped",
                     iteration, record["loss"])
-  return state, record, batch, next_fork_threshold(config, threshold, batch)
+  return state, record, batch, next_fork_threshold(settings, threshold, batch)
 

@@ -6,7 +6,8 @@ workdir, export_dir)` writes that checkpoint as an HF directory; `experiments/ru
 Colab notebook call them. This module starts, resumes and checkpoints a
 run; the parts it calls each do one job:
 
-  translate.py   the configuration -> ModelConfig, RolloutConfig, UpdateConfig, optimisers, mesh
+  settings.py    the configuration read once into typed, frozen settings, which the parts take
+  translate.py   the settings -> ModelConfig, RolloutConfig, UpdateConfig, optimisers, mesh
   experiment.py  tasks, sandbox pool, tokenizer and initial model; the seeded task order
   warm_start.py  supervised steps on expert episodes
   evaluation.py  held-out success with its interval
@@ -103,6 +104,7 @@ from bpo_jax.training import experiment as experiment_lib
 from bpo_jax.training import iteration as iteration_lib
 from bpo_jax.training import metrics as metrics_lib
 from bpo_jax.training import placement as placement_lib
+from bpo_jax.training import settings as settings_lib
 from bpo_jax.training import translate
 from bpo_jax.training import update as update_lib
 from bpo_jax.training import warm_start as warm_start_lib
@@ -121,11 +123,11 @@ EVAL_CHANGES = RESUMABLE_CHANGES + (
     "scale.mesh.tensor", "scale.mesh.dcn_data", "scale.distributed.num_processes")
 
 
-def _check_workdir_config(config, workdir: str, keys_set=(), may_change=RESUMABLE_CHANGES):
+def _check_workdir_config(settings, workdir: str, keys_set=(), may_change=RESUMABLE_CHANGES):
   """A workdir holds one experiment (`workdir.py`): resuming with other settings would not be
   exact, and a checkpoint restores only into its own model. Returns the configuration record to
   save (`_write_workdir_config`), with the keys the run's command lines set (`keys_set` now)."""
-  current = workdir_lib.config_record(config)
+  current = workdir_lib.config_record(settings)
   # Every process checks the saved file before process 0 rewrites it.
   saved = workdir_lib.require_record(workdir)
   if saved is not None:
@@ -152,7 +154,8 @@ def train(config, workdir: str, stop_after: int | None = None, keys_set=()) -> d
   """Trains as configured in `workdir`, resuming from its latest checkpoint if there is one.
 
   Args:
-    config: an experiment configuration (see `training/config.py`); validated first.
+    config: an experiment configuration (see `training/config.py`); validated first, then read
+      once into the run's `Settings` (`training/settings.py`), which the parts take.
     workdir: where the tokenizer, checkpoints, metrics.jsonl, tensorboard/ and summary.json go.
     stop_after: stop after this iteration (for tests and demos; the run can be resumed).
     keys_set: the keys the command line set (`--config.KEY=V`), recorded in config.json so
@@ -163,14 +166,15 @@ def train(config, workdir: str, stop_after: int | None = None, keys_set=()) -> d
     intervals, the iterations run, the workdir's paths.
   """
   config_lib.validate(config, "train", workdir)
-  compile_cache.enable(config.scale.compile_cache_dir)  # before the run's first compile
-  _connect_processes(config)
+  settings = settings_lib.from_config(config)
+  compile_cache.enable(settings.scale.compile_cache_dir)  # before the run's first compile
+  _connect_processes(settings)
   created = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
   with workdir_lib.lock_run(workdir, "train"):
-    checked = _check_workdir_config(config, workdir, keys_set)
+    checked = _check_workdir_config(settings, workdir, keys_set)
     try:
-      exp, state = experiment_lib.build_experiment(config, workdir)
+      exp, state = experiment_lib.build_experiment(settings, workdir)
     except BaseException:
       # Nothing half-written: a run that cannot be built leaves no workdir it created.
       if created and distributed.is_primary():
@@ -183,18 +187,18 @@ def train(config, workdir: str, stop_after: int | None = None, keys_set=()) -> d
       exp.close()
 
 
-def _connect_processes(config) -> None:
+def _connect_processes(settings) -> None:
   """Starts JAX's distributed runtime for `scale.distributed` if the caller has not (it must
   happen before JAX computes anything; experiments/run.py does it first thing), and checks
   that the run's devices form the configured mesh."""
-  wanted = config.scale.distributed.num_processes
+  wanted = settings.scale.distributed.num_processes
   if wanted > 1 and not jax.distributed.is_initialized():
-    distributed.initialize_from_config(config)
+    distributed.initialize_from_settings(settings.scale.distributed)
   if jax.process_count() != wanted:
     raise config_lib.ConfigError([
         f"scale.distributed.num_processes = {wanted}: JAX runs {jax.process_count()} "
         "process(es); start one process per process_id with the same coordinator_address"])
-  placement_lib.run_devices(config)  # the configured mesh fits the devices, before any work
+  placement_lib.run_devices(settings)  # the configured mesh fits the devices, before any work
 
 
 class _RecordsOnly:
@@ -220,23 +224,23 @@ class UpdateSetup(NamedTuple):
 def build_update(exp: experiment_lib.Experiment, params) -> UpdateSetup:
   """The run's optimiser, placement (`scale.mesh` over its devices) and jitted update step,
   for the trainable `params` (their structure; the values are not kept)."""
-  return make_update(exp.config, exp.graphdef, params)
+  return make_update(exp.settings, exp.graphdef, params)
 
 
-def make_update(config, graphdef, params) -> UpdateSetup:
+def make_update(settings, graphdef, params) -> UpdateSetup:
   """`build_update` from the configuration and the model's graph definition alone.
 
   `params` may be arrays or `jax.ShapeDtypeStruct`s: only their structure is read and no
   optimiser state is allocated (`jax.eval_shape`), so the dry run (`dry_run.py`) compiles the
   update a 7B run executes without making its parameters.
   """
-  tx = translate.rl_optimizer(config)
+  tx = translate.rl_optimizer(settings)
   local_state = jax.eval_shape(
       lambda p: update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=p,
                                       opt_state=tx.init(p)), params)
-  placement = placement_lib.Placement.create(config, local_state)
-  use_ref = config.train.kl_coef > 0
-  train_step = update_lib.make_train_step(graphdef, tx, translate.update_config(config),
+  placement = placement_lib.Placement.create(settings, local_state)
+  use_ref = settings.train.kl_coef > 0
+  train_step = update_lib.make_train_step(graphdef, tx, translate.update_config(settings),
                                           ref_params=params if use_ref else None,
                                           state_sharding=placement.state_sharding,
                                           batch_sharding=placement.row_sharding)
@@ -245,15 +249,15 @@ def make_update(config, graphdef, params) -> UpdateSetup:
 
 def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
            stop_after: int | None) -> dict:
-  config, workdir = exp.config, exp.workdir
+  settings, workdir = exp.settings, exp.workdir
   tx, local_state, placement, train_step = build_update(exp, state.params)
   exp = dataclasses.replace(exp, frozen=placement.place_frozen(exp.frozen))
-  use_ref = config.train.kl_coef > 0
+  use_ref = settings.train.kl_coef > 0
   engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
-                                     translate.rollout_config(config))
+                                     translate.rollout_config(settings))
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                             keep=config.checkpoint.keep)
-  root_key = jax.random.key(config.seed)
+                                             keep=settings.checkpoint.keep)
+  root_key = jax.random.key(settings.seed)
   abstract = _checkpoint_tree(placement.abstract(local_state), use_ref)
   del local_state
   # The latest checkpoint that restores; those after it are set aside (checkpoint.py).
@@ -267,33 +271,33 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
     # The initial parameters (alike in every process) laid out over the run's devices: the
     # warm start runs there like the update.
     state, history = _start(exp, placement.place_params(state.params), tx, placement)
-    threshold = iteration_lib.initial_fork_threshold(config)
+    threshold = iteration_lib.initial_fork_threshold(settings)
     # The KL term's reference: the parameters the policy gradient starts from (own buffers: the
     # update donates the train state's).
     ref = jax.tree.map(jnp.copy, state.params) if use_ref else None
     checkpointer.save(0, _checkpoint_tree(state, use_ref, ref),
-                      _loop_state(0, root_key, config, history, threshold))
+                      _loop_state(0, root_key, settings, history, threshold))
     latest = 0
   writer = _RecordsOnly()
   if distributed.is_primary():
-    writer = metrics_lib.MetricsWriter(workdir, tensorboard=config.log.tensorboard,
-                                       progress_bar=config.log.progress_bar,
-                                       total_iterations=config.train.iterations,
+    writer = metrics_lib.MetricsWriter(workdir, tensorboard=settings.log.tensorboard,
+                                       progress_bar=settings.log.progress_bar,
+                                       total_iterations=settings.train.iterations,
                                        history=history)
   try:
-    last = config.train.iterations if stop_after is None else min(stop_after,
-                                                                  config.train.iterations)
+    last = settings.train.iterations if stop_after is None else min(stop_after,
+                                                                  settings.train.iterations)
     for iteration in range(latest + 1, last + 1):
       state, record, _, threshold = iteration_lib.run_iteration(
           exp, engine, train_step, state, iteration, root_key, threshold, placement, ref)
       history.append(writer.write(record))
-      iteration_lib.check_skipped_updates(history, config.train.max_skipped_updates)
-      final = iteration == config.train.iterations
-      if (config.eval.every and iteration % config.eval.every == 0) or final:
+      iteration_lib.check_skipped_updates(history, settings.train.max_skipped_updates)
+      final = iteration == settings.train.iterations
+      if (settings.eval.every and iteration % settings.eval.every == 0) or final:
         history.append(writer.write(_evaluate(exp, placement, state.params, iteration)))
-      if iteration % config.checkpoint.every == 0 or final:
+      if iteration % settings.checkpoint.every == 0 or final:
         checkpointer.save(iteration, _checkpoint_tree(state, use_ref, ref),
-                          _loop_state(iteration, root_key, config, history, threshold))
+                          _loop_state(iteration, root_key, settings, history, threshold))
   finally:
     writer.close()
     checkpointer.close()
@@ -366,11 +370,11 @@ def _check_loop_state(root_key) -> Callable[[int, dict], None]:
   return check
 
 
-def _loop_state(iteration: int, root_key, config, history, threshold: dict) -> dict:
+def _loop_state(iteration: int, root_key, settings, history, threshold: dict) -> dict:
   """What a checkpoint holds besides the arrays (see the module docstring)."""
   return {"iteration": iteration, "key": checkpoint_lib.key_to_json(root_key),
-          "task_position": (config.rollout.task_offset
-                            + iteration * config.rollout.tasks_per_iteration),
+          "task_position": (settings.rollout.task_offset
+                            + iteration * settings.rollout.tasks_per_iteration),
           "fork_threshold": threshold,
           "history": [metrics_lib.clean_record(r) for r in history]}
 
@@ -391,15 +395,15 @@ def summarize(history: Sequence[dict], workdir: str) -> dict:
   return summary
 
 
-def load_checkpoint(config, workdir: str, step: int | None = None):
+def load_checkpoint(settings, workdir: str, step: int | None = None):
   """(Experiment, TrainState, loop state) of checkpoint `step` (default: the latest) in
   `workdir`.
 
   With several processes they restore it together; each gets the whole state on its first
   device.
   """
-  _connect_processes(config)
-  exp, state = experiment_lib.build_experiment(config, workdir)
+  _connect_processes(settings)
+  exp, state = experiment_lib.build_experiment(settings, workdir)
   try:
     state, _, loop = restore_checkpoint(exp, state, step)
   except BaseException:
@@ -412,15 +416,15 @@ def restore_checkpoint(exp: experiment_lib.Experiment, state: update_lib.TrainSt
                        step: int | None = None):
   """(TrainState, KL reference or None, loop state) of checkpoint `step` (default: the latest)
   of `exp.workdir`, restored into `state`'s structure, whole on this process's first device."""
-  config = exp.config
-  tx = translate.rl_optimizer(config)
+  settings = exp.settings
+  tx = translate.rl_optimizer(settings)
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(exp.workdir, "checkpoints"),
                                              create=False)
   try:
     state = update_lib.TrainState(step=state.step, params=state.params,
                                   opt_state=tx.init(state.params))
-    placement = placement_lib.Placement.create(config, state)
-    abstract = _checkpoint_tree(placement.abstract(state), config.train.kl_coef > 0)
+    placement = placement_lib.Placement.create(settings, state)
+    abstract = _checkpoint_tree(placement.abstract(state), settings.train.kl_coef > 0)
     if step is None:  # the latest that restores (checkpoint.py)
       restored = checkpointer.restore_latest(abstract)
       if restored is None:
@@ -441,11 +445,12 @@ def evaluate(config, workdir: str) -> dict:
   `eval.confidence`, mean return and episode length, and the checkpoint's iteration.
   """
   config_lib.validate(config, "eval", workdir)
-  compile_cache.enable(config.scale.compile_cache_dir)
-  _connect_processes(config)
-  _check_workdir_config(config, workdir, may_change=EVAL_CHANGES)
+  settings = settings_lib.from_config(config)
+  compile_cache.enable(settings.scale.compile_cache_dir)
+  _connect_processes(settings)
+  _check_workdir_config(settings, workdir, may_change=EVAL_CHANGES)
   with workdir_lib.lock_run(workdir, "eval"):
-    exp, state, loop = load_checkpoint(config, workdir)
+    exp, state, loop = load_checkpoint(settings, workdir)
     try:
       record = evaluation.eval_record(exp, exp.full_params(state.params), loop["iteration"])
     finally:
@@ -466,18 +471,19 @@ def export(config, workdir: str, export_dir: str) -> str:
   is written beside `export_dir` and moved in when complete. Returns `export_dir`.
   """
   config_lib.validate(config, "export", workdir)
+  settings = settings_lib.from_config(config)
   if os.path.exists(export_dir) and (not os.path.isdir(export_dir) or os.listdir(export_dir)):
     raise config_lib.ConfigError([f"export_dir = {export_dir!r}: exists and is not an empty "
                                   "directory (export into a new one)"])
-  _connect_processes(config)
-  _check_workdir_config(config, workdir, may_change=EVAL_CHANGES)
+  _connect_processes(settings)
+  _check_workdir_config(settings, workdir, may_change=EVAL_CHANGES)
   with workdir_lib.lock_run(workdir, "export"):
-    exp, state, _ = load_checkpoint(config, workdir)
+    exp, state, _ = load_checkpoint(settings, workdir)
   exp.close()
   if not distributed.is_primary():
     return export_dir
   model = nnx.merge(exp.graphdef, exp.full_params(state.params))
-  source = config.model.checkpoint
+  source = settings.model.checkpoint
   generation = None
   if source and os.path.exists(os.path.join(source, "generation_config.json")):
     generation = params_lib.read_generation_config(source)

@@ -43,12 +43,12 @@ def abstract_on_first_device(state):
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
 
 
-def run_devices(config) -> list:
+def run_devices(settings) -> list:
   """The devices a run trains on: all of them, or the first `scale.num_devices` of a single
   process. Raises `config_lib.ConfigError` naming the key when the configured mesh does not fit
   them."""
   available = jax.device_count()
-  wanted = config.scale.num_devices or available
+  wanted = settings.scale.num_devices or available
   if wanted > available:
     raise config_lib.ConfigError([f"scale.num_devices = {wanted}: this run has {available} "
                                   "device(s)"])
@@ -58,7 +58,7 @@ def run_devices(config) -> list:
         "(set 0)"])
   devices = jax.devices()[:wanted]
   try:
-    translate.mesh_config(config).resolve(len(devices))
+    translate.mesh_config(settings).resolve(len(devices))
   except ValueError as error:
     raise config_lib.ConfigError([f"scale.mesh: {error}"]) from None
   return devices
@@ -97,16 +97,16 @@ class Placement:
   _to_sampling: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   @classmethod
-  def create(cls, config, state) -> "Placement":
+  def create(cls, settings, state) -> "Placement":
     """The placement for this run's processes; `state` gives the train state's structure."""
-    devices = run_devices(config)
+    devices = run_devices(settings)
     if len(devices) == 1 and jax.process_count() == 1:
       return cls()
-    mesh = sharding.make_mesh(translate.mesh_config(config), devices)
+    mesh = sharding.make_mesh(translate.mesh_config(settings), devices)
     try:
       sharding.process_submesh(mesh)  # each process samples on its own devices
     except ValueError as error:
-      raise config_lib.ConfigError([f"scale.mesh.tensor = {config.scale.mesh.tensor}: "
+      raise config_lib.ConfigError([f"scale.mesh.tensor = {settings.scale.mesh.tensor}: "
                                     f"{error}"]) from None
     placement = cls(mesh=mesh, row_sharding=sharding.batch_sharding(mesh))
     return dataclasses.replace(placement, state_sharding=placement.shardings_of(state))

@@ -1,16 +1,16 @@
 """The loop's programs compiled on abstract inputs, and their memory per device against a chip.
 
 The library of the pod dry run (docs/DESIGN.md §2; the command line is `dry_run.py`).
-`measure(config, chip)` builds the model with `nnx.eval_shape` (no weights allocated) and
+`measure(settings, chip)` builds the model with `nnx.eval_shape` (no weights allocated) and
 lowers and compiles, for the configured mesh, the functions a training run executes, built by
 the builders the run uses:
 
   * "train step": the update of `loop.make_update` (the optimiser of `translate.rl_optimizer`,
     the placement of `placement.Placement`, `update.make_train_step` with
-    `translate.update_config(config)`), the state donated, on the packed batch of the largest
+    `translate.update_config(settings)`), the state donated, on the packed batch of the largest
     row bucket (`translate.row_buckets`) with the loop's padded row count;
   * "sample": the `generate` of the sampler a `rollout.RolloutEngine` builds from
-    `translate.rollout_config(config)`, with its sampling parameters, on `decode_batch` rows
+    `translate.rollout_config(settings)`, with its sampling parameters, on `decode_batch` rows
     (padded to the engine's batch bucket) of `model.max_length` cache slots, attending to the
     whole cache, parameters in the sampling layout (`SAMPLING_RULES`) and the KV cache laid out
     by `cache_shardings`;
@@ -202,54 +202,54 @@ class Programs:
   shapes: dict
 
 
-def model_config_for(config):
-  """The `ModelConfig` a run of `config` trains: `model.checkpoint`'s config.json (with the
+def model_config_for(settings):
+  """The `ModelConfig` a run of `settings` trains: `model.checkpoint`'s config.json (with the
   overrides the run loads it with), checked against `scale.model_preset`; else the preset."""
   from bpo_jax.models import params as params_lib  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import experiment  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
-  if not config.model.checkpoint:
-    return translate.preset_model_config(config)
-  loaded = params_lib.checkpoint_config(config.model.checkpoint,
-                                        **translate.checkpoint_overrides(config))
-  experiment.check_preset(config, loaded)
+  if not settings.model.checkpoint:
+    return translate.preset_model_config(settings)
+  loaded = params_lib.checkpoint_config(settings.model.checkpoint,
+                                        **translate.checkpoint_overrides(settings))
+  experiment.check_preset(settings, loaded)
   return loaded
 
 
-def abstract_model(config, model_config=None):
-  """(graphdef, parameters as `jax.ShapeDtypeStruct`s) of the model a run of `config` trains
+def abstract_model(settings, model_config=None):
+  """(graphdef, parameters as `jax.ShapeDtypeStruct`s) of the model a run of `settings` trains
   (`model_config_for`), built with `nnx.eval_shape`: no weights are made."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from bpo_jax.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
-  model_config = model_config or model_config_for(config)
+  model_config = model_config or model_config_for(settings)
   return nnx.split(nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0))))
 
 
-def lower_programs(config) -> Programs:
-  """The train step, sampler and reshard of a run of `config`, lowered on abstract inputs
+def lower_programs(settings) -> Programs:
+  """The train step, sampler and reshard of a run of `settings`, lowered on abstract inputs
   over the run's devices (`placement.run_devices`); see the module docstring."""
   from bpo_jax import sharding  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import placement as placement_lib  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
 
-  model_config = model_config_for(config)
-  graphdef, params = abstract_model(config, model_config)
-  setup = loop.make_update(config, graphdef, params)
+  model_config = model_config_for(settings)
+  graphdef, params = abstract_model(settings, model_config)
+  setup = loop.make_update(settings, graphdef, params)
   placement = setup.placement
   state = placement.abstract(setup.local_state)
-  ref = state.params if config.train.kl_coef > 0 else None
-  mesh = placement.mesh or sharding.make_mesh(translate.mesh_config(config),
-                                              placement_lib.run_devices(config))
-  shapes = shapes_from_config(config)
+  ref = state.params if settings.train.kl_coef > 0 else None
+  mesh = placement.mesh or sharding.make_mesh(translate.mesh_config(settings),
+                                              placement_lib.run_devices(settings))
+  shapes = shapes_from_config(settings)
   rows = placement_lib.row_count(shapes["batch_rows"],
-                                 config.train.micro_batches * placement.row_shards)
+                                 settings.train.micro_batches * placement.row_shards)
   batch = abstract_batch(rows, shapes["row_length"], placement.row_sharding)
   train_step = getattr(setup.train_step, "jitted", setup.train_step)
   sample_sh = sharding.param_shardings(params, mesh, sharding.SAMPLING_RULES)
   sampling_params = with_shardings(params, sample_sh)
   state_bytes = _bytes_per_device(state) + (_bytes_per_device(ref) if ref is not None else 0)
-  sample, decode_batch = _lower_sample(config, graphdef, model_config, mesh, sampling_params)
+  sample, decode_batch = _lower_sample(settings, graphdef, model_config, mesh, sampling_params)
   lowered = {
       "train step": train_step.lower(state, batch, ref, None, None),
       "sample": sample,
@@ -260,7 +260,7 @@ def lower_programs(config) -> Programs:
   return Programs(lowered=lowered, resident_bytes=resident, model_config=model_config,
                   mesh_shape=dict(mesh.shape),
                   shapes=dict(batch_rows=rows, row_length=shapes["row_length"],
-                              micro_batches=config.train.micro_batches,
+                              micro_batches=settings.train.micro_batches,
                               decode_batch=decode_batch, cache_length=shapes["cache_length"]))
 
 
@@ -277,7 +277,7 @@ def abstract_batch(rows: int, row_length: int, row_sharding):
       for name, dtype in dtypes.items()})
 
 
-def _lower_sample(config, graphdef, model_config, mesh, params):
+def _lower_sample(settings, graphdef, model_config, mesh, params):
   """The engine's `generate` lowered on the largest decode batch: (Lowered, padded rows)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -286,8 +286,8 @@ def _lower_sample(config, graphdef, model_config, mesh, params):
   from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
 
   engine = rollout_lib.RolloutEngine(graphdef, model_config, StopTokens(), None,
-                                     translate.rollout_config(config))
-  rows = engine.config.batch_size(shapes_from_config(config)["decode_batch"])
+                                     translate.rollout_config(settings))
+  rows = engine.config.batch_size(shapes_from_config(settings)["decode_batch"])
   rows_axes = _batch_axes_size(mesh, sharding.SAMPLING_RULES)
   if rows % rows_axes:
     raise ValueError(f"the sampler's batch of {rows} rows does not split over the "
@@ -314,11 +314,11 @@ def _batch_axes_size(mesh, rules) -> int:
   return size
 
 
-def measure(config, chip: Chip) -> DryRunReport:
-  """Compiles the loop's programs for `config` (`lower_programs`) over the run's devices and
+def measure(settings, chip: Chip) -> DryRunReport:
+  """Compiles the loop's programs for `settings` (`lower_programs`) over the run's devices and
   reports their per-device memory against `chip` (`DryRunReport.fits` says whether they fit)."""
   import jax  # pylint: disable=g-import-not-at-top
-  programs = lower_programs(config)
+  programs = lower_programs(settings)
   memory = tuple(_compiled(name, lowered, programs.resident_bytes[name])
                  for name, lowered in programs.lowered.items())
   m = programs.model_config
@@ -345,8 +345,8 @@ def does_not_fit(report: DryRunReport) -> DoesNotFitError:
       f"layers, use more micro-batches or shorter rows.\n{report.format()}", report)
 
 
-def shapes_from_config(config) -> dict:
-  """The dry run's shapes from an experiment configuration (`training/config.py`).
+def shapes_from_config(settings) -> dict:
+  """The dry run's shapes from a run's settings (`training/settings.py`).
 
   One packed tree per row: `batch_rows` = tasks per iteration x trees per task (the loop pads
   them to a multiple of micro-batches x batch-sharded devices), and `row_length` = the longest
@@ -360,13 +360,13 @@ def shapes_from_config(config) -> dict:
   from bpo_jax.training import estimator_registry  # pylint: disable=g-import-not-at-top
   from bpo_jax import packing  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
-  r = config.rollout
+  r = settings.rollout
   rows = r.tasks_per_iteration * r.trees_per_task
   # A baseline's group decodes its N episodes at once, a BPO tree at most its leaves.
-  branches = (config_lib.group_episodes(config)
+  branches = (config_lib.group_episodes(settings)
               if estimator_registry.get(r.estimator).topology == "group" else r.max_leaves)
-  longest = max(r.max_tree_tokens, config.model.max_length)
+  longest = max(r.max_tree_tokens, settings.model.max_length)
   return dict(batch_rows=rows,
-              row_length=packing.choose_bucket(longest, translate.row_buckets(config)),
-              decode_batch=config.scale.decode_batch or rows * branches,
-              cache_length=config.model.max_length)
+              row_length=packing.choose_bucket(longest, translate.row_buckets(settings)),
+              decode_batch=settings.scale.decode_batch or rows * branches,
+              cache_length=settings.model.max_length)

@@ -1,10 +1,11 @@
-"""The experiment configuration translated to the typed settings of the library's parts.
+"""A run's settings translated to what the library's parts take.
 
-One place turns the `ml_collections` configuration (`training/config.py`, validated there) into
-what the parts take: the decoder's `ModelConfig` (from the `model` section, or from the preset
-a dry run compiles), the rollout engine's `RolloutConfig`, the update's `UpdateConfig`, the
-optimisers and the mesh. The training loop and the dry run both build from here, so that they
-compile the same step for the same configuration.
+One place turns the `Settings` (`training/settings.py`, read once from the validated
+configuration) into the decoder's `ModelConfig` (from the `model` section, or from the preset a
+dry run compiles), the rollout engine's `RolloutConfig`, the update's `UpdateConfig`, the
+optimisers and the mesh. The typed configs take the schema's names and defaults, so a setting
+passes through under its own name. The training loop and the dry run both build from here, so
+that they compile the same step for the same settings.
 """
 
 from __future__ import annotations
@@ -17,38 +18,38 @@ from bpo_jax import sharding
 from bpo_jax.models import config as model_config_lib
 from bpo_jax.training import estimator_registry
 from bpo_jax.training import precision
+from bpo_jax.training import settings as settings_lib
 from bpo_jax.training import update as update_lib
 
-# `train.normalization` -> the loss's normalisation (`losses.NORMALIZATIONS`).
-NORMALIZATION = {"tree": "per_tree", "token": "per_token"}
+Settings = settings_lib.Settings
 
 
-def model_config(config, vocab_size: int) -> model_config_lib.ModelConfig:
+def model_config(settings: Settings, vocab_size: int) -> model_config_lib.ModelConfig:
   """The decoder's `ModelConfig` from the `model` section and the tokenizer's vocabulary (with
   the `scale` section's parameter dtype, remat and scanned layers)."""
-  m = config.model
+  m = settings.model
   llama = m.architecture == "llama"
   return model_config_lib.ModelConfig(
       architecture=m.architecture, vocab_size=vocab_size, hidden_size=m.hidden_size,
       intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
       num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, qkv_bias=not llama,
       tie_word_embeddings=True, max_position_embeddings=m.max_length, dtype=m.dtype,
-      param_dtype=config.scale.param_dtype, remat=config.scale.remat,
-      scan_layers=config.scale.scan_layers)
+      param_dtype=settings.scale.param_dtype, remat=settings.scale.remat,
+      scan_layers=settings.scale.scan_layers)
 
 
-def checkpoint_overrides(config) -> dict:
+def checkpoint_overrides(settings: Settings) -> dict:
   """What a run loads `model.checkpoint` with besides its config.json: the adapters of the
   `model` section and the `scale` section's remat and scanned layers (the parameters' dtype
   is the checkpoint's)."""
-  m, s = config.model, config.scale
+  m, s = settings.model, settings.scale
   return dict(lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, remat=s.remat,
               scan_layers=s.scan_layers)
 
 
-def preset_model_config(config) -> model_config_lib.ModelConfig:
+def preset_model_config(settings: Settings) -> model_config_lib.ModelConfig:
   """The `ModelConfig` of `scale.model_preset` with the scale section's precision and remat."""
-  s = config.scale
+  s = settings.scale
   if not s.model_preset:
     raise ValueError("scale.model_preset: the dry run compiles a named model; set it to one of "
                      "the ModelConfig presets, e.g. 'qwen2_5_7b' or 'llama3_1_8b'")
@@ -56,7 +57,7 @@ def preset_model_config(config) -> model_config_lib.ModelConfig:
       param_dtype=s.param_dtype, remat=s.remat, scan_layers=s.scan_layers)
 
 
-def row_buckets(config) -> tuple[int, ...]:
+def row_buckets(settings: Settings) -> tuple[int, ...]:
   """The packed row lengths the update compiles for: `packing.DEFAULT_BUCKETS`, doubled on until
   one holds a whole tree (`rollout.max_tree_tokens`; a tree is packed into one row) and one
   path of the context (`model.max_length`, a warm-start episode).
@@ -64,74 +65,76 @@ def row_buckets(config) -> tuple[int, ...]:
   Example: max_tree_tokens = 65536 gives (128, ..., 8192, 16384, 32768, 65536).
   """
   buckets = list(packing.DEFAULT_BUCKETS)
-  while buckets[-1] < max(config.rollout.max_tree_tokens, config.model.max_length):
+  while buckets[-1] < max(settings.rollout.max_tree_tokens, settings.model.max_length):
     buckets.append(2 * buckets[-1])
   return tuple(buckets)
 
 
-def rollout_config(config, evaluation: bool = False) -> rollout_lib.RolloutConfig:
+def rollout_config(settings: Settings, evaluation: bool = False) -> rollout_lib.RolloutConfig:
   """The rollout engine's settings: the estimator's trees or groups (`estimator_registry`), or,
   for evaluation, one episode per task at `eval.temperature`."""
-  r = config.rollout
-  common = dict(max_turns=config.env.max_turns, max_new_tokens=r.max_action_tokens,
-                max_length=config.model.max_length)
-  if evaluation:
+  r = settings.rollout
+  common = dict(max_turns=settings.env.max_turns, max_action_tokens=r.max_action_tokens,
+                max_length=settings.model.max_length)
+  if evaluation:  # one backbone, never forked: no budget to keep
     return rollout_lib.RolloutConfig(
-        topology="tree", fork_rule="never", max_leaves=1, temperature=config.eval.temperature,
-        **common)
+        topology="tree", fork_rule="never", max_leaves=1, max_env_steps=None,
+        max_tree_tokens=None, temperature=settings.eval.temperature, **common)
   estimator = estimator_registry.get(r.estimator)
   if estimator.topology == "tree":
     return rollout_lib.RolloutConfig(
-        topology="tree", num_siblings=r.k, root_siblings=r.root_k or None,
-        fork_rule=r.fork_rule,
+        topology="tree", k=r.k, root_k=r.root_k, fork_rule=r.fork_rule,
         entropy_measure=r.entropy_measure, entropy_threshold=r.entropy_threshold,
-        fork_prob=r.fork_probability, siblings_fork=r.siblings_fork,
-        max_leaves=r.max_leaves, max_env_steps=r.max_env_steps, max_tokens=r.max_tree_tokens,
-        temperature=r.temperature, top_p=r.top_p, state_ids=estimator.state_ids, **common)
+        fork_probability=r.fork_probability, siblings_fork=r.siblings_fork,
+        max_leaves=r.max_leaves, max_env_steps=r.max_env_steps,
+        max_tree_tokens=r.max_tree_tokens, temperature=r.temperature, top_p=r.top_p,
+        state_ids=estimator.state_ids, **common)
   # `rollout.group_size` 0: as many whole episodes as fit in the env-step budget, N fixed
-  # before the episodes start (`RolloutConfig.episodes_per_group`).
+  # before the episodes start (`RolloutConfig.episodes_per_group`); the group's N episodes
+  # are its only limit (no fork rule, leaf or token budget).
   return rollout_lib.RolloutConfig(
       topology="group", group_size=r.group_size, max_env_steps=r.max_env_steps,
-      temperature=r.temperature, top_p=r.top_p, state_ids=estimator.state_ids, **common)
+      max_leaves=None, max_tree_tokens=None, temperature=r.temperature, top_p=r.top_p,
+      state_ids=estimator.state_ids, **common)
 
 
-def update_config(config) -> update_lib.UpdateConfig:
+def update_config(settings: Settings) -> update_lib.UpdateConfig:
   """The update step's settings; its logprobs use the sampling temperature (1 when greedy)."""
-  t = config.train
+  t, r = settings.train, settings.rollout
   return update_lib.UpdateConfig(
-      num_micro_batches=t.micro_batches, clip_eps=t.clip_epsilon, kl_coef=t.kl_coef,
-      normalization=NORMALIZATION[t.normalization],
-      temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0)
+      micro_batches=t.micro_batches, clip_epsilon=t.clip_epsilon, kl_coef=t.kl_coef,
+      normalization=t.normalization, temperature=r.temperature if r.temperature > 0 else 1.0)
 
 
-def optimizer_config(config) -> update_lib.OptimizerConfig:
+def optimizer_config(settings: Settings) -> update_lib.OptimizerConfig:
   """The policy-gradient optimiser (AdamW with gradient clipping)."""
-  t = config.train
+  t = settings.train
   return update_lib.OptimizerConfig(learning_rate=t.learning_rate, weight_decay=t.weight_decay,
                                     max_grad_norm=t.max_grad_norm)
 
 
-def uses_master_weights(config) -> bool:
+def uses_master_weights(settings: Settings) -> bool:
   """Low-precision parameters keep a float32 master copy in the optimizer (`scale`)."""
-  return config.scale.param_dtype != "float32" and config.scale.master_weights
+  return settings.scale.param_dtype != "float32" and settings.scale.master_weights
 
 
-def _with_master_weights(config, tx: optax.GradientTransformation):
-  return precision.with_float32_master_weights(tx) if uses_master_weights(config) else tx
+def _with_master_weights(settings: Settings, tx: optax.GradientTransformation):
+  return precision.with_float32_master_weights(tx) if uses_master_weights(settings) else tx
 
 
-def rl_optimizer(config) -> optax.GradientTransformation:
+def rl_optimizer(settings: Settings) -> optax.GradientTransformation:
   """The policy-gradient optimiser, with the float32 master copy where it applies."""
-  return _with_master_weights(config, update_lib.make_optimizer(optimizer_config(config)))
+  return _with_master_weights(settings, update_lib.make_optimizer(optimizer_config(settings)))
 
 
-def sft_optimizer(config) -> optax.GradientTransformation:
+def sft_optimizer(settings: Settings) -> optax.GradientTransformation:
   """The warm start's optimiser: Adam at `warm_start.learning_rate`, the same clipping."""
-  return _with_master_weights(config, update_lib.make_optimizer(update_lib.OptimizerConfig(
-      learning_rate=config.warm_start.learning_rate, max_grad_norm=config.train.max_grad_norm)))
+  return _with_master_weights(settings, update_lib.make_optimizer(update_lib.OptimizerConfig(
+      learning_rate=settings.warm_start.learning_rate,
+      max_grad_norm=settings.train.max_grad_norm)))
 
 
-def mesh_config(config) -> sharding.MeshConfig:
+def mesh_config(settings: Settings) -> sharding.MeshConfig:
   """The `scale.mesh` axis sizes."""
-  m = config.scale.mesh
+  m = settings.scale.mesh
   return sharding.MeshConfig(data=m.data, fsdp=m.fsdp, tensor=m.tensor, dcn_data=m.dcn_data)

@@ -1,7 +1,7 @@
 """The train state and the jitted policy update over packed trees.
 
 One update step takes a `packing.PackedBatch` of B rows (one tree per row, or one path per row in
-the per-path reference layout), splits it into `num_micro_batches` micro-batches of B/M rows,
+the per-path reference layout), splits it into `micro_batches` micro-batches of B/M rows,
 accumulates the gradient of the token objective (`bpo_jax.losses.policy_loss`) over them with a
 `lax.scan`, and applies one optax step (gradient clipping is part of the optimizer chain).
 
@@ -9,9 +9,9 @@ Normalisation across micro-batches. Each micro-batch contributes the *sum* of it
 divided by one denominator D computed from the whole batch, so the accumulated gradient equals
 the gradient of the whole-batch loss whatever M is:
 
-  * "per_tree":     D = the number of trees (non-padding rows); unbiased (see losses.py);
-  * "per_token":    D = the number of action tokens in the batch (GRPO/DAPO token mean);
-  * "per_sequence": each row's terms are divided by its own action-token count, D = rows.
+  * "tree":     D = the number of trees (non-padding rows); unbiased (see losses.py);
+  * "token":    D = the number of action tokens in the batch (GRPO/DAPO token mean);
+  * "sequence": each row's terms are divided by its own action-token count, D = rows.
 
 Frozen parameters. With LoRA the train state's parameters are the adapters alone; the frozen
 base is passed to each call as `frozen` and joined to them (`nnx.merge_state`) inside the
@@ -59,7 +59,7 @@ class TrainState:
 class OptimizerConfig:
   """AdamW with warm-up, optional cosine decay, and global-norm clipping."""
 
-  learning_rate: float = 1e-4
+  learning_rate: float = 2e-4
   warmup_steps: int = 0
   decay_steps: int = 0  # 0: constant after warm-up
   weight_decay: float = 0.0
@@ -126,11 +126,11 @@ def create_train_state(model: nnx.Module, tx: optax.GradientTransformation):
 class UpdateConfig:
   """Static settings of the update step (hashable: part of the compiled program)."""
 
-  num_micro_batches: int = 1
-  clip_eps: float = 0.2
-  clip_eps_high: float | None = None
+  micro_batches: int = 2
+  clip_epsilon: float = 0.2
+  clip_epsilon_high: float | None = None
   kl_coef: float = 0.0
-  normalization: str = "per_tree"
+  normalization: str = "tree"
   temperature: float = 1.0  # the sampling temperature, so old and new logprobs match
   # Tokens whose logits are formed at once (`packing.token_logprobs_from_hidden`); 0: the
   # logits of every position at once, [rows, length, vocab].
@@ -140,8 +140,8 @@ class UpdateConfig:
     if self.normalization not in losses.NORMALIZATIONS:
       raise ValueError(f"normalization must be one of {losses.NORMALIZATIONS}, "
                        f"got {self.normalization!r}")
-    if self.num_micro_batches < 1:
-      raise ValueError(f"num_micro_batches must be >= 1, got {self.num_micro_batches}")
+    if self.micro_batches < 1:
+      raise ValueError(f"micro_batches must be >= 1, got {self.micro_batches}")
     if self.logits_chunk < 0:
       raise ValueError(f"logits_chunk must be >= 0, got {self.logits_chunk}")
     if self.temperature <= 0:
@@ -171,16 +171,16 @@ def _joined(params, frozen):
 
 
 def _denominator(batch: packing.PackedBatch, normalization: str, num_trees=None) -> jax.Array:
-  if normalization == "per_token":
+  if normalization == "token":
     return jnp.maximum(jnp.sum(batch.loss_mask).astype(jnp.float32), 1.0)
-  if normalization == "per_tree" and num_trees is not None:
+  if normalization == "tree" and num_trees is not None:
     return jnp.asarray(num_trees, jnp.float32)
   rows = jnp.sum(batch.segment_start[:, 0] >= 0).astype(jnp.float32)
   return jnp.maximum(rows, 1.0)
 
 
 def _token_weights(batch: packing.PackedBatch, normalization: str) -> jax.Array:
-  if normalization != "per_sequence":
+  if normalization != "sequence":
     return batch.weight
   row_tokens = jnp.maximum(jnp.sum(batch.loss_mask, axis=-1, keepdims=True), 1)
   return batch.weight / row_tokens
@@ -261,8 +261,8 @@ def make_gradient_fn(graphdef, config: UpdateConfig, use_ref: bool = False,
                                        mb, config.temperature, config.logits_chunk)
     total, metrics = losses.policy_loss(
         logprob, mb.old_logprob, mb.advantage, _token_weights(mb, config.normalization),
-        mb.loss_mask, ref_logprobs=ref_logprob, clip_eps=config.clip_eps,
-        clip_eps_high=config.clip_eps_high, kl_coef=config.kl_coef, normalization="per_tree",
+        mb.loss_mask, ref_logprobs=ref_logprob, clip_eps=config.clip_epsilon,
+        clip_eps_high=config.clip_epsilon_high, kl_coef=config.kl_coef, normalization="tree",
         normalizer=1.0)
     mask = mb.loss_mask.astype(jnp.float32)
     sums = {
@@ -279,13 +279,13 @@ def make_gradient_fn(graphdef, config: UpdateConfig, use_ref: bool = False,
 
   def gradient(params, batch: packing.PackedBatch, ref=None, num_trees=None, frozen=None):
     denominator = _denominator(batch, config.normalization, num_trees)
-    micro = _split_micro(batch, config.num_micro_batches, batch_sharding)
+    micro = _split_micro(batch, config.micro_batches, batch_sharding)
 
     def body(acc, mb):
       if batch_sharding is not None:  # each micro-batch spread over the batch axes
         mb = jax.lax.with_sharding_constraint(mb, batch_sharding)
       (loss, sums), grads = grad_fn(params, mb, denominator, ref, frozen)
-      norm = optax.tree.norm(grads) * config.num_micro_batches
+      norm = optax.tree.norm(grads) * config.micro_batches
       return _accumulate(acc, grads), (loss, norm, sums)
 
     grads, (micro_losses, micro_norms, sums) = jax.lax.scan(
@@ -303,7 +303,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: UpdateCo
 
   `ref_params` given here only switches the KL term on; the values are passed at call time as
   `ref` (so the reference can be updated without recompiling). `num_trees` overrides the
-  "per_tree" denominator, which otherwise counts non-padding rows: the per-path layout has one
+  "tree" denominator, which otherwise counts non-padding rows: the per-path layout has one
   row per path, and passing the number of trees there makes its loss equal the packed one.
   """
   use_ref = config.kl_coef > 0
@@ -352,7 +352,7 @@ def ppo_update(train_step: Callable, state: TrainState, batch: packing.PackedBat
   return state, history
 
 
-def make_sft_step(graphdef, tx: optax.GradientTransformation, num_micro_batches: int = 1,
+def make_sft_step(graphdef, tx: optax.GradientTransformation, micro_batches: int = 2,
                   state_sharding: Any = None, batch_sharding: Any = None,
                   logits_chunk: int = UpdateConfig.logits_chunk):
   """A jitted supervised step: mean negative log-likelihood of the loss-masked (action) tokens.
@@ -369,7 +369,7 @@ def make_sft_step(graphdef, tx: optax.GradientTransformation, num_micro_batches:
 
   def sft_step(state: TrainState, batch: packing.PackedBatch, frozen=None):
     denominator = jnp.maximum(jnp.sum(batch.loss_mask).astype(jnp.float32), 1.0)
-    micro = _split_micro(batch, num_micro_batches, batch_sharding)
+    micro = _split_micro(batch, micro_batches, batch_sharding)
 
     def body(acc, mb):
       if batch_sharding is not None:

@@ -27,7 +27,7 @@ def expert_episodes(exp: experiment_lib.Experiment,
   """The expert's episode of each task (`sandbox.expert_actions()` from the first state)."""
   # The pool's free-text sandbox: the expert's actions are parsed out of its replies as the
   # policy's are.
-  sandbox = experiment_lib.sandbox_factory(exp.config)()
+  sandbox = experiment_lib.sandbox_factory(exp.settings)()
   episodes = []
   try:
     for task in tasks:
@@ -36,7 +36,7 @@ def expert_episodes(exp: experiment_lib.Experiment,
       if not actions:
         continue
       episode = text.expert_tree_tokens(exp.fmt, sandbox, task,
-                                                actions[:exp.config.env.max_turns])
+                                                actions[:exp.settings.env.max_turns])
       episodes.append(episode)
   finally:
     sandbox.close()
@@ -54,34 +54,34 @@ def warm_start(exp: experiment_lib.Experiment, params,
   Returns the parameters, the optimiser state (None without a warm start) and one metrics
   record per logged step.
   """
-  config = exp.config
-  ws = config.warm_start
+  settings = exp.settings
+  ws = settings.warm_start
   if ws.num_trajectories == 0 or ws.steps == 0:
     return params, None, []
   placement = placement or placement_lib.Placement()
-  chosen = experiment_lib.task_order(len(exp.train_tasks), config.seed, 0, ws.num_trajectories)
+  chosen = experiment_lib.task_order(len(exp.train_tasks), settings.seed, 0, ws.num_trajectories)
   episodes = expert_episodes(exp, [exp.train_tasks[i] for i in chosen])
   if not episodes:
-    raise ValueError(f"the {config.env.name} expert solved none of the warm-start tasks")
-  tx = translate.sft_optimizer(config)
+    raise ValueError(f"the {settings.env.name} expert solved none of the warm-start tasks")
+  tx = translate.sft_optimizer(settings)
   state = placement.init_state(tx, params)
-  micro = config.train.micro_batches
-  sft_step = update_lib.make_sft_step(exp.graphdef, tx, num_micro_batches=micro,
+  micro = settings.train.micro_batches
+  sft_step = update_lib.make_sft_step(exp.graphdef, tx, micro_batches=micro,
                                       state_sharding=placement.shardings_of(state),
                                       batch_sharding=placement.row_sharding)
-  rng = np.random.default_rng([config.seed, 1])
+  rng = np.random.default_rng([settings.seed, 1])
   ones = [np.ones(e.tokens.num_nodes, np.float32) for e in episodes]
   records = []
   start = time.perf_counter()
   bar = None
-  if config.log.progress_bar and distributed.is_primary():
+  if settings.log.progress_bar and distributed.is_primary():
     import tqdm  # pylint: disable=g-import-not-at-top
     bar = tqdm.tqdm(total=ws.steps, desc="warm start", unit="step", dynamic_ncols=True)
   for step in range(1, ws.steps + 1):
     batch_ids = rng.choice(len(episodes), size=min(ws.batch_size, len(episodes)), replace=False)
     batch = packing.pack_trees([episodes[i].tokens for i in batch_ids],
                                [ones[i] for i in batch_ids], [ones[i] for i in batch_ids],
-                               buckets=translate.row_buckets(config),
+                               buckets=translate.row_buckets(settings),
                                num_rows=placement_lib.row_count(
                                    len(batch_ids), micro * placement.row_shards))
     state, metrics = sft_step(state, placement.feed(batch), exp.frozen)

@@ -109,14 +109,14 @@ def read_record(workdir: str) -> dict | None:
   return record
 
 
-def config_record(config) -> dict:
-  """What config.json records of `config`: its values as the JSON file holds them (tuples as
-  lists) and the sandbox's protections, where the environment has any."""
+def config_record(settings) -> dict:
+  """What config.json records of a run's `Settings`: its values as the JSON file holds them
+  (tuples as lists) and the sandbox's protections, where the environment has any."""
   from bpo_jax.sandboxes import registry  # pylint: disable=g-import-not-at-top
-  record = json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict") else config))
-  env = registry.get_environment(config.env.name)
+  record = json.loads(json.dumps(settings.to_plain()))
+  env = registry.get_environment(settings.env.name)
   if hasattr(env, "protections_record"):  # what the sandbox's commands are confined by
-    record["env_protections"] = env.protections_record(**dict(config.env.options))
+    record["env_protections"] = env.protections_record(**dict(settings.env.options))
   return record
 
 

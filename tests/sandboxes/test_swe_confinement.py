@@ -487,17 +487,19 @@ def test_markers_printed_by_the_tests_cannot_forge_the_log():
 def test_the_run_records_the_protections_in_its_config(tmp_path):
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training.settings import from_config  # pylint: disable=g-import-not-at-top
   config = config_lib.default_config()
   config.env.name = "swe"
   config.env.options = {"max_steps": 12, "confinement": MODE}
-  loop._write_workdir_config(loop._check_workdir_config(config, str(tmp_path)), str(tmp_path))
+  check = loop._check_workdir_config  # pylint: disable=protected-access
+  loop._write_workdir_config(check(from_config(config), str(tmp_path)), str(tmp_path))
   with open(tmp_path / "config.json", encoding="utf-8") as f:
     saved = json.load(f)
   assert saved["env_protections"] == {"confinement": MODE,
                                       "protections": confinement.protections(MODE),
                                       "not_protected": confinement.unprotected(MODE)}
   assert saved["env"]["options"]["confinement"] == MODE
-  loop._check_workdir_config(config, str(tmp_path))  # the same host resumes the run
+  check(from_config(config), str(tmp_path))  # the same host resumes the run
 
 
 # ------------------------------------------------------------------ memory and sparse files

@@ -195,7 +195,7 @@ def test_failed_grades_are_failed_branches_of_the_tree(small_disk, tmp_path):
   pool = pool_lib.SandboxPool(functools.partial(_expert_sandbox, root=small_disk, max_steps=6,
                                                 **MODE), num_workers=0)
   engine = rollout.RolloutEngine(graphdef, config, fmt, pool, rollout.RolloutConfig(
-      topology="group", group_size=2, max_turns=6, max_new_tokens=4, max_length=384,
+      topology="group", group_size=2, max_turns=6, max_action_tokens=4, max_length=384,
       batch_buckets=(4,), temperature=1.0))
   task = swe.load_shipped_task("lru")
   try:

@@ -34,6 +34,7 @@ from bpo_jax.training import loop
 from bpo_jax.training import translate
 from bpo_jax.training import update as update_lib
 from bpo_jax.training import warm_start as warm_start_lib
+from bpo_jax.training.settings import from_config
 
 # name -> (scale.mesh data, fsdp, tensor; scale.num_devices). "one": the unsharded reference.
 # (fsdp 4 x tensor 2 is the two-process test's mesh, over two processes' devices.)
@@ -145,20 +146,20 @@ def main(workdir: str, out_path: str, checkpoint: str):
   clock = time.perf_counter()
   config = from_checkpoint(small_config(), checkpoint)
   config_lib.validate(config, "train", workdir)
-  exp, state = experiment_lib.build_experiment(config, workdir)
+  exp, state = experiment_lib.build_experiment(from_config(config), workdir)
   engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
-                                     translate.rollout_config(config))
+                                     translate.rollout_config(from_config(config)))
   out = {}
   try:
-    start = warm_started(exp, state.params, translate.rl_optimizer(config))
+    start = warm_started(exp, state.params, translate.rl_optimizer(from_config(config)))
     start = jax.tree.map(np.asarray, start)
     print(f"warm start done at {time.perf_counter() - clock:.1f} s", file=sys.stderr)
     out.update({f"start/leaf{j}": leaf for j, leaf in enumerate(jax.tree.leaves(start))})
     for name, sizes in MESHES.items():
-      mesh_exp = dataclasses.replace(exp, config=with_mesh(config, *sizes))
+      mesh_exp = dataclasses.replace(exp, settings=from_config(with_mesh(config, *sizes)))
       setup = loop.build_update(mesh_exp, start.params)
       state = setup.placement.place(start)
-      threshold = iteration_lib.initial_fork_threshold(config)
+      threshold = iteration_lib.initial_fork_threshold(from_config(config))
       records, trees = [], []
       for i in range(1, ITERATIONS + 1):
         state, record, batch, threshold = iteration_lib.run_iteration(

@@ -10,6 +10,7 @@ import pytest
 from bpo_jax import estimators
 from bpo_jax.training import display
 from bpo_jax.training import loop
+from bpo_jax.training.settings import from_config
 from experiments.configs import base
 
 
@@ -33,7 +34,7 @@ def drawn(tmp_path_factory):
   # (one that would fork nowhere here).
   drawing = config.copy_and_resolve_references()
   drawing.rollout.entropy_threshold = 100.0
-  return config, display.draw_tree(drawing, workdir, step=0)
+  return config, display.draw_tree(from_config(drawing), workdir, step=0)
 
 
 @pytest.mark.slow

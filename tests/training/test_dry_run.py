@@ -19,6 +19,7 @@ from bpo_jax.training import experiment as experiment_lib
 from bpo_jax.training import loop
 from bpo_jax.training import translate
 from bpo_jax.training import update as update_lib
+from bpo_jax.training.settings import from_config
 
 # vocab 256, hidden 64, MLP 128, 2 layers, 4 query heads and 2 KV heads of 16, q/k/v biases.
 CONFIG = ModelConfig.tiny()
@@ -96,10 +97,11 @@ def test_dry_run_compiles_the_programs_the_loop_builds(monkeypatch):
   make_train_step = update_lib.make_train_step
   monkeypatch.setattr(update_lib, "make_train_step",
                       lambda *a, **k: built.append(a[2]) or make_train_step(*a, **k))
-  programs = dry_run_lib.lower_programs(config)
-  assert built == [translate.update_config(config)] and built[0].temperature == 0.7
-  graphdef, params = dry_run_lib.abstract_model(config)
-  setup = loop.build_update(types.SimpleNamespace(config=config, graphdef=graphdef), params)
+  programs = dry_run_lib.lower_programs(from_config(config))
+  assert built == [translate.update_config(from_config(config))] and built[0].temperature == 0.7
+  graphdef, params = dry_run_lib.abstract_model(from_config(config))
+  setup = loop.build_update(types.SimpleNamespace(settings=from_config(config),
+                                                  graphdef=graphdef), params)
   state = setup.placement.abstract(setup.local_state)
   batch = dry_run_lib.abstract_batch(8, 128, setup.placement.row_sharding)
   train = setup.train_step.jitted.lower(state, batch, None, None, None)
@@ -107,7 +109,7 @@ def test_dry_run_compiles_the_programs_the_loop_builds(monkeypatch):
   # The engine of `loop.train`, its chat format's stop ids the dry run's stand-in.
   fmt = types.SimpleNamespace(stop_token_ids=dry_run_lib.StopTokens.stop_token_ids)
   engine = rollout_lib.RolloutEngine(graphdef, CONFIG, fmt, None,
-                                     translate.rollout_config(config))
+                                     translate.rollout_config(from_config(config)))
   sample_sh = sharding.param_shardings(params, setup.placement.mesh, sharding.SAMPLING_RULES)
   decode_state = jax.eval_shape(lambda: engine.sampler.init_state(8))
   decode_sh = sharding.cache_shardings(decode_state, setup.placement.mesh)
@@ -206,15 +208,15 @@ def test_pod_configs_are_valid_and_say_what_the_dry_run_compiles(name, preset, d
   config_lib.validate(config)
   s = config.scale
   assert s.num_devices == devices == s.mesh.data * s.mesh.fsdp * s.mesh.tensor * s.mesh.dcn_data
-  shapes = dry_run_lib.shapes_from_config(config)
+  shapes = dry_run_lib.shapes_from_config(from_config(config))
   assert (shapes["batch_rows"], shapes["row_length"], shapes["decode_batch"]) == \
       (rows, tokens, decode)
   # One row per FSDP group per micro-batch.
   assert rows == config.train.micro_batches * s.mesh.data * s.mesh.fsdp
-  model = translate.preset_model_config(config)
+  model = translate.preset_model_config(from_config(config))
   assert model == getattr(ModelConfig, preset)(param_dtype="bfloat16", remat="full",
                                                scan_layers=True)
-  assert dry_run_lib.model_config_for(config) == model
+  assert dry_run_lib.model_config_for(from_config(config)) == model
   assert s.master_weights and s.chip in dry_run_lib.CHIPS
 
 
@@ -229,12 +231,13 @@ def test_pod_configs_take_a_checkpoint_whose_shape_the_preset_checks(name, prese
   config = _pod_config(name)
   config.model.checkpoint = str(tmp_path)
   config_lib.validate(config, "train", str(tmp_path / "workdir"))
-  assert dry_run_lib.model_config_for(config) == translate.preset_model_config(config)
+  settings = from_config(config)
+  assert dry_run_lib.model_config_for(settings) == translate.preset_model_config(settings)
   (tmp_path / "config.json").write_text(json.dumps(CONFIG.to_hf_config()))
   with pytest.raises(config_lib.ConfigError, match=rf"scale.model_preset = '{preset}': the "
                                                    r"checkpoint .* has another shape: .*"
                                                    r"hidden_size 64 \(preset \d+\)"):
-    dry_run_lib.model_config_for(config)
+    dry_run_lib.model_config_for(from_config(config))
 
 
 def test_the_command_line_names_what_the_dry_run_cannot_use(tmp_path):
@@ -269,4 +272,4 @@ def test_a_checkpoint_run_takes_the_scale_sections_remat_and_scan(tmp_path):
   config.scale.remat, config.scale.scan_layers = "full", True
   model = experiment_lib.initial_model(config, CONFIG.vocab_size)
   assert (model.config.remat, model.config.scan_layers) == ("full", True)
-  assert dry_run_lib.model_config_for(config) == model.config
+  assert dry_run_lib.model_config_for(from_config(config)) == model.config

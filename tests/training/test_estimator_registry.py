@@ -22,6 +22,7 @@ from bpo_jax.training import iteration
 from bpo_jax.training import metrics
 from bpo_jax.training import translate
 from bpo_jax.training import update
+from bpo_jax.training.settings import from_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -40,14 +41,15 @@ def rloo_copy():
 def _one_iteration(estimator: str, workdir: str) -> tuple[dict, rollout_lib.RolloutBatch]:
   config = base.tiny(base.rooms(estimator), iterations=1)
   config_lib.validate(config)
-  exp, state = experiment.build_experiment(config, workdir)
+  exp, state = experiment.build_experiment(from_config(config), workdir)
   try:
-    tx = translate.rl_optimizer(config)
+    tx = translate.rl_optimizer(from_config(config))
     state = update.TrainState(step=state.step, params=state.params,
                               opt_state=tx.init(state.params))
-    train_step = update.make_train_step(exp.graphdef, tx, translate.update_config(config))
+    train_step = update.make_train_step(exp.graphdef, tx,
+                                        translate.update_config(from_config(config)))
     engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
-                                       translate.rollout_config(config))
+                                       translate.rollout_config(from_config(config)))
     _, record, batch, _ = iteration.run_iteration(exp, engine, train_step, state, 1,
                                                   jax.random.key(config.seed))
   finally:
@@ -60,7 +62,7 @@ def test_a_registered_estimator_validates_and_trains_like_its_original(rloo_copy
   config = base.tiny(base.rooms("rloo_copy"))
   # The configs' helper read its topology: a baseline group of what fits the env-step budget.
   assert config.rollout.group_size == 0 and config_lib.group_episodes(config) == 2
-  assert translate.rollout_config(config).topology == "group"
+  assert translate.rollout_config(from_config(config)).topology == "group"
   copy, batch = _one_iteration("rloo_copy", str(tmp_path / "copy"))
   original, _ = _one_iteration("rloo", str(tmp_path / "original"))
   assert copy == original
@@ -98,14 +100,14 @@ def test_group_conventions_reach_the_advantage_functions():
   # alone; through the jitted table they give the functions' own numbers, bit for bit.
   from bpo_jax.tree import from_parents, stack_trees  # pylint: disable=g-import-not-at-top
   config = config_lib.default_config()
-  assert estimator_registry.config_options(config) == ()
+  assert estimator_registry.config_options(from_config(config).rollout) == ()
   config.rollout.estimator = "grpo"
   config.rollout.group_std_ddof, config.rollout.group_std_eps = 1, 1e-4
-  assert estimator_registry.config_options(config) == (
+  assert estimator_registry.config_options(from_config(config).rollout) == (
       ("normalize_std", True), ("ddof", 1), ("eps", 1e-4))
   config.rollout.estimator = "gigpo"
   config.rollout.gigpo_step_weight, config.rollout.gigpo_step_gamma = 0.5, 0.95
-  options = estimator_registry.config_options(config)
+  options = estimator_registry.config_options(from_config(config).rollout)
   assert dict(options) == dict(normalize_std=True, ddof=1, eps=1e-4, step_weight=0.5,
                                step_gamma=0.95)
   tree = from_parents([-1, 0, -1, 2, -1, 4], [0.0, 1.0, 1.0, 3.0, 2.0, 2.0],

@@ -11,6 +11,7 @@ import pytest
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import estimator_registry
 from bpo_jax.training import translate
+from bpo_jax.training.settings import from_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -122,10 +123,10 @@ def test_root_k(root_k, expected):
   assert _problems(config) == [expected]
   config.rollout.root_k = 4  # as many as the leaves hold
   config_lib.validate(config)
-  assert translate.rollout_config(config).siblings_at(0) == 4
-  assert translate.rollout_config(config).siblings_at(1) == 2
+  assert translate.rollout_config(from_config(config)).siblings_at(0) == 4
+  assert translate.rollout_config(from_config(config)).siblings_at(1) == 2
   config.rollout.root_k = 0  # rollout.k at the root too
-  assert translate.rollout_config(config).root_siblings is None
+  assert translate.rollout_config(from_config(config)).root_k == 0
 
 
 def test_saved_differences_name_what_changed_but_not_a_new_key_at_its_default():
@@ -152,13 +153,13 @@ def test_a_baseline_group_holds_what_fits_the_env_step_budget(estimator):
   config.rollout.max_env_steps = 14                      # max_turns = 5: two whole episodes
   config_lib.validate(config)
   assert config_lib.group_episodes(config) == 2
-  rollout_config = translate.rollout_config(config)
+  rollout_config = translate.rollout_config(from_config(config))
   assert (rollout_config.topology, rollout_config.episodes_per_group) == ("group", 2)
   config.rollout.max_env_steps = 15
-  assert translate.rollout_config(config).episodes_per_group == 3
+  assert translate.rollout_config(from_config(config)).episodes_per_group == 3
   # The dry run's sampler decodes the 16 tasks' 3 episodes at once (not max_leaves = 4 each).
   from bpo_jax.training import dry_run  # pylint: disable=g-import-not-at-top
-  assert dry_run.shapes_from_config(config)["decode_batch"] == 16 * 3
+  assert dry_run.shapes_from_config(from_config(config))["decode_batch"] == 16 * 3
   config.rollout.max_env_steps = 9
   assert _problems(config) == [
       "rollout.max_env_steps = 9: holds 1 whole episode(s) of env.max_turns = 5 steps; "

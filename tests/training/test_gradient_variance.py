@@ -30,6 +30,7 @@ from bpo_jax.training import gradient_variance as gv
 from bpo_jax.training import iteration
 from bpo_jax.training import translate
 from bpo_jax.training import update
+from bpo_jax.training.settings import from_config
 from experiments.configs import base
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -62,9 +63,9 @@ def test_spread_picks_first_middle_last():
 def test_fork_threshold_fixed_from_the_config_running_from_the_checkpoint():
   config = base.rooms("bpo")
   config.rollout.entropy_threshold, config.rollout.entropy_quantile = 0.5, 0.0
-  assert gv.fork_threshold(config, {"threshold": 0.0, "updates": 0}) == 0.5
+  assert gv.fork_threshold(from_config(config), {"threshold": 0.0, "updates": 0}) == 0.5
   config.rollout.entropy_quantile = 0.8
-  assert gv.fork_threshold(config, {"threshold": 1.3, "updates": 7}) == 1.3
+  assert gv.fork_threshold(from_config(config), {"threshold": 1.3, "updates": 7}) == 1.3
 
 
 def _stand_in_draws(monkeypatch, draws, moments=((1.0, 2.0, 0.5),)):
@@ -82,8 +83,8 @@ def _stand_in_draws(monkeypatch, draws, moments=((1.0, 2.0, 0.5),)):
     rows.append(rows.pop(0))
     return (None if failure else {"w": jnp.asarray(grads, jnp.float32)}), spent, failure
   monkeypatch.setattr(gv, "draw_gradient", draw)
-  config = types.SimpleNamespace(rollout=types.SimpleNamespace(trees_per_task=1))
-  return types.SimpleNamespace(config=config)
+  settings = types.SimpleNamespace(rollout=types.SimpleNamespace(trees_per_task=1))
+  return types.SimpleNamespace(settings=settings)
 
 
 def test_a_draw_with_a_failed_branch_is_left_out_and_named(monkeypatch):
@@ -142,23 +143,23 @@ def tiny(request, tmp_path_factory):
     config.rollout.max_leaves = 3
     config.rollout.trees_per_task = 2
     config.rollout.trunk_baseline = "loo"
-  exp, state = experiment.build_experiment(config, str(tmp_path_factory.mktemp("run")))
+  exp, state = experiment.build_experiment(from_config(config), str(tmp_path_factory.mktemp("run")))
   engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
-                                     translate.rollout_config(config))
+                                     translate.rollout_config(from_config(config)))
   ref = jax.tree.map(lambda p: 0.5 * p, state.params)
   yield config, exp, engine, state.params, ref
   exp.close()
 
 
 def _gradient_fn(config, exp):
-  return jax.jit(update.make_gradient_fn(exp.graphdef, translate.update_config(config),
-                                         use_ref=True))
+  return jax.jit(update.make_gradient_fn(
+      exp.graphdef, translate.update_config(from_config(config)), use_ref=True))
 
 
 def _loop_gradients(config, exp, engine, params, ref, roots):
   """Each root key's gradient and record through `run_iteration` (iteration 1)."""
-  step = update.make_train_step(exp.graphdef, _capture(), translate.update_config(config),
-                                ref_params=ref)
+  step = update.make_train_step(exp.graphdef, _capture(),
+                                translate.update_config(from_config(config)), ref_params=ref)
   out = []
   for root in roots:
     state = update.TrainState(step=jnp.zeros((), jnp.int32),

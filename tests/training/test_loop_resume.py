@@ -28,6 +28,7 @@ from bpo_jax.training import experiment
 from bpo_jax.training import iteration
 from bpo_jax.training import loop
 from bpo_jax.training import metrics
+from bpo_jax.training.settings import from_config
 from bpo_jax.training.estimator_registry import advantages_and_weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,7 +53,8 @@ def test_iterations_start_at_the_task_offset():
   config = config_lib.default_config()
   config.rollout.tasks_per_iteration, config.rollout.trees_per_task = 3, 2
   config.rollout.task_offset = 4
-  exp = types.SimpleNamespace(config=config, train_tasks=[f"t{i}" for i in range(5)])
+  exp = types.SimpleNamespace(settings=from_config(config),
+                              train_tasks=[f"t{i}" for i in range(5)])
   order = experiment.task_order(5, config.seed, 0, 10)
   assert order[:5] != order[5:10]
   for i in (1, 2):
@@ -67,14 +69,15 @@ def test_a_key_added_since_the_run_resumes_only_at_its_default(tmp_path):
   nothing) and is refused, naming the key, when it is not."""
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.default_config()
-  saved = loop._check_workdir_config(config, str(tmp_path))  # pylint: disable=protected-access
+  check = loop._check_workdir_config  # pylint: disable=protected-access
+  saved = check(from_config(config), str(tmp_path))
   del saved["rollout"]["task_offset"]
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  loop._check_workdir_config(config, str(tmp_path))  # pylint: disable=protected-access
+  check(from_config(config), str(tmp_path))
   config.rollout.task_offset = 8
   with pytest.raises(config_lib.ConfigError, match=r"rollout.task_offset: the workdir .* holds "
                      r"a run with rollout.task_offset = None, not 8"):
-    loop._check_workdir_config(config, str(tmp_path))  # pylint: disable=protected-access
+    check(from_config(config), str(tmp_path))
 
 
 def _stack(*trees):
@@ -203,8 +206,8 @@ def _assert_same_run(straight, workdir, config_path):
   assert _checkpoint_steps(workdir) == _checkpoint_steps(straight)
   assert _train_records(workdir) == _train_records(straight)
   config = _load(config_path)
-  _, state_a, loop_a = loop.load_checkpoint(config, straight)
-  _, state_b, loop_b = loop.load_checkpoint(config, workdir)
+  _, state_a, loop_a = loop.load_checkpoint(from_config(config), straight)
+  _, state_b, loop_b = loop.load_checkpoint(from_config(config), workdir)
   assert loop_a["iteration"] == loop_b["iteration"] == ITERATIONS
   assert loop_a["fork_threshold"] == loop_b["fork_threshold"]
   assert int(state_a.step) == int(state_b.step) == ITERATIONS
@@ -325,8 +328,8 @@ def test_a_full_disk_leaves_the_workdir_resumable(tmp_path, straight):
     assert _train_records(workdir) == _train_records(straight_dir)
     assert _checkpoint_steps(workdir) == [0, 1, 2]  # keep=3 from the second start on
     config = _load(config_path)
-    _, state_a, _ = loop.load_checkpoint(config, straight_dir)
-    _, state_b, _ = loop.load_checkpoint(config, workdir)
+    _, state_a, _ = loop.load_checkpoint(from_config(config), straight_dir)
+    _, state_b, _ = loop.load_checkpoint(from_config(config), workdir)
     for a, b in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_b)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

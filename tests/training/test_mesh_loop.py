@@ -46,6 +46,7 @@ from bpo_jax.training import loop
 from bpo_jax.training import metrics
 from bpo_jax.training import translate
 from bpo_jax.training import warm_start as warm_start_lib
+from bpo_jax.training.settings import from_config
 
 from tests.training import mesh_worker
 
@@ -292,7 +293,7 @@ def test_two_processes_on_a_mesh_train_the_quickstart_like_one_device(tmp_path,
       ("eval", 0), ("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
   config = _load(config_path)
   config.scale.num_devices = 1  # the reference: one device of this process
-  exp, state = experiment_lib.build_experiment(config, two)
+  exp, state = experiment_lib.build_experiment(from_config(config), two)
   try:
     _compare_warm_start(exp, state.params, records, config)
     start, _, _ = loop.restore_checkpoint(exp, state, 0)
@@ -323,7 +324,7 @@ def _compare_warm_start(exp, params, records, config):
   the same checkpoint, on the same expert episodes, within the roundings of the steps before it
   and its own (`mesh_worker.step_roundings`, at the longest row and a batch of such rows)."""
   logged = [r for r in records if r["phase"] == "warm_start"]
-  longest = translate.row_buckets(config)[-1]
+  longest = translate.row_buckets(from_config(config))[-1]
   step = mesh_worker.step_roundings(exp.model_config, longest,
                                     config.warm_start.batch_size * longest)
   _, _, one = warm_start_lib.warm_start(exp, jax.tree.map(jnp.copy, params))  # one device
@@ -338,16 +339,16 @@ def _compare_warm_start(exp, params, records, config):
 def _one_device_iterations(exp, start):
   """Iterations 1 and 2 from `start` on one device, as the loop runs them; their records (and
   the final held-out evaluation) and the final state and fork threshold."""
-  config = exp.config
+  settings = exp.settings
   setup = loop.build_update(exp, start.params)
   assert setup.placement.mesh is None
   engine = rollout.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
-                                 translate.rollout_config(config))
+                                 translate.rollout_config(settings))
   state, records = setup.placement.place(start), []
-  threshold = iteration_lib.initial_fork_threshold(config)
+  threshold = iteration_lib.initial_fork_threshold(settings)
   for i in (1, 2):
     state, record, _, threshold = iteration_lib.run_iteration(
-        exp, engine, setup.train_step, state, i, jax.random.key(config.seed), threshold,
+        exp, engine, setup.train_step, state, i, jax.random.key(settings.seed), threshold,
         setup.placement)
     records.append(metrics.clean_record(record))
   records.append(metrics.clean_record(evaluation.eval_record(exp, state.params, 2)))

@@ -16,6 +16,7 @@ import numpy as np
 from bpo_jax.training import checkpoint as checkpoint_lib
 from bpo_jax.training import loop
 from bpo_jax.training import metrics
+from bpo_jax.training.settings import from_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -29,7 +30,7 @@ def _run(workdir, epochs):
   loop.train(config, str(workdir))
   records = [r for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
              if r["phase"] == "train"]
-  exp, state, _ = loop.load_checkpoint(config, str(workdir))
+  exp, state, _ = loop.load_checkpoint(from_config(config), str(workdir))
   exp.close()
   return records, state
 

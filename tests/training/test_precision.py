@@ -15,6 +15,7 @@ from bpo_jax.models import Decoder, ModelConfig
 from bpo_jax.training import precision
 from bpo_jax.training import update
 from bpo_jax.testing.tolerance import ulp_tol
+from bpo_jax.training.settings import from_config
 
 FLOAT32 = ModelConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                            num_heads=4, num_kv_heads=2, head_dim=8)
@@ -101,7 +102,7 @@ def _sft_losses(config, master: bool, batch, steps=60, learning_rate=3e-5):
     tx = precision.with_float32_master_weights(tx)
   state = update.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                             opt_state=tx.init(params))
-  step = update.make_sft_step(graphdef, tx, num_micro_batches=2)
+  step = update.make_sft_step(graphdef, tx, micro_batches=2)
   losses = []
   for _ in range(steps):
     state, metrics = step(state, batch)
@@ -136,20 +137,20 @@ def test_the_training_loop_reads_the_scale_precision_settings():
   from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
   config = config_lib.default_config()
-  plain = translate.model_config(config, vocab_size=50)
+  plain = translate.model_config(from_config(config), vocab_size=50)
   assert (plain.param_dtype, plain.remat, plain.scan_layers) == ("float32", "none", False)
   params = {"w": jnp.ones((2,), jnp.float32)}
-  assert not isinstance(translate.rl_optimizer(config).init(params),
+  assert not isinstance(translate.rl_optimizer(from_config(config)).init(params),
                         precision.MasterWeightsState)
   config.scale.param_dtype, config.scale.remat, config.scale.scan_layers = "bfloat16", "full", True
-  mixed = translate.model_config(config, vocab_size=50)
+  mixed = translate.model_config(from_config(config), vocab_size=50)
   assert (mixed.param_dtype, mixed.remat, mixed.scan_layers) == ("bfloat16", "full", True)
   for make in (translate.rl_optimizer, translate.sft_optimizer):
-    state = make(config).init(precision.cast_floating(params, jnp.bfloat16))
+    state = make(from_config(config)).init(precision.cast_floating(params, jnp.bfloat16))
     assert isinstance(state, precision.MasterWeightsState)
     assert state.master["w"].dtype == jnp.float32
   config.scale.master_weights = False
-  assert not isinstance(translate.rl_optimizer(config).init(params),
+  assert not isinstance(translate.rl_optimizer(from_config(config)).init(params),
                         precision.MasterWeightsState)
 
 

@@ -32,6 +32,7 @@ from bpo_jax.models import Decoder, ModelConfig, forward, lora
 from bpo_jax.testing.model_rounding import forward_roundings, sum_roundings
 from bpo_jax.testing.tolerance import assert_close
 from bpo_jax.training import update
+from bpo_jax.training.settings import from_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN = os.path.join(ROOT, "experiments", "run.py")
@@ -77,7 +78,7 @@ def _kl_only_step(lora_rank):
   tx = optax.sgd(0.02)
   state = update.TrainState(step=jnp.zeros((), jnp.int32), params=trainable,
                             opt_state=tx.init(trainable))
-  step = update.make_train_step(graphdef, tx, update.UpdateConfig(kl_coef=1.0),
+  step = update.make_train_step(graphdef, tx, update.UpdateConfig(micro_batches=1, kl_coef=1.0),
                                 ref_params=ref)
   join = lambda p: p if frozen is None else nnx.merge_state(p, frozen)
   before = update.packed_logprobs(graphdef, join(trainable), batch)[0]
@@ -223,7 +224,7 @@ def _library_and_hf_logits(config_path, workdir, export_dir, tokens):
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
-  exp, state, _ = loop.load_checkpoint(_load_config(config_path), workdir)
+  exp, state, _ = loop.load_checkpoint(from_config(_load_config(config_path)), workdir)
   exp.close()
   ours, _ = forward(exp.graphdef, exp.full_params(state.params), jnp.asarray(tokens))
   model = transformers.AutoModelForCausalLM.from_pretrained(export_dir).eval()

@@ -19,6 +19,7 @@ from bpo_jax import text
 from bpo_jax.sandboxes.swe import confinement
 from bpo_jax.training import experiment
 from bpo_jax.training import warm_start
+from bpo_jax.training.settings import from_config
 
 SWE_OPTIONS = {} if confinement.namespaces_available() else {"confinement": "rlimits-only"}
 
@@ -40,7 +41,7 @@ def _tiny(name, tmp_path):
 def test_tiny_world_config_builds_its_text_and_its_experts_fit(name, tmp_path):
   config = _tiny(name, tmp_path)
   workdir = str(tmp_path / "run")
-  exp, _ = experiment.build_experiment(config, workdir)
+  exp, _ = experiment.build_experiment(from_config(config), workdir)
   try:
     directory = os.path.join(workdir, text.TOKENIZER_DIR)
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
@@ -73,7 +74,7 @@ def test_real_data_configs_validate_and_name_the_missing_data(name, missing):
   config_lib.validate(config)
   assert config.model.lora_rank > 0 and config.warm_start.num_trajectories == 0
   with pytest.raises((ValueError, FileNotFoundError), match=missing):
-    experiment.make_tasks(config, "train", 2)
+    experiment.make_tasks(from_config(config), "train", 2)
 
 
 def _check_cpu_comparison(get_config, budget: int, baseline: str, **env_options):
@@ -95,7 +96,7 @@ def _check_cpu_comparison(get_config, budget: int, baseline: str, **env_options)
   assert r.max_tree_tokens >= 4 * config.model.max_length
   assert (r.siblings_fork, r.entropy_threshold, r.max_leaves) == (True, 0.0, 8)
   grouped = base.with_estimator(get_config(), baseline)
-  assert translate.rollout_config(grouped).episodes_per_group == 4
+  assert translate.rollout_config(from_config(grouped)).episodes_per_group == 4
   # The iterations start on the tasks the warm start did not demonstrate (its first N).
   assert r.task_offset == config.warm_start.num_trajectories > 0
   return config
@@ -113,7 +114,7 @@ def test_alfworld_cpu_matches_compute_and_its_budgets_hold_the_expert(tmp_path):
   config.env.options.cache_dir = str(tmp_path / "games")
   config.env.num_train_tasks, config.env.num_eval_tasks, config.eval.num_tasks = 6, 2, 2
   config.scale.num_devices = 1
-  exp, _ = experiment.build_experiment(config, str(tmp_path / "run"))
+  exp, _ = experiment.build_experiment(from_config(config), str(tmp_path / "run"))
   try:
     bound = exp.fmt.path_token_bound(config.env.max_turns, config.rollout.max_action_tokens)
     assert bound <= config.model.max_length <= config.rollout.max_tree_tokens
@@ -145,7 +146,7 @@ def test_rooms_d2_holds_every_expert_and_four_whole_episodes():
   r = config.rollout
   assert (r.siblings_fork, r.entropy_threshold, r.max_leaves) == (True, 0.0, 8)
   rloo = base.with_estimator(rooms_d2.get_config(), "rloo")
-  assert translate.rollout_config(rloo).episodes_per_group == 4
+  assert translate.rollout_config(from_config(rloo)).episodes_per_group == 4
   for split, num in (("train", config.env.num_train_tasks), ("test", config.env.num_eval_tasks)):
     lengths = {len(rooms.expert_actions(t))
                for t in rooms.make_tasks(split, num=num, seed=config.env.task_seed, difficulty=2)}
@@ -168,7 +169,7 @@ def test_textworld_cpu_holds_every_expert_and_four_whole_episodes(tmp_path):
   config.env.num_train_tasks, config.env.num_eval_tasks, config.eval.num_tasks = 2, 1, 1
   config.warm_start.num_trajectories = 2
   config.scale.num_devices = 1
-  exp, _ = experiment.build_experiment(config, str(tmp_path / "run"))
+  exp, _ = experiment.build_experiment(from_config(config), str(tmp_path / "run"))
   try:
     bound = exp.fmt.path_token_bound(config.env.max_turns, config.rollout.max_action_tokens)
     assert bound <= config.model.max_length <= config.rollout.max_tree_tokens
@@ -198,7 +199,7 @@ def test_webshop_cpu_matches_compute_and_starts_on_undemonstrated_goals(tmp_path
   config.env.num_train_tasks, config.env.num_eval_tasks, config.eval.num_tasks = 6, 2, 2
   config.warm_start.num_trajectories = r.task_offset = 4
   config.scale.num_devices = 1
-  exp, _ = experiment.build_experiment(config, str(tmp_path / "run"))
+  exp, _ = experiment.build_experiment(from_config(config), str(tmp_path / "run"))
   try:
     bound = exp.fmt.path_token_bound(config.env.max_turns, r.max_action_tokens)
     assert bound <= config.model.max_length <= r.max_tree_tokens
@@ -242,7 +243,7 @@ def test_pretrained_configs_are_comparisons_at_matched_compute(name, episodes):
   assert r.max_tree_tokens == episodes * config.model.max_length
   for baseline in ("grpo", "rloo", "gigpo"):
     grouped = base.with_estimator(module.get_config(), baseline)
-    assert translate.rollout_config(grouped).episodes_per_group == episodes
+    assert translate.rollout_config(from_config(grouped)).episodes_per_group == episodes
   if name == "rooms_qwen2_5":
     from experiments.configs import rooms_d2  # pylint: disable=g-import-not-at-top
     d2 = rooms_d2.get_config()
