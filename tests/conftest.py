@@ -33,10 +33,17 @@ if "JAX_NUM_CPU_DEVICES" not in os.environ:
   jax.config.update("jax_num_cpu_devices", 8)
 
 
+# The longest file (a warm start, a run on a mesh and a run over two processes) starts first,
+# so that the other worker runs the other long files beside it.
+LONGEST_FILE = os.path.join("training", "test_mesh_loop.py")
+
+
 def pytest_collection_modifyitems(config, items):
-  """Files that hold a `slow` test run first, in their collected order otherwise: with the
-  README's `--dist loadfile --no-loadscope-reorder` the two workers start on the long files and
-  the many short ones fill in at the end, instead of one long file running alone last."""
+  """`LONGEST_FILE` runs first, then the files that hold a `slow` test, in their collected order
+  otherwise: with the README's `--dist loadfile --no-loadscope-reorder` the two workers start on
+  the long files and the many short ones fill in at the end, instead of one long file running
+  alone last."""
   del config
   slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-  items.sort(key=lambda item: item.path not in slow_files)
+  items.sort(key=lambda item: (not str(item.path).endswith(LONGEST_FILE),
+                               item.path not in slow_files))
