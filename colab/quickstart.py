@@ -119,7 +119,7 @@ for estimator in ("bpo", "grpo"):
   configs[estimator] = config
   if estimator != "bpo":  # from BPO's checkpoint 0: the warm start is the same for both
     compare.start_from_lead(compare.Run(estimator, config.seed, os.path.join(WORKDIR, estimator)),
-                            compare.Run("bpo", config.seed, os.path.join(WORKDIR, "bpo")))
+                            compare.Run("bpo", config.seed, os.path.join(WORKDIR, "bpo")), config)
   print(f"{estimator}: {config.train.iterations} iterations", flush=True)
   loop.train(config, os.path.join(WORKDIR, estimator))
   runs[estimator] = aggregate.read_run(os.path.join(WORKDIR, estimator))
