@@ -649,8 +649,6 @@ def _limits(value, default: confinement_lib.Limits) -> confinement_lib.Limits:
     return default
   if isinstance(value, confinement_lib.Limits):
     return value
-  if hasattr(value, "to_dict"):  # a nested ml_collections.ConfigDict of env.options
-    value = value.to_dict()
   if isinstance(value, Mapping):
     return confinement_lib.Limits(**{**default.__dict__, **value})
   raise TypeError(f"limits must be a Limits or a mapping, got {type(value).__name__}")
