@@ -186,7 +186,7 @@ def test_swe_qwen2_5_config_validates_and_refuses_dummy_paths(tmp_path):
   config = swe_qwen2_5.get_config()
   config_lib.validate(config)
   assert config.env.name == "swe" and config.model.lora_rank > 0
-  options = dict(config.env.options)
+  options = config.env.options.to_dict()  # as a run passes them: plain values
   with pytest.raises(base.TaskInputError, match="env.options.instances is empty"):
     swe.make_tasks("train", 1, 0, **options)
   options.update(instances=str(tmp_path / "verified.jsonl"), repos_dir=str(tmp_path / "repos"),
