@@ -7,10 +7,11 @@
 #
 # 1. clones and installs the library (set `REPO_URL` in the first cell),
 # 2. trains BPO and GRPO on the built-in rooms world with a tiny model made from scratch (a
-#    supervised warm start on expert episodes, then 30 iterations of 16 tasks each), both with
-#    the same env-step budget per task (`experiments/configs/rooms.py`),
+#    supervised warm start on expert episodes, then 30 iterations of 16 tasks each), at
+#    matched spend: a budget of env steps per task under which BPO's trees spend what GRPO's
+#    groups do,
 # 3. plots held-out success against the env steps spent, and prints what each spent per task
-#    and the variance of its gradient,
+#    (and GRPO's spend as a multiple of BPO's) and the variance of its gradient,
 # 4. draws a tree BPO grows after the warm start, where siblings' returns differ, with the
 #    advantages training gives it.
 #
@@ -24,15 +25,17 @@
 # `QUICKSTART_TINY=1`, a seconds-long setting.
 
 # %%
-# Set REPO_URL to this repository's git address (the placeholder below is not one). When the
+# Set REPO_URL to this repository's git address (the placeholder below is not one); a headless
+# run may set it from outside instead, in the environment variable QUICKSTART_REPO_URL. When the
 # notebook runs inside a checkout (opened from it, or the working directory is in it), that
 # checkout is used and nothing is cloned.
-REPO_URL = "https://github.com/YOUR-ORG/bpo_jax.git"  # placeholder: fill in
-
 import importlib.metadata
 import os
 import subprocess
 import sys
+
+REPO_URL = "https://github.com/YOUR-ORG/bpo_jax.git"  # placeholder: fill in
+REPO_URL = os.environ.get("QUICKSTART_REPO_URL", REPO_URL)
 
 
 def find_checkout(start):
@@ -77,7 +80,9 @@ for module in [m for m in sys.modules if m.split(".")[0] in ("bpo_jax", "experim
 
 before = installed_versions()
 if os.environ.get("QUICKSTART_SKIP_INSTALL") != "1":  # CI's environment is installed already
-  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", REPO], check=True)
+  # The `results` extra is matplotlib, for the figure (Colab's image has it already).
+  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{REPO}[results]"],
+                 check=True)
 changed = sorted(d for d, v in before.items() if installed_versions().get(d, v) != v)
 if changed:
   print("Restart the runtime (Runtime > Restart session), then run the cells below: "
@@ -93,11 +98,16 @@ WORKDIR = os.environ.get("QUICKSTART_WORKDIR", os.path.join(REPO, "workdirs", "c
 #
 # BPO's run evaluates the untrained model, trains the warm start and evaluates it; GRPO's
 # starts from that checkpoint (the warm start does not read the estimator, so this is what
-# GRPO's own warm start would give, bit for bit). Both have the same budget of env steps per
-# task: GRPO rolls four whole episodes of at most five steps, BPO grows
-# one tree in 24 steps, forking at every decision the budget still allows
-# (`experiments/configs/base.py`, `compared`). `train` resumes from the workdir's latest
-# checkpoint, so running this cell again continues where it stopped.
+# GRPO's own warm start would give, bit for bit). Both get `MATCHED_ENV_STEPS` = 22 env steps
+# per task: GRPO rolls the whole episodes that fit at the worst case, 22 // 5 = 4 episodes of at
+# most five steps (`rollout.group_size = 0`), and BPO grows one tree, forking at every decision
+# where the worst case of every live branch still fits (`experiments/configs/base.py`,
+# `compared`). A group reserves its episodes' worst case once, at the root, while a tree
+# reserves each live branch's at every fork, so the same budget is not the same spend: under
+# the 24 steps of the library's comparisons (`base.matched_budget(4, 5)`) BPO's trees spend
+# about 1.1 times what GRPO's groups do, under 22 the same to within a few percent (the next
+# cell prints the ratio). `train` resumes from the workdir's latest checkpoint, so running this
+# cell again continues where it stopped.
 
 # %%
 import time  # noqa: E402
@@ -109,10 +119,14 @@ from bpo_jax.training import display  # noqa: E402
 from bpo_jax.training import loop  # noqa: E402
 from bpo_jax.training import settings  # noqa: E402
 
+MATCHED_ENV_STEPS = 22  # the budget under which both spend the same (the cell above)
+
 configs, runs = {}, {}
 start, cpu_start = time.time(), time.process_time()
 for estimator in ("bpo", "grpo"):
-  config = base.variant(base.compared(base.rooms(estimator)), "tiny" if TINY else None)
+  config = base.compared(base.rooms(estimator))
+  config.rollout.max_env_steps = MATCHED_ENV_STEPS
+  config = base.variant(config, "tiny" if TINY else None)
   config.log.progress_bar = not TINY
   # Every checkpoint kept: the tree below is grown from the one after the warm start.
   config.checkpoint.keep = config.train.iterations // config.checkpoint.every + 1
@@ -131,9 +145,7 @@ print(f"trained in {time.time() - start:.0f} s ({time.process_time() - cpu_start
 # Held-out success is the greedy policy's success on 64 tasks neither method trained on (95%
 # Wilson interval), against the env steps spent in training up to that point. Beside it, each
 # method's env steps and policy tokens (prefilled and decoded) per task, over all iterations,
-# and GRPO's as a multiple of BPO's (the budget was chosen for 1 ± 0.1: from BPO's checkpoint
-# 30, GRPO's groups spent 0.93 times the env steps and 1.07 times the tokens of BPO's trees;
-# docs/RESULTS.md, the rooms budget table).
+# and GRPO's as a multiple of BPO's, which matched spend keeps within 1 ± 0.1 for env steps.
 # The gradient-norm variance is the variance of the gradient norm across an update's two
 # micro-batches (each scaled to estimate the full gradient); its summary is the mean over the
 # iterations with a 95% Student-t interval.
@@ -154,7 +166,8 @@ for estimator, run in runs.items():
 ratio = {k: summary["grpo"][k] / summary["bpo"][k] if summary["bpo"][k] else float("nan")
          for k in ("env_steps_per_task", "tokens_per_task")}
 print(f"GRPO's spend per task as a multiple of BPO's: env steps {ratio['env_steps_per_task']:.2f}, "
-      f"tokens {ratio['tokens_per_task']:.2f}")
+      f"tokens {ratio['tokens_per_task']:.2f}"
+      + ("" if abs(ratio["env_steps_per_task"] - 1) <= 0.1 else " (env steps NOT matched within 10%)"))
 for estimator, s in summary.items():
   v = s["variance"]
   interval = "" if v["low"] is None else f" [{v['low']:.3g}, {v['high']:.3g}]"
@@ -177,8 +190,9 @@ if plt is not None:
                          f"{s['tokens_per_task']:.0f} tokens per task")
     axes[0].fill_between(x, low, high, color=line.get_color(), alpha=0.15)
   axes[0].set(xlabel="env steps spent in training (all tasks)",
-              ylabel="held-out success (greedy)", title="Held-out success at matched spend",
-              ylim=(0, 1.02))
+              ylabel="held-out success (greedy)", ylim=(0, 1.02),
+              title=f"Held-out success at matched spend (GRPO/BPO env steps per task "
+              f"{ratio['env_steps_per_task']:.2f})")
   axes[0].legend(loc="lower right", fontsize=8)
   names = list(summary)
   means = [summary[e]["variance"]["mean"] for e in names]

@@ -63,6 +63,7 @@ def run_first_cell(cwd, source: str, extra: str = ""):
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   env.update(QUICKSTART_SKIP_INSTALL="1")
   env.pop("QUICKSTART_CHECKOUT", None)
+  env.pop("QUICKSTART_REPO_URL", None)
   return subprocess.run([sys.executable, "-c", source + "\n" + extra], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=300)
 
@@ -104,7 +105,18 @@ def test_quickstart_script_runs_on_the_tiny_setting_outside_the_checkout(tmp_pat
     assert f"{estimator.upper():4s} gradient-norm variance across micro-batches: mean" in out
     records = [json.loads(line) for line in open(tmp_path / "runs" / estimator / "metrics.jsonl")]
     assert [r["iteration"] for r in records if r["phase"] == "train"] == [1, 2]
-  assert "GRPO's spend per task as a multiple of BPO's: env steps " in out
+  # Matched spend: GRPO's env steps per task within 10% of BPO's, and the printed ratio is the
+  # one the runs' metrics give.
+  spend = {}
+  for estimator in ("bpo", "grpo"):
+    records = [json.loads(line) for line in open(tmp_path / "runs" / estimator / "metrics.jsonl")]
+    train = [r for r in records if r["phase"] == "train"]
+    spend[estimator] = sum(r["env_steps"] for r in train) / len(train)  # 2 tasks an iteration
+  ratio = spend["grpo"] / spend["bpo"]
+  assert abs(ratio - 1) <= 0.1, spend
+  line = next(l for l in out.splitlines() if l.startswith("GRPO's spend per task as a multiple"))
+  assert line.startswith(f"GRPO's spend per task as a multiple of BPO's: env steps {ratio:.2f}, ")
+  assert "NOT matched" not in line
   assert (tmp_path / "runs" / "curves.png").exists()
   # The drawn tree: its header, a root line, then steps with their rewards and advantages.
   assert "iteration 1, tree " in out and "fork threshold 0 nats" in out
