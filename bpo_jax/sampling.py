@@ -78,6 +78,7 @@ from bpo_jax.models.decoder import forward
 from bpo_jax.models.decoder import ForwardOptions
 from bpo_jax.models.decoder import KVCache
 from bpo_jax.models.decoder import logprobs_and_entropy_from_logits
+from bpo_jax.models import paged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,11 +214,23 @@ def _take_rows_on_mesh(tree, rows: jax.Array, mesh: jax.sharding.Mesh):
 
 
 def take_rows(tree, rows):
-  """Rows `rows` of a DecodeState / KVCache / SampleOutput: a gather on the batch axis."""
+  """Rows `rows` of a DecodeState / KVCache / SampleOutput: a gather on the batch axis.
+
+  A DecodeState of a paged cache shares pages instead (`paged.take_rows`: the cache's pages
+  copied are at most one per new row); it consumes the state passed in.
+  """
+  if isinstance(getattr(tree, "cache", None), paged.PagedKVCache):
+    return DecodeState(cache=paged.take_rows(tree.cache, rows),
+                       next_logits=_take_logits(tree.next_logits, jnp.asarray(rows, jnp.int32)))
   rows = jnp.asarray(rows, jnp.int32)
   if rows.ndim != 1:
     raise ValueError(f"rows must be a 1-D list of row indices, got shape {rows.shape}")
   return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), tree)
+
+
+@jax.jit
+def _take_logits(next_logits: jax.Array, rows: jax.Array) -> jax.Array:
+  return jnp.take(next_logits, rows, axis=0)
 
 
 def fork(tree, rows, k: int):
@@ -396,11 +409,11 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   replaces `params`' own draw settings when given).
 
   `attend_length` (None = the cache length) is the window of cache slots the loop works on: it
-  slices the cache to the window once, decodes there and writes the window back, so each step
-  reads `attend_length` slots rather than all of them. A row also stops when it fills the
-  window, so choose it at least `max(lengths + max_new_tokens)` over the active rows (capped at
-  the cache length) to get the same tokens as with the whole cache; `Sampler.generate` picks
-  the bucket of that.
+  slices the cache to the window once, decodes there and writes the window back (a paged cache
+  is not sliced: each step reads the window's pages), so each step reads `attend_length` slots
+  rather than all of them. A row also stops when it fills the window, so choose it at least
+  `max(lengths + max_new_tokens)` over the active rows (capped at the cache length) to get the
+  same tokens as with the whole cache; `Sampler.generate` picks the bucket of that.
 
   `keep_state=False` is for callers that drop the returned decode state (a probe, a last turn,
   plain text generation): the last token each row emits is then not run through the model, one
@@ -417,10 +430,10 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   steps = params.max_new_tokens
   full_cache = decode_state.cache
   window = check_attend_length(attend_length, 1, full_cache.max_length)
-  if window < full_cache.max_length:
+  sliced = window < full_cache.max_length and not isinstance(full_cache, paged.PagedKVCache)
+  if sliced:
     decode_state = decode_state.replace(cache=cache_window(full_cache, window))
-  if active is None:
-    active = jnp.ones((batch,), bool)
+  active = jnp.ones((batch,), bool) if active is None else active
   stop_ids = jnp.asarray(params.stop_token_ids or (-1,), jnp.int32)
   keyed_rows = is_per_row_key(key)
   if keyed_rows and key.shape[0] != batch:
@@ -440,7 +453,7 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
     step, ds, key, finished, out = carry
     tokens, emit, key, out = emit_token(step, ds.next_logits, key, finished, out)
     ds = append_tokens(graphdef, state, ds, tokens[:, None], emit.astype(jnp.int32),
-                       unembedding=unembedding)
+                       attend_length=window, unembedding=unembedding)
     finished = finished | out["stopped"] | (ds.cache.lengths >= window)
     return step + 1, ds, key, finished, out
 
@@ -452,7 +465,7 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   carry = (jnp.int32(0), decode_state, key, finished, out)
   step, decode_state, key, finished, out = jax.lax.while_loop(cond, body, carry)
   if keep_state:
-    if window < full_cache.max_length:
+    if sliced:
       decode_state = decode_state.replace(
           cache=write_cache_window(full_cache, decode_state.cache))
   else:
@@ -527,6 +540,21 @@ def pad_token_rows(rows: Sequence[Sequence[int]], length: Optional[int] = None,
   return tokens, lengths
 
 
+def _is_paged(decode_state: DecodeState) -> bool:
+  return isinstance(decode_state.cache, paged.PagedKVCache)
+
+
+def _paged_with_room(decode_state: DecodeState, lengths_after, own: bool = True):
+  """(the state with pages for `lengths_after` tokens per row and no host bookkeeping, as a
+  compiled call takes it; the bookkeeping). `own=False` works on a copy of the bookkeeping,
+  for a call that leaves the input intact."""
+  cache = decode_state.cache
+  if not own:
+    cache = cache.replace(book=cache.book.copy())
+  cache = paged.with_room(cache, lengths_after)
+  return decode_state.replace(cache=cache.without_book()), cache.book
+
+
 class Sampler:
   """Host-side driver of the jitted functions for one model structure (`graphdef`).
 
@@ -536,15 +564,27 @@ class Sampler:
   transposed for the output projection on the CPU (`unembedding`).
   """
 
-  def __init__(self, graphdef, config: ModelConfig, max_length: int, donate: bool = False):
+  def __init__(self, graphdef, config: ModelConfig, max_length: int, donate: bool = False,
+               page_size: int = 0, kernel: str = "auto"):
     """`donate`: `append` and `generate` (keeping the state) take over the buffers of the
     DecodeState passed in and write the result into them, so a row set's cache is in memory
     once rather than twice during a call; the caller must not read that DecodeState again
-    (the rollout engine replaces it by the result every time)."""
+    (the rollout engine replaces it by the result every time).
+
+    `page_size` > 0: the states it makes hold a paged cache (`models.paged`) of pages of that
+    many slots, whose forks share pages; 0: the dense cache of `max_length` slots per row.
+    A paged state is used linearly: every call that takes one and returns a state consumes
+    it, `donate` or not. `kernel`: the paged attention of one-token steps (`paged.KERNELS`).
+    Paged states are made on one device (no mesh).
+    """
+    if page_size < 0:
+      raise ValueError(f"page_size must be >= 0 (0 = the dense cache), got {page_size}")
     self.graphdef = graphdef
     self.config = config
     self.max_length = max_length
     self.donate = donate
+    self.page_size = page_size
+    self.kernel = kernel
     self._unembedding = None  # (the embedding array it was made from, its transpose)
 
   def unembedding(self, state, batch_size: int) -> Optional[jax.Array]:
@@ -574,6 +614,14 @@ class Sampler:
                  ) -> DecodeState:
     """Empty rows; on `mesh` (the parameters', `params_mesh`) laid out by
     `sharding.cache_shardings`, made on the devices that hold them."""
+    if self.page_size:
+      if mesh is not None:
+        raise ValueError("a paged KV cache is made on one device; decode on a mesh with the "
+                         "dense cache (page size 0)")
+      cache = paged.PagedKVCache.init(self.config, batch_size, self.max_length, self.page_size,
+                                      self.kernel)
+      return DecodeState(cache=cache,
+                         next_logits=jnp.zeros((batch_size, self.config.vocab_size), jnp.float32))
     if mesh is None:
       return init_decode_state(self.config, batch_size, self.max_length)
     return _init_on_mesh(self.config, batch_size, self.max_length, mesh)
@@ -582,7 +630,7 @@ class Sampler:
                 mesh: Optional[jax.sharding.Mesh] = None) -> DecodeState:
     """`take_rows` (fork, drop or reorder rows); on `mesh` one compiled gather whose output
     keeps the cache layout (rows over the batch axes), so the fork stays on the devices."""
-    if mesh is None:
+    if mesh is None or _is_paged(decode_state):
       return take_rows(decode_state, rows)
     return _take_rows_on_mesh(decode_state, jnp.asarray(rows, jnp.int32), mesh)
 
@@ -597,6 +645,8 @@ class Sampler:
     The same as `append` on `init_state(len(rows))`, but the empty cache is made inside the
     compiled call rather than passed in (and copied, as an input that is not donated).
     """
+    if self.page_size:
+      return self.append(state, self.init_state(len(rows)), dict(enumerate(rows)))
     tokens, lengths, window = self._pad_rows(np.zeros((len(rows),), np.int64),
                                              dict(enumerate(rows)), self.max_length)
     return _prefill_jit(self.graphdef, state, self.config, self.max_length, jnp.asarray(tokens),
@@ -609,9 +659,29 @@ class Sampler:
     tokens, lengths, window = self._pad_rows(np.asarray(decode_state.lengths), rows,
                                              decode_state.cache.max_length)
     append = _append_donating if self.donate else _append_jit
-    return append(self.graphdef, state, decode_state, jnp.asarray(tokens), jnp.asarray(lengths),
-                  attend_length=window,
-                  unembedding=self.unembedding(state, decode_state.batch_size))
+    book = None
+    if _is_paged(decode_state):
+      append = _append_donating
+      decode_state, book = _paged_with_room(decode_state, decode_state.cache.book.lengths
+                                            + lengths)
+    out = append(self.graphdef, state, decode_state, jnp.asarray(tokens), jnp.asarray(lengths),
+                 attend_length=window,
+                 unembedding=self.unembedding(state, decode_state.batch_size))
+    if book is not None:
+      book.lengths = book.lengths + lengths
+      out = out.replace(cache=out.cache.replace(book=book))
+    return out
+
+  def truncate(self, decode_state: DecodeState, lengths: Mapping[int, int]) -> DecodeState:
+    """Rows cut back to `lengths[row]` tokens (their next logits stay; append the last token
+    again to recompute them). A paged cache first copies a shared last page (`paged.truncate`)."""
+    if _is_paged(decode_state):
+      return decode_state.replace(cache=paged.truncate(decode_state.cache, dict(lengths)))
+    cut = np.asarray(decode_state.cache.lengths).copy()
+    for row, length in lengths.items():
+      cut[row] = length
+    return decode_state.replace(cache=decode_state.cache.replace(
+        lengths=jnp.asarray(cut, jnp.int32)))
 
   def _pad_rows(self, lengths_now: np.ndarray, rows: Mapping[int, Sequence[int]],
                 cache_length: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -651,10 +721,20 @@ class Sampler:
     window = attend_length_for(lengths[emitting] + params.max_new_tokens,
                                decode_state.cache.max_length)
     run = _generate_donating if self.donate and keep_state else _generate_jit
-    return run(self.graphdef, state, decode_state, key, params.limits(), active,
-               attend_length=window, keep_state=keep_state,
-               unembedding=self.unembedding(state, decode_state.batch_size),
-               settings=params.settings())
+    book = None
+    if _is_paged(decode_state):
+      # Room for every token the call may emit; `paged.settle` releases what it did not use. A
+      # probe (no state kept) works on a copy of the bookkeeping and leaves the input intact.
+      run = _generate_donating if keep_state else _generate_jit
+      after = np.where(emitting, lengths + params.max_new_tokens, lengths)
+      decode_state, book = _paged_with_room(decode_state, after, keep_state)
+    out_state, out = run(self.graphdef, state, decode_state, key, params.limits(), active,
+                         attend_length=window, keep_state=keep_state,
+                         unembedding=self.unembedding(state, decode_state.batch_size),
+                         settings=params.settings())
+    if book is not None and keep_state:
+      out_state = out_state.replace(cache=paged.settle(out_state.cache.replace(book=book)))
+    return out_state, out
 
   def lower_generate(self, state, decode_state: DecodeState, key, params: SamplingParams,
                      active, keep_state: bool = True):

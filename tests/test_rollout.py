@@ -854,3 +854,22 @@ def test_greedy_action_entropy_is_the_greedy_paths_entropy_and_drives_the_forks(
     assert plain.compute.tokens_probed == 0
     check_token_accounting(result)
   assert fired and declined
+
+
+@pytest.mark.parametrize("rule", [
+    dict(fork_rule="random", fork_probability=0.5, k=3, max_leaves=5),
+    pytest.param(dict(fork_rule="top_k_after", k=3, max_leaves=5), marks=pytest.mark.slow)])
+def test_a_paged_cache_grows_the_dense_caches_trees(policy, fmt, tasks, rule):
+  # Pages of 16 slots: forks share pages (top-k-after's cut-back rows copy a shared last page).
+  # The same actions and observations as the dense cache, each leaf path's numbers those of a
+  # full forward, and fewer pages held than rows x max_length slots.
+  dense = grow(policy, fmt, in_process_pool(), tasks[:2], seed=3, **rule)
+  paged_batch = grow(policy, fmt, in_process_pool(), tasks[:2], seed=3, kv_page_size=16,
+                     **rule)
+  for a, b in zip(dense.rollouts, paged_batch.rollouts):
+    for field in ("parent", "reward", "terminal", "truncated", "valid"):
+      np.testing.assert_array_equal(getattr(a.tree, field), getattr(b.tree, field))
+    assert a.action_texts == b.action_texts and a.observation_texts == b.observation_texts
+    assert a.compute == b.compute
+    check_against_full_forward(policy, b)
+  assert sum(r.compute.forks for r in paged_batch.rollouts) > 0

@@ -25,7 +25,9 @@ A caller that knows more about its shapes than the model does (the sampler) may 
 stay those of the plain call (see `ForwardOptions`).
 
 The cache is a pytree passed in and out (`KVCache`), with a fixed number of slots so shapes stay
-static; forking rows is a gather on the batch axis (`KVCache.take_rows`).
+static; forking rows is a gather on the batch axis (`KVCache.take_rows`). A
+`paged.PagedKVCache` (pools of pages and a page table per row, forks sharing pages) is taken
+the same way and gives the same numbers up to the summation order of attention.
 """
 
 import functools
@@ -39,6 +41,7 @@ import numpy as np
 from flax import nnx
 
 from bpo_jax.models import lora
+from bpo_jax.models import paged
 from bpo_jax.models.config import Llama3RopeScaling, ModelConfig
 
 
@@ -83,6 +86,15 @@ class KVCache:
     """The cache of rows `rows` (a gather on the batch axis; rows may repeat)."""
     rows = jnp.asarray(rows, jnp.int32)
     return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), self)
+
+  def attend_span(self, attend_length: int) -> int:
+    """Slots attention reads for a window of `attend_length` slots (all of them)."""
+    return attend_length
+
+  def layer(self, i: int, write_slots, input_lengths, span: int) -> tuple:
+    """Layer i's (keys, values); a `paged.PagedKVCache` gives a `paged.PagedLayer`."""
+    del write_slots, input_lengths, span
+    return self.keys[i], self.values[i]
 
 
 @flax.struct.dataclass
@@ -210,6 +222,21 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype,
   return out[:, :, :, :t]
 
 
+def attend_pages(q: jax.Array, layer: paged.PagedLayer, mask: jax.Array, dtype) -> jax.Array:
+  """`attend` over a paged cache's layer (its new tokens already written): q
+  [B, Hkv, G, T, D], mask [B, T, S'] over the S' slots of the pages `layer.table` lists.
+
+  One-token steps go to the Pallas paged-attention op where `paged.uses_kernel` says so;
+  everything else gathers the pages into a dense window and runs `attend` (the portable
+  reference: the same arithmetic as the dense cache, over S' rather than the window's slots).
+  """
+  if paged.uses_kernel(layer, q.shape[3]):
+    # A causal mask over slots: the query sees its own slot and every one before it.
+    return paged.kernel_attend(q, layer, jnp.sum(mask[:, 0], axis=-1, dtype=jnp.int32))
+  k, v = paged.gather_window(layer)
+  return attend(q, k.astype(dtype), v.astype(dtype), mask, dtype)
+
+
 def _normal(rngs: nnx.Rngs, shape, dtype, stddev=0.02):
   return nnx.Param(stddev * jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype))
 
@@ -283,8 +310,8 @@ class Attention(nnx.Module):
             "o": ((heads, d), (h,))}
 
   def __call__(self, x, cos, sin, mask, layer_cache=None, write_slots=None, query_at=None):
-    """x [B,T,h]; layer_cache (keys [B,Hkv,D,S], values [B,Hkv,S,D]); mask [B,T,S'] (True = may
-    attend).
+    """x [B,T,h]; layer_cache (keys [B,Hkv,D,S], values [B,Hkv,S,D], or a `paged.PagedLayer`);
+    mask [B,T,S'] (True = may attend).
 
     With a cache, attention reads the first S' <= S slots (S' = the mask's last dimension):
     slots past every row's last new token are masked out and need not be read at all.
@@ -316,7 +343,10 @@ class Attention(nnx.Module):
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, k_cos, k_sin)
     new_cache = None
-    if layer_cache is not None:
+    if isinstance(layer_cache, paged.PagedLayer):
+      layer_cache = paged.write(layer_cache, k, v)
+      new_cache = (layer_cache.keys, layer_cache.values)
+    elif layer_cache is not None:
       cached_k, cached_v = layer_cache
       rows = jnp.arange(x.shape[0])[:, None]
       # `.at[rows, :, :, slots]` ([B, Hkv, D, S] keys) and `.at[rows, :, slots]` ([B, Hkv, S, D]
@@ -330,14 +360,17 @@ class Attention(nnx.Module):
         # A static slice: the score and value matmuls then cost T·S' rather than T·S per row.
         k, v = k[..., :attend_length], v[:, :, :attend_length]
       k, v = k.astype(dt), v.astype(dt)
-    else:
+    elif layer_cache is None:
       k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
     # Heads-major layout so both attention matmuls are plain batched matmuls over (B, Hkv):
     # the cached keys [D, S] and values [S, D] are read in place, never transposed (it
     # dominates decoding).
     groups = self.num_heads // self.num_kv_heads
     q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim).transpose(0, 2, 3, 1, 4)
-    out = attend(q, k, v, mask, dt).transpose(0, 3, 1, 2, 4)
+    if isinstance(layer_cache, paged.PagedLayer):
+      out = attend_pages(q, layer_cache, mask, dt).transpose(0, 3, 1, 2, 4)
+    else:
+      out = attend(q, k, v, mask, dt).transpose(0, 3, 1, 2, 4)
     # [B, T, H·D] @ [H·D, h], heads major as in the HF layout: the kernel's reshape is free, where
     # an einsum over (h, d) has XLA copy the kernel into another layout on every call.
     heads_out = out.reshape(b, t, self.num_heads, self.head_dim)
@@ -484,8 +517,9 @@ class Decoder(nnx.Module):
     else:
       last = len(self.layers) - 1
       for i, layer in enumerate(self.layers):
-        x, (keys, values) = layer(x, cos, sin, mask, (cache.keys[i], cache.values[i]),
-                                  write_slots, logits_at if narrow and i == last else None)
+        layer_cache = cache.layer(i, write_slots, input_lengths, mask.shape[-1])
+        x, (keys, values) = layer(x, cos, sin, mask, layer_cache, write_slots,
+                                  logits_at if narrow and i == last else None)
         new_keys.append(keys)
         new_values.append(values)
     if logits_at is not None and not narrow:
@@ -503,8 +537,8 @@ class Decoder(nnx.Module):
       return logits, None
     if input_lengths is None:
       input_lengths = jnp.full((b,), t, jnp.int32)
-    new_cache = KVCache(keys=tuple(new_keys), values=tuple(new_values),
-                        lengths=cache.lengths + input_lengths.astype(jnp.int32))
+    new_cache = cache.replace(keys=tuple(new_keys), values=tuple(new_values),
+                              lengths=cache.lengths + input_lengths.astype(jnp.int32))
     return logits, new_cache
 
   def _positions_and_mask(self, tokens, positions, attention_mask, cache, input_lengths,
@@ -541,7 +575,7 @@ class Decoder(nnx.Module):
       if positions is None:
         positions = write_slots
       attend_length = check_attend_length(attend_length, t, cache.max_length)
-      key_slots = jnp.arange(attend_length, dtype=jnp.int32)
+      key_slots = jnp.arange(cache.attend_span(attend_length), dtype=jnp.int32)
       mask = key_slots[None, None, :] <= write_slots[:, :, None]
     if positions.shape != (b, t):
       raise ValueError(f"positions must be [batch, time] = {(b, t)}, got {positions.shape}")

@@ -57,6 +57,10 @@ class RolloutConfig:
     max_action_tokens: most tokens per action.
     temperature, top_p, top_k: sampling (see `sampling.SamplingParams`).
     max_length: KV-cache slots per row: the longest path (prompt, actions, observations).
+    kv_page_size: 0 for the dense KV cache (`max_length` slots per row); n > 0 for a paged
+      cache of n-slot pages (`models.paged`): a fork shares its source's pages and copies at
+      most the last one, and a tree's cache holds a shared prefix once. The same trees either
+      way, up to the rounding of attention's sums.
     batch_buckets: batch sizes the device sees (rows padded up; beyond the largest, multiples
       of it), so `generate` and `append` compile a bounded number of times.
     capacity: nodes per `RolloutTree`; default `max_leaves * max_turns` (tree) or
@@ -85,6 +89,7 @@ class RolloutConfig:
   top_p: float = 1.0
   top_k: int = 0
   max_length: int = 320
+  kv_page_size: int = 0
   batch_buckets: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
   capacity: int | None = None
   state_ids: str = "none"
@@ -105,6 +110,9 @@ class RolloutConfig:
       value = getattr(self, name)
       if value is not None and value < 1:
         raise ValueError(f"RolloutConfig.{name} must be positive or None, got {value}")
+    if self.kv_page_size < 0:
+      raise ValueError(f"RolloutConfig.kv_page_size must be >= 0 (0: the dense cache), got "
+                       f"{self.kv_page_size}")
     if self.group_size < 0:
       raise ValueError(f"RolloutConfig.group_size must be >= 0 (0: as many episodes as fit "
                        f"max_env_steps), got {self.group_size}")

@@ -7,7 +7,8 @@ runs these phases for all live branches of all tasks together:
    (`policies`, `top_k_after`), forks charged to the budgets as they are decided (`budget`);
 2. fork: each forking state is snapshotted once and restored into the new branches, and the
    cache rows are gathered on the batch axis so that a new branch starts from a copy of its
-   source's row (`Sampler.take_rows`): the prefix is never replayed;
+   source's row (`Sampler.take_rows`; with `kv_page_size` a paged cache's rows share their
+   source's pages instead, copying at most its last page): the prefix is never replayed;
 3. decode: one jitted `generate` call samples an action for every row (the batch padded to a
    size from `batch_buckets`, so compiles stay bounded); each action becomes a node;
 4. step: every branch's action goes to the sandbox pool in one `step_many` call;
@@ -102,7 +103,8 @@ class RolloutEngine:
     self.fmt = fmt
     self.pool = pool
     # Each call's decode state replaces the last: the sampler reuses its buffers.
-    self.sampler = sampling.Sampler(graphdef, model_config, config.max_length, donate=True)
+    self.sampler = sampling.Sampler(graphdef, model_config, config.max_length, donate=True,
+                                    page_size=config.kv_page_size)
     self.sampling_params = config.sampling_params(fmt.stop_token_ids)
     self._calls = itertools.count()
 

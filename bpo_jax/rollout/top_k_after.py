@@ -123,11 +123,8 @@ class TopKAfter(ForkPolicy):
     rewinds = {b.row: b for b in live if b.branch_id in self._rewinds}
     if not rewinds:
       return decode_state
-    lengths = np.asarray(decode_state.cache.lengths).copy()
-    for row, branch in rewinds.items():
-      lengths[row] = branch.length - 1
-    cache = decode_state.cache.replace(lengths=jnp.asarray(lengths, jnp.int32))
-    decode_state = decode_state.replace(cache=cache)
+    decode_state = self._sampler.truncate(
+        decode_state, {row: branch.length - 1 for row, branch in rewinds.items()})
     decode_state = self._sampler.append(
         params, decode_state, {row: [self._rewinds[b.branch_id]] for row, b in rewinds.items()})
     for branch in rewinds.values():

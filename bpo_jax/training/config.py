@@ -120,6 +120,9 @@ def default_config() -> ml_collections.ConfigDict:
   # context = KV cache slots per row; a path of env.max_turns steps takes up to 310 tokens in the
   # quickstart's chat format (`ChatFormat.path_token_bound`)
   c.model.max_length = 320
+  # 0 = the dense KV cache (max_length slots per row); n > 0 = a paged cache of n-slot pages
+  # whose forks share pages (models/paged.py); one device only (no scale.mesh)
+  c.model.kv_page_size = 0
   c.model.dtype = "float32"
   # A Hugging Face model directory; "" = from scratch (a BPE tokenizer trained on the
   # environment's text). When set, the tokenizer, chat template and stop tokens are the
@@ -270,6 +273,7 @@ _RANGES = (
     ("model.num_kv_heads", 1, None, ""),
     ("model.head_dim", 2, None, ""),
     ("model.max_length", 8, None, ""),
+    ("model.kv_page_size", 0, None, "0 = the dense KV cache"),
     ("model.lora_rank", 0, None, "0 = no adapters"),
     ("warm_start.num_trajectories", 0, None, "0 = no warm start"),
     ("warm_start.steps", 0, None, ""),

@@ -57,6 +57,7 @@ class ModelSettings:
   num_kv_heads: int
   head_dim: int
   max_length: int
+  kv_page_size: int
   dtype: str
   checkpoint: str
   lora_rank: int

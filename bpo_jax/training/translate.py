@@ -75,7 +75,8 @@ def rollout_config(settings: Settings, evaluation: bool = False) -> rollout_lib.
   for evaluation, one episode per task at `eval.temperature`."""
   r = settings.rollout
   common = dict(max_turns=settings.env.max_turns, max_action_tokens=r.max_action_tokens,
-                max_length=settings.model.max_length)
+                max_length=settings.model.max_length,
+                kv_page_size=settings.model.kv_page_size)
   if evaluation:  # one backbone, never forked: no budget to keep
     return rollout_lib.RolloutConfig(
         topology="tree", fork_rule="never", max_leaves=1, max_env_steps=None,

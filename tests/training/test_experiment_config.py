@@ -284,7 +284,9 @@ def test_ranges_and_several_problems_at_once():
   config.rollout.top_p = 1.5
   config.eval.num_tasks = 1000
   config.model.num_heads = 3
+  config.model.kv_page_size = -1
   problems = _problems(config)
+  assert "model.kv_page_size = -1: must be >= 0 (0 = the dense KV cache)" in problems
   assert "train.learning_rate = 0.0: must be > 0" in problems
   assert "rollout.top_p = 1.5: must be in (0, 1]" in problems
   assert any(p.startswith("eval.num_tasks = 1000: more than") for p in problems)
