@@ -16,13 +16,16 @@
 #    advantages training gives it.
 #
 # **Run time:** everything runs on a CPU: one warm start of 200 steps, then 30 iterations of
-# each method, about 12 minutes of CPU time in all (the training cell prints its wall and CPU
-# time). Progress bars show the warm start and each method's iterations; held-out evaluations
-# print beneath them.
+# each method. Run headless from a fresh virtualenv (the first cell's install included) on a
+# 2-core machine shared with other jobs, the whole notebook took 22 minutes of wall time, 20 of
+# them training (11 minutes of CPU time); the training cell prints its wall and CPU time.
+# Progress bars show the warm start and each method's iterations; held-out evaluations print
+# beneath them.
 #
 # This file is the notebook's paired script (`colab/quickstart.py`, cells marked `# %%`);
 # `python colab/pair_notebook.py` writes `quickstart.ipynb` from it. CI runs it with
-# `QUICKSTART_TINY=1`, a seconds-long setting.
+# `QUICKSTART_TINY=1`, a quick setting (a one-layer model, 2 iterations of 2 tasks: under a
+# minute of training, 2.5 minutes for the whole notebook with its install).
 
 # %%
 # Set REPO_URL to this repository's git address (the placeholder below is not one); a headless
