@@ -6,7 +6,8 @@ last page is partly filled), row 0 forked into K = 4 siblings (`Sampler.take_row
 [0, 0, 0, 0, 1, ..., 7]), on a cache of P + 64 slots per row with a 0.5B-class layer shape
 (`--layers` 24, 2 KV heads of 64, bfloat16). Dense gathers whole rows, so its fork grows with
 the cache length; paged copies the table rows and at most one page per sibling. Medians over
-`--repeats` forks; the paged cache is put back (the siblings dropped) between forks, untimed.
+`--repeats` forks, the two prefixes interleaved; the paged cache is put back (the siblings
+dropped) between forks, untimed.
 
 Trees: the rollout engine grows one BPO iteration of the quickstart configuration's trees
 (`experiments/configs/quickstart.py`: its rollout settings, model shape and 16 rooms tasks)
@@ -68,22 +69,24 @@ def _filled_state(sampler: sampling.Sampler, prefix: int) -> sampling.DecodeStat
   return ds.replace(cache=cache)
 
 
-def fork_seconds(sampler: sampling.Sampler, prefix: int, repeats: int) -> tuple[float, dict]:
-  """Median seconds of forking row 0 into SIBLINGS rows; the paged cache's work per fork."""
-  rows = [0] * SIBLINGS + list(range(1, ROWS))
-  back = [0] + list(range(SIBLINGS, SIBLINGS + ROWS - 1))
-  ds = _filled_state(sampler, prefix)
-  times, work = [], {}
-  for _ in range(repeats + 1):  # the first compiles
-    before = dict(ds.cache.book.stats) if sampler.page_size else {}
+class _Forks:
+  """Forks row 0 of a batch of ROWS rows of `prefix` tokens into SIBLINGS rows, one at a time;
+  keeps each fork's seconds and the paged cache's work."""
+
+  def __init__(self, sampler: sampling.Sampler, prefix: int):
+    self.sampler, self.ds = sampler, _filled_state(sampler, prefix)
+    self.seconds, self.work = [], {}
+
+  def fork(self) -> None:
+    rows = [0] * SIBLINGS + list(range(1, ROWS))
+    before = dict(self.ds.cache.book.stats) if self.sampler.page_size else {}
     start = time.perf_counter()
-    forked = sampler.take_rows(ds, rows)
+    forked = self.sampler.take_rows(self.ds, rows)
     jax.block_until_ready((forked.cache.keys, forked.next_logits))
-    times.append(time.perf_counter() - start)
-    if sampler.page_size:
-      work = {k: forked.cache.book.stats[k] - before[k] for k in before}
-      ds = sampler.take_rows(forked, back)
-  return statistics.median(times[1:]), work
+    self.seconds.append(time.perf_counter() - start)
+    if self.sampler.page_size:  # consumed by the fork: put back, the siblings dropped
+      self.work = {k: forked.cache.book.stats[k] - before[k] for k in before}
+      self.ds = self.sampler.take_rows(forked, [0] + list(range(SIBLINGS, SIBLINGS + ROWS - 1)))
 
 
 def _fork_config(layers: int) -> ModelConfig:
@@ -144,14 +147,20 @@ def main(argv=None):
     p.error("--page-size, --layers and --repeats must be positive")
 
   config = _fork_config(args.layers)
-  figures, work = {}, {}
-  for prefix in PREFIXES:
-    length = prefix + OFFSET
-    graphdef = nnx.graphdef(Decoder(_fork_config(1), rngs=nnx.Rngs(0)))
-    for name, page_size in (("dense", 0), ("paged", args.page_size)):
-      sampler = sampling.Sampler(graphdef, config, length + 64, page_size=page_size)
-      seconds, work[(name, prefix)] = fork_seconds(sampler, length, args.repeats)
-      figures[f"{name}_fork_seconds_{prefix}"] = seconds
+  graphdef = nnx.graphdef(Decoder(_fork_config(1), rngs=nnx.Rngs(0)))
+  forks = {(name, prefix): _Forks(sampling.Sampler(graphdef, config, prefix + OFFSET + 64,
+                                                   page_size=page_size), prefix + OFFSET)
+           for prefix in PREFIXES for name, page_size in (("dense", 0), ("paged", args.page_size))}
+  # The two prefixes interleaved, so that load from other processes falls on both alike; each
+  # cache kind on its own, so that a dense fork's gather of whole rows does not leave the
+  # paged one a cold processor cache. The first fork of each compiles and is left out.
+  for name in ("dense", "paged"):
+    for _ in range(args.repeats + 1):
+      for prefix in PREFIXES:
+        forks[(name, prefix)].fork()
+  figures = {f"{name}_fork_seconds_{prefix}": statistics.median(f.seconds[1:])
+             for (name, prefix), f in forks.items()}
+  work = {key: f.work for key, f in forks.items()}
   for name in ("dense", "paged"):
     ratio = figures[f"{name}_fork_seconds_{PREFIXES[1]}"] / figures[f"{name}_fork_seconds_{PREFIXES[0]}"]
     figures[("" if name == "paged" else "dense_") + "fork_seconds_ratio_4096_over_128"] = ratio
