@@ -282,6 +282,7 @@ def _lower_sample(settings, graphdef, model_config, mesh, params):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from bpo_jax import rollout as rollout_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax import sampling  # pylint: disable=g-import-not-at-top
   from bpo_jax import sharding  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
 
@@ -293,8 +294,9 @@ def _lower_sample(settings, graphdef, model_config, mesh, params):
     raise ValueError(f"the sampler's batch of {rows} rows does not split over the "
                      f"{rows_axes} devices of the batch axes; set scale.decode_batch to a "
                      f"multiple of {rows_axes}")
-  decode_state = jax.eval_shape(
-      lambda: engine.sampler.init_state(rows))
+  # The dense cache's program (a paged cache lives on one device, not on a mesh).
+  decode_state = jax.eval_shape(lambda: sampling.init_decode_state(
+      engine.sampler.config, rows, engine.sampler.max_length))
   decode_sh = sharding.cache_shardings(decode_state, mesh)
   rows_sh = decode_sh.cache.lengths
   keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows))
