@@ -233,6 +233,12 @@ def _take_logits(next_logits: jax.Array, rows: jax.Array) -> jax.Array:
   return jnp.take(next_logits, rows, axis=0)
 
 
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _place_logits(next_logits: jax.Array, source: jax.Array, destination: jax.Array):
+  """Rows `source` copied onto rows `destination` (a destination past the batch: no copy)."""
+  return next_logits.at[destination].set(next_logits[source], mode="drop")
+
+
 def fork(tree, rows, k: int):
   """Copies each of `rows` into k consecutive rows: `[r0]*k + [r1]*k + ...`.
 
@@ -671,6 +677,29 @@ class Sampler:
       book.lengths = book.lengths + lengths
       out = out.replace(cache=out.cache.replace(book=book))
     return out
+
+  def place(self, decode_state: DecodeState, pairs: Sequence[tuple[int, int]]) -> DecodeState:
+    """Row `dst` becomes a copy of row `src` for each (src, dst), the other rows untouched: a
+    fork into free slots of a persistent batch (paged cache only; each `dst` released first,
+    none a source). The next logits of the rows move in one compiled scatter."""
+    if not _is_paged(decode_state):
+      raise ValueError("place needs a paged cache (page_size > 0); take_rows forks a dense one")
+    pairs = [(int(src), int(dst)) for src, dst in pairs]
+    if not pairs:
+      return decode_state
+    size = 1 << (len(pairs) - 1).bit_length()  # one compile per power of two of pairs
+    src = [p[0] for p in pairs] + [0] * (size - len(pairs))
+    dst = [p[1] for p in pairs] + [decode_state.batch_size] * (size - len(pairs))
+    return DecodeState(cache=paged.place(decode_state.cache, pairs),
+                       next_logits=_place_logits(decode_state.next_logits,
+                                                 jnp.asarray(src, jnp.int32),
+                                                 jnp.asarray(dst, jnp.int32)))
+
+  def release(self, decode_state: DecodeState, rows: Sequence[int]) -> DecodeState:
+    """Rows emptied and their pages released: free slots (paged cache only)."""
+    if not _is_paged(decode_state):
+      raise ValueError("release needs a paged cache (page_size > 0)")
+    return decode_state.replace(cache=paged.release(decode_state.cache, rows))
 
   def truncate(self, decode_state: DecodeState, lengths: Mapping[int, int]) -> DecodeState:
     """Rows cut back to `lengths[row]` tokens (their next logits stay; append the last token

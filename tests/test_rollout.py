@@ -859,13 +859,21 @@ def test_greedy_action_entropy_is_the_greedy_paths_entropy_and_drives_the_forks(
 @pytest.mark.parametrize("rule", [
     dict(fork_rule="random", fork_probability=0.5, k=3, max_leaves=5),
     pytest.param(dict(fork_rule="top_k_after", k=3, max_leaves=5), marks=pytest.mark.slow)])
-def test_a_paged_cache_grows_the_dense_caches_trees(policy, fmt, tasks, rule):
-  # Pages of 16 slots: forks share pages (top-k-after's cut-back rows copy a shared last page).
-  # The same actions and observations as the dense cache, each leaf path's numbers those of a
-  # full forward, and fewer pages held than rows x max_length slots.
+def test_a_paged_cache_grows_the_dense_caches_trees(policy, fmt, tasks, rule, monkeypatch):
+  # Pages of 16 slots: forks place new branches in free slots of the batch, sharing pages
+  # (top-k-after's cut-back rows copy a shared last page); the batch is gathered only when its
+  # size bucket changes. The same actions and observations as the dense cache, and each leaf
+  # path's numbers those of a full forward.
   dense = grow(policy, fmt, in_process_pool(), tasks[:2], seed=3, **rule)
+  calls = collections.Counter()
+  for name in ("take_rows", "place"):
+    method = getattr(sampling.Sampler, name)
+    monkeypatch.setattr(sampling.Sampler, name,
+                        lambda self, *a, _m=method, _n=name, **k: calls.update([_n]) or _m(
+                            self, *a, **k))
   paged_batch = grow(policy, fmt, in_process_pool(), tasks[:2], seed=3, kv_page_size=16,
                      **rule)
+  assert calls["place"] > 0 and calls["take_rows"] < paged_batch.turns
   for a, b in zip(dense.rollouts, paged_batch.rollouts):
     for field in ("parent", "reward", "terminal", "truncated", "valid"):
       np.testing.assert_array_equal(getattr(a.tree, field), getattr(b.tree, field))

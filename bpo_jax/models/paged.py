@@ -156,6 +156,36 @@ class PageBook:
     self.stats["row_bytes_moved"] += table.nbytes + len(rows) * 4
     return source, destination
 
+  def place(self, pairs: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Row `dst` becomes a copy of row `src` for each (src, dst) pair, in place (a fork into
+    free slots of the batch): full pages shared, a partly filled last page copied. Each `dst`
+    must hold no pages (`release` it first) and be no pair's source. Returns the (source,
+    destination) pages to copy."""
+    source, destination = [], []
+    for src, dst in pairs:
+      if self.held[dst]:
+        raise ValueError(f"row {dst} still holds pages; release it before placing a row there")
+      n, partial = int(self.held[src]), int(self.lengths[src] % self.page_size != 0)
+      shared = self.table[src, :n - partial]
+      self.counts[shared] += 1
+      self.table[dst, :n - partial] = shared
+      if partial:
+        source.append(int(self.table[src, n - 1]))
+        destination.append(self.free.pop())
+        self.table[dst, n - 1] = destination[-1]
+        self.counts[destination[-1]] = 1
+      self.held[dst], self.lengths[dst] = n, self.lengths[src]
+    self.stats["pages_copied"] += len(destination)
+    self.stats["kv_bytes_copied"] += len(destination) * self.page_bytes
+    self.stats["row_bytes_moved"] += len(pairs) * (self.table.shape[1] + 1) * 4
+    return source, destination
+
+  def release(self, rows) -> None:
+    """Rows emptied (length 0), their pages released."""
+    for r in rows:
+      self._release(self.table[r, :self.held[r]])
+      self.table[r], self.held[r], self.lengths[r] = NULL_PAGE, 0, 0
+
   def truncate(self, row: int, length: int) -> tuple[list[int], list[int]]:
     """Row `row` cut back to its first `length` tokens: pages past them released, and its new
     last page, if partly filled and shared, replaced by a copy (the row writes there next).
@@ -451,3 +481,19 @@ def take_rows(cache: PagedKVCache, rows) -> PagedKVCache:
     cache = _grown(cache, short)
   source, destination = cache.book.take(rows)
   return _with_copies(cache, source, destination)
+
+
+def place(cache: PagedKVCache, pairs: list[tuple[int, int]]) -> PagedKVCache:
+  """Rows copied into other rows of the same batch (`PageBook.place`): a fork into free slots,
+  the rest of the batch untouched."""
+  partial = sum(int(cache.book.lengths[src] % cache.page_size != 0) for src, _ in pairs)
+  if partial > len(cache.book.free):
+    cache = _grown(cache, partial - len(cache.book.free))
+  source, destination = cache.book.place(pairs)
+  return _with_copies(cache, source, destination)
+
+
+def release(cache: PagedKVCache, rows) -> PagedKVCache:
+  """Rows emptied, their pages released (`PageBook.release`): free slots of the batch."""
+  cache.book.release([int(r) for r in rows])
+  return _with_copies(cache, [], [])

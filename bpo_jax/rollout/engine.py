@@ -7,8 +7,10 @@ runs these phases for all live branches of all tasks together:
    (`policies`, `top_k_after`), forks charged to the budgets as they are decided (`budget`);
 2. fork: each forking state is snapshotted once and restored into the new branches, and the
    cache rows are gathered on the batch axis so that a new branch starts from a copy of its
-   source's row (`Sampler.take_rows`; with `kv_page_size` a paged cache's rows share their
-   source's pages instead, copying at most its last page): the prefix is never replayed;
+   source's row (`Sampler.take_rows`): the prefix is never replayed. With `kv_page_size` the
+   rows are slots of one persistent batch: a new branch takes a free slot, sharing its
+   source's pages and copying at most the last one (`Sampler.place`), and rows no branch holds
+   are released; the batch is gathered only when its size bucket changes;
 3. decode: one jitted `generate` call samples an action for every row (the batch padded to a
    size from `batch_buckets`, so compiles stay bounded); each action becomes a node;
 4. step: every branch's action goes to the sandbox pool in one `step_many` call;
@@ -287,26 +289,58 @@ class RolloutEngine:
 
   def _gather_rows(self, call: _Call, params, decode_state: sampling.DecodeState,
                    live: list[Branch], sources: list[int]) -> sampling.DecodeState:
-    """Row i for `live[i]`, a copy of row `sources[i]`; padded to a batch size."""
-    batch = self.config.batch_size(len(live))
-    sources = sources + [sources[0]] * (batch - len(sources))
-    if batch != decode_state.batch_size or sources[:len(live)] != list(range(len(live))):
-      decode_state = self.sampler.take_rows(decode_state, sources, call.mesh)
-    for row, branch in enumerate(live):
-      branch.row = row
+    """Each branch of `live` in a row holding a copy of row `sources[i]`.
+
+    A paged cache keeps its batch while the live branches fit its bucket (`_place_in_slots`);
+    otherwise row i is `live[i]`'s, the batch gathered and padded to a batch size.
+    """
+    placed = None
+    if self.config.kv_page_size and decode_state.batch_size == self.config.batch_size(len(live)):
+      placed = self._place_in_slots(decode_state, live, sources)
+    if placed is not None:
+      decode_state = placed
+    else:
+      batch = self.config.batch_size(len(live))
+      sources = sources + [sources[0]] * (batch - len(sources))
+      if batch != decode_state.batch_size or sources[:len(live)] != list(range(len(live))):
+        decode_state = self.sampler.take_rows(decode_state, sources, call.mesh)
+      for row, branch in enumerate(live):
+        branch.row = row
     decode_state = call.policy.before_decode(params, decode_state, live, call.trees)
     jax.block_until_ready(decode_state.next_logits)
     call.clock.lap("fork")
     return decode_state
+
+  def _place_in_slots(self, decode_state: sampling.DecodeState, live: list[Branch],
+                      sources: list[int]) -> sampling.DecodeState | None:
+    """Rows as slots of one persistent batch: a branch still in its row keeps it, a new one
+    takes a free slot (a copy of its source's row, sharing pages), rows no branch holds are
+    released. None when the free slots do not suffice (the caller gathers instead)."""
+    kept, new = set(), []
+    for branch, source in zip(live, sources):
+      if branch.row == source and source not in kept:
+        kept.add(source)
+      else:
+        new.append((branch, source))
+    free = [r for r in range(decode_state.batch_size) if r not in kept and r not in sources]
+    if len(new) > len(free):
+      return None
+    decode_state = self.sampler.release(decode_state, free)
+    decode_state = self.sampler.place(decode_state,
+                                      [(source, slot) for (_, source), slot in zip(new, free)])
+    for (branch, _), slot in zip(new, free):
+      branch.row = slot
+    unused = set(range(decode_state.batch_size)) - {b.row for b in live}
+    return self.sampler.release(decode_state, sorted(unused - set(free)))
 
   def _decode(self, call: _Call, params, decode_state: sampling.DecodeState,
               live: list[Branch], state_entropy: np.ndarray
               ) -> tuple[sampling.DecodeState, dict[Hashable, int]]:
     """Samples an action for every row; each becomes a node of its tree. Returns the decode
     state and each branch's new node (by branch id)."""
-    batch = self.config.batch_size(len(live))
+    batch = decode_state.batch_size
     active = np.zeros((batch,), bool)
-    active[:len(live)] = True
+    active[[branch.row for branch in live]] = True
     decode_state, out = self.sampler.generate(params, decode_state,
                                               call.keys.action_keys(live, batch),
                                               self.sampling_params, active)
@@ -317,10 +351,10 @@ class RolloutEngine:
     call.device_row_tokens += batch * int(num_tokens.max(initial=0))
     call.clock.lap("decode")
     nodes = {}
-    for branch in live:
+    for index, branch in enumerate(live):  # state_entropy is in live's order, tokens by row
       tree = call.trees[branch.task]
       n = int(num_tokens[branch.row])
-      node = tree.add_node(branch.node, float(state_entropy[branch.row]), branch.state_id)
+      node = tree.add_node(branch.node, float(state_entropy[index]), branch.state_id)
       tree.action_tokens[node] = tokens[branch.row, :n].astype(np.int32)
       tree.action_logprobs[node] = logprobs[branch.row, :n].astype(np.float32)
       tree.action_texts[node] = self.fmt.decode_action(tokens[branch.row, :n])

@@ -210,3 +210,23 @@ def test_bad_paged_inputs_are_named(policy):
     sampler.init_state(2, mesh=object())
   with pytest.raises(ValueError, match=r"rows must be in \[0, 2\)"):
     sampler.take_rows(sampler.init_state(2), [0, 2])
+
+
+def test_placing_a_row_in_a_free_slot_shares_its_pages():
+  # Slots of one batch of 4: row 0 (21 tokens: 2 full pages of 8 and 5 tokens) placed into
+  # slots 2 and 3 shares the full pages, copies the last; row 1 is left as it was. Releasing
+  # slot 2 drops its references only.
+  cache = _filled([21, 9, 0, 0], page_size=8, max_length=64)
+  row1 = cache.book.table[1].copy()
+  cache = paged.place(cache, [(0, 2), (0, 3)])
+  table, counts = cache.book.table, cache.book.counts
+  assert (table[2, :2] == table[0, :2]).all() and (table[3, :2] == table[0, :2]).all()
+  assert (counts[table[0, :2]] == 3).all() and len({table[0, 2], table[2, 2], table[3, 2]}) == 3
+  assert (table[1] == row1).all() and cache.book.stats["pages_copied"] == 2
+  assert np.asarray(cache.lengths).tolist() == [21, 9, 21, 21]
+  assert (np.asarray(cache.keys[1][0, table[3, 2]]) == table[0, 2]).all()  # the copy's contents
+  cache = paged.release(cache, [2])
+  assert (counts[table[0, :2]] == 2).all() and cache.book.pages_in_use() == 3 + 2 + 1
+  assert np.asarray(cache.lengths).tolist() == [21, 9, 0, 21]
+  with pytest.raises(ValueError, match="row 3 still holds pages"):
+    paged.place(cache, [(1, 3)])
