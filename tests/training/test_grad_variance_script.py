@@ -5,6 +5,7 @@ the comparison's results; bad flags and runs not trained are refused in one line
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -24,50 +25,61 @@ def _run(script, *args):
                         cwd=ROOT, check=False)
 
 
-@pytest.mark.slow
-def test_the_variance_is_measured_at_each_runs_kept_checkpoints(tmp_path):
-  # One run, M = 4 draws keep the test fast; a measurement uses --draws >= 16. Two iterations
-  # with a checkpoint at each: checkpoints 0, 1, 2 (the run keeps them all).
+# The comparison both measurements read: BPO's one run, two iterations with a checkpoint at
+# each (checkpoints 0, 1, 2; the run keeps them all).
+COMMON = [f"--config={ROOMS_TINY}", "--seeds=1", "--config.warm_start.num_trajectories=0",
+          "--config.eval.num_tasks=1", "--config.checkpoint.every=1"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("compare") / "out")
+  result = _run(COMPARE, *COMMON, "--estimators=bpo", f"--out={out}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  return out
+
+
+def _copy(trained, tmp_path) -> str:
+  """A copy of the trained comparison that a test may write into."""
   out = str(tmp_path / "out")
-  args = [f"--config={ROOMS_TINY}", "--seeds=1", "--estimators=grpo", f"--out={out}",
-          "--config.warm_start.num_trajectories=0", "--config.eval.num_tasks=1",
-          "--config.checkpoint.every=1"]
-  trained = _run(COMPARE, *args)
-  assert trained.returncode == 0, trained.stderr[-2000:]
+  shutil.copytree(trained, out)
+  return out
+
+
+@pytest.mark.slow
+def test_the_variance_is_measured_at_each_runs_kept_checkpoints(trained, tmp_path):
+  # M = 4 draws keep the test fast; a measurement uses --draws >= 16.
+  out = _copy(trained, tmp_path)
+  args = [*COMMON, "--estimators=bpo", f"--out={out}"]
   first = _run(GRAD_VARIANCE, *args, "--draws=4")
   assert first.returncode == 0, first.stderr[-2000:]
-  assert "grpo seed 0: gradient variance at checkpoints [0, 1, 2] (4 draws)" in first.stdout
-  saved = json.load(open(os.path.join(out, "runs", "grpo", "seed0.json"), encoding="utf-8"))
+  assert "bpo seed 0: gradient variance at checkpoints [0, 1, 2] (4 draws)" in first.stdout
+  saved = json.load(open(os.path.join(out, "runs", "bpo", "seed0.json"), encoding="utf-8"))
   assert saved["checkpoint"]["keep"] == 3
-  measured = json.load(open(os.path.join(out, "runs", "grpo", "seed0", "gradient_variance.json"),
+  measured = json.load(open(os.path.join(out, "runs", "bpo", "seed0", "gradient_variance.json"),
                             encoding="utf-8"))
   assert measured["draws"] == 4 and [p["step"] for p in measured["checkpoints"]] == [0, 1, 2]
   for p in measured["checkpoints"]:
     assert p["draws"] == 4 and p["variance"] >= 0 and p["env_steps_per_task"] > 0
   results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
-  v = results["methods"]["grpo"]["gradient_variance"]
+  v = results["methods"]["bpo"]["gradient_variance"]
   assert v["draws"] == 4 and v["seeds"] == 1
   assert v["variance"]["mean"] == pytest.approx(
       sum(p["variance"] for p in measured["checkpoints"]) / 3, rel=1e-12)
   assert "Claim 2" in open(os.path.join(out, "results.md"), encoding="utf-8").read()
   second = _run(GRAD_VARIANCE, *args, "--draws=4")
   assert second.returncode == 0, second.stderr[-2000:]
-  assert "grpo seed 0: gradient variance measured, skipped" in second.stdout
+  assert "bpo seed 0: gradient variance measured, skipped" in second.stdout
 
 
 @pytest.mark.slow
-def test_every_method_is_measured_at_one_runs_parameters(tmp_path):
-  # --params=bpo: only BPO's run is trained; GRPO is measured at its checkpoints 0 and 1.
-  out = str(tmp_path / "out")
-  common = [f"--config={ROOMS_TINY}", "--seeds=1", "--config.warm_start.num_trajectories=0",
-            "--config.eval.num_tasks=1", "--config.train.iterations=1",
-            "--config.checkpoint.every=1"]
-  trained = _run(COMPARE, *common, "--estimators=bpo", f"--out={out}")
-  assert trained.returncode == 0, trained.stderr[-2000:]
-  args = [*common, "--estimators=bpo,grpo", "--draws=2", "--params=bpo"]
+def test_every_method_is_measured_at_one_runs_parameters(trained, tmp_path):
+  # --params=bpo: only BPO's run is trained; GRPO is measured at its checkpoints.
+  out = _copy(trained, tmp_path)
+  args = [*COMMON, "--estimators=bpo,grpo", "--draws=2", "--params=bpo"]
   result = _run(GRAD_VARIANCE, *args, f"--out={out}")
   assert result.returncode == 0, result.stderr[-2000:]
-  assert "grpo seed 0: gradient variance at checkpoints [0, 1] (2 draws)" in result.stdout
+  assert "grpo seed 0: gradient variance at checkpoints [0, 1, 2] (2 draws)" in result.stdout
   assert os.path.exists(os.path.join(out, "runs", "bpo", "seed0", "summary.json"))
   assert os.listdir(os.path.join(out, "runs", "grpo", "seed0")) == ["gradient_variance.json"]
   results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
@@ -78,10 +90,10 @@ def test_every_method_is_measured_at_one_runs_parameters(tmp_path):
   for name in ("bpo", "grpo"):
     saved = json.load(open(os.path.join(out, "runs", name, "seed0", "gradient_variance.json"),
                            encoding="utf-8"))
-    assert saved["params_of"] == "bpo" and [p["step"] for p in saved["checkpoints"]] == [0, 1]
+    assert saved["params_of"] == "bpo" and [p["step"] for p in saved["checkpoints"]] == [0, 1, 2]
     v = shared["methods"][name]["gradient_variance"]
     assert v["variance"]["mean"] == pytest.approx(
-        sum(p["variance"] for p in saved["checkpoints"]) / 2, rel=1e-12)
+        sum(p["variance"] for p in saved["checkpoints"]) / 3, rel=1e-12)
   assert "every method at the same parameters" in open(os.path.join(out, "results.md"),
                                                        encoding="utf-8").read()
   # Measured again at the checkpoints of that directory's BPO run (--params_from): nothing
