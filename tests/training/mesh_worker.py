@@ -1,6 +1,7 @@
 """One process of eight CPU devices trains on several meshes (run by test_mesh_loop.py).
 
     JAX_NUM_CPU_DEVICES=8 python tests/training/mesh_worker.py WORKDIR OUT.npz CHECKPOINT
+    python tests/training/mesh_worker.py --warm-start ROOT  # builds ROOT/hf (CHECKPOINT)
 
 CHECKPOINT is a small quickstart's warm start on one device, exported as a Hugging Face
 directory (`warm_started_checkpoint`, which the two-process test starts from too). From it, a
@@ -15,6 +16,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -71,13 +73,25 @@ def warm_started_checkpoint(root: str) -> str:
   with open(os.path.join(root, "lock"), "w", encoding="utf-8") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not os.path.isdir(hf):
-      config = small_config()
-      config.train.iterations = 0
-      config.scale.num_devices = 1
-      run = os.path.join(root, "run")
-      loop.train(config, run)
-      loop.export(config, run, hf)
+      # In a process of its own with XLA's optimisations on: the tests' processes compile
+      # unoptimised (tests/conftest.py), which costs more than it saves over 200 steps.
+      flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                       if not f.startswith("--xla_backend_optimization_level"))
+      done = subprocess.run([sys.executable, os.path.abspath(__file__), "--warm-start", root],
+                            env={**os.environ, "XLA_FLAGS": flags, "JAX_NUM_CPU_DEVICES": "1"},
+                            capture_output=True, text=True, timeout=900, check=False)
+      if done.returncode != 0:
+        raise RuntimeError(f"the warm start failed:\n{done.stderr[-4000:]}")
   return hf
+
+
+def _warm_start(root: str):
+  config = small_config()
+  config.train.iterations = 0
+  config.scale.num_devices = 1
+  run = os.path.join(root, "run")
+  loop.train(config, run)
+  loop.export(config, run, os.path.join(root, "hf"))
 
 
 # The warm start a run from `warm_started_checkpoint` continues with: a few steps at a low
@@ -181,4 +195,7 @@ def main(workdir: str, out_path: str, checkpoint: str):
 
 
 if __name__ == "__main__":
-  main(sys.argv[1], sys.argv[2], sys.argv[3])
+  if sys.argv[1] == "--warm-start":
+    _warm_start(sys.argv[2])
+  else:
+    main(sys.argv[1], sys.argv[2], sys.argv[3])
