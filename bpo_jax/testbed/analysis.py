@@ -1,0 +1,104 @@
+"""The testbed's statistics over seeds (NumPy): intervals, updates to reach a level, variance ratios.
+
+All take per-seed arrays; seed s of every method is the same seed index, so resampling seed
+indices resamples methods jointly.
+
+* `t_interval`: mean ± t_{0.975, n−1} · s / √n, s the sample std (ddof 1).
+* `updates_to_reach(curve, level)`: the first update u such that the curve stays ≥ level from u
+  on (claim 3's "reach and stay"); None if the last point is below the level.
+* `claim3`: the level is the best baseline's (highest mean final success) final mean success;
+  each method's updates to reach it on its mean curve, with a 95% percentile bootstrap interval
+  over seeds (the level recomputed in every resample; a resample that never reaches it counts as
+  beyond the last update).
+* `variance_ratio`: per seed d draws give E‖g − ḡ‖² unbiased (the draws' sum of squares over
+  d − 1) and ‖E g‖² as ‖ḡ‖² − E‖g − ḡ‖²/d; a method's raw variance is the mean over seeds, its
+  relative variance that over the mean ‖E g‖²; a ratio of two methods is the ratio of those means,
+  with a percentile bootstrap interval over seeds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+BOOTSTRAP = 2000
+LEVEL = 0.95
+
+
+def t_interval(x) -> dict:
+  """{'mean', 'low', 'high', 'n'} of a 95% Student-t interval over the entries of `x`."""
+  x = np.asarray(x, np.float64)
+  n = x.size
+  mean = float(x.mean())
+  if n < 2:
+    return dict(mean=mean, low=None, high=None, n=n)
+  half = float(stats.t.ppf((1 + LEVEL) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+  return dict(mean=mean, low=mean - half, high=mean + half, n=n)
+
+
+def updates_to_reach(curve, level: float) -> int | None:
+  """First index u with curve[v] ≥ level for every v ≥ u; None if curve[-1] < level.
+
+  Example: [0.1, 0.6, 0.4, 0.7, 0.8] at level 0.5 → 3.
+  """
+  below = np.nonzero(np.asarray(curve) < level)[0]
+  if below.size == 0:
+    return 0
+  last = int(below[-1])
+  return None if last == len(curve) - 1 else last + 1
+
+
+def _percentile(values, beyond: int) -> tuple[float, float]:
+  v = np.array([beyond if x is None else x for x in values], np.float64)
+  return (float(np.percentile(v, 100 * (1 - LEVEL) / 2)),
+          float(np.percentile(v, 100 * (1 + LEVEL) / 2)))
+
+
+def claim3(curves: dict[str, np.ndarray], baselines, *, seed: int = 0) -> dict:
+  """Updates to reach the best baseline's final mean success (module docstring).
+
+  Args:
+    curves: method -> float[seeds, updates + 1], the success after each update (index 0: start).
+    baselines: the methods a level can come from.
+  Returns:
+    {'best': name, 'level': float, 'methods': {name: {'updates', 'low', 'high'}}} where 'high'
+    equal to the number of updates + 1 means "beyond the last update" in some resamples.
+  """
+  def point(index):
+    means = {m: c[index].mean(0) for m, c in curves.items()}
+    best = max(baselines, key=lambda m: means[m][-1])
+    level = float(means[best][-1])
+    return best, level, {m: updates_to_reach(means[m], level) for m in curves}
+
+  n = next(iter(curves.values())).shape[0]
+  best, level, reached = point(np.arange(n))
+  rng = np.random.default_rng(seed)
+  samples = [point(rng.integers(0, n, n))[2] for _ in range(BOOTSTRAP)]
+  beyond = next(iter(curves.values())).shape[1]
+  methods = {}
+  for m in curves:
+    low, high = _percentile([s[m] for s in samples], beyond)
+    methods[m] = dict(updates=reached[m], low=low, high=high)
+  return dict(best=best, level=level, methods=methods)
+
+
+def variance_moments(draws_sq_dev, mean_sq_norm, draws: int) -> tuple[np.ndarray, np.ndarray]:
+  """Per seed: (E‖g − ḡ‖², ‖E g‖²) from the draws' Σ_d ‖g_d − ḡ‖² and ‖ḡ‖²."""
+  var = np.asarray(draws_sq_dev, np.float64) / (draws - 1)
+  return var, np.asarray(mean_sq_norm, np.float64) - var / draws
+
+
+def variance_ratio(num: tuple, den: tuple, *, relative: bool, seed: int = 0) -> dict:
+  """Ratio of two methods' mean variances over seeds (raw, or each over its mean ‖E g‖²), with
+  a 95% percentile bootstrap interval over seeds. `num`, `den`: (var[seeds], sq_norm[seeds])."""
+  def ratio(index):
+    a = num[0][index].mean() / (num[1][index].mean() if relative else 1.0)
+    b = den[0][index].mean() / (den[1][index].mean() if relative else 1.0)
+    return float(a / b)
+  n = len(num[0])
+  rng = np.random.default_rng(seed)
+  boot = [ratio(rng.integers(0, n, n)) for _ in range(BOOTSTRAP)]
+  low, high = _percentile(boot, 0)
+  return dict(ratio=ratio(np.arange(n)), low=low, high=high)
