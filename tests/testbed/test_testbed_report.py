@@ -1,0 +1,90 @@
+"""The testbed's statistics, and its report script on a small fixture of result files."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from bpo_jax.testbed import analysis
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from experiments import testbed_report  # noqa: E402
+
+
+def test_updates_to_reach():
+  assert analysis.updates_to_reach([0.1, 0.6, 0.4, 0.7, 0.8], 0.5) == 3
+  assert analysis.updates_to_reach([0.6, 0.7], 0.5) == 0
+  assert analysis.updates_to_reach([0.6, 0.4], 0.5) is None
+
+
+def test_t_interval_by_hand():
+  # mean 0.6, s = 0.1, t_{0.975, 2} = 4.302653 → half-width 0.248414.
+  x = analysis.t_interval([0.5, 0.6, 0.7])
+  assert x["mean"] == pytest.approx(0.6)
+  assert x["high"] - x["mean"] == pytest.approx(4.302653 * 0.1 / np.sqrt(3), rel=1e-6)
+
+
+def test_claim3_level_and_crossings():
+  curves = {"bpo": np.array([[0.0, 0.5, 0.9]] * 2), "rloo": np.array([[0.0, 0.2, 0.8]] * 2)}
+  out = analysis.claim3(curves, ["rloo"], fraction=0.5)
+  assert out["best"] == "rloo" and out["level"] == pytest.approx(0.4)
+  assert out["methods"]["bpo"]["updates"] == 1 and out["methods"]["rloo"]["updates"] == 2
+
+
+def test_variance_ratio_of_means():
+  num = (np.array([1.0, 3.0]), np.array([1.0, 1.0]))
+  den = (np.array([4.0, 4.0]), np.array([2.0, 2.0]))
+  assert analysis.variance_ratio(num, den, relative=False)["ratio"] == pytest.approx(0.5)
+  assert analysis.variance_ratio(num, den, relative=True)["ratio"] == pytest.approx(1.0)
+  assert analysis.variance_ratio(num, (np.zeros(2), np.zeros(2)), relative=False)["ratio"] is None
+
+
+SETTINGS = dict(weights=[0.5], methods=["bpo", "grpo", "rloo", "gigpo"], horizon=2, actions=2,
+                num_tasks=2, episodes=2, max_env_steps=5, tasks_per_iteration=1, iterations=2,
+                seeds=3, tune_seeds=2, lrs=[1.0], draws=2, checkpoints=[0])
+
+
+def _fixture(root):
+  record = dict(settings=SETTINGS, provenance=dict(commit="abcdef0123", command="fixture"))
+  d = os.path.join(root, "w0.5")
+  os.makedirs(d)
+  files = dict(world=dict(world=dict(early_weight=0.5, prefix_share=[0.25], initial_success=0.5)),
+               tune={})
+  final = dict(bpo=[0.5, 0.6, 0.7], grpo=[0.4, 0.5, 0.6], rloo=[0.3, 0.4, 0.5],
+               gigpo=[0.2, 0.3, 0.4])
+  for m, last in final.items():
+    files[m] = dict(method=m, lr=1.0, env_steps_per_task=4.0,
+                    success=[[0.25, 0.3, x] for x in last])
+  per_seed = dict(sum_sq_dev=[1.0, 1.0, 1.0], mean_sq_norm=[1.0, 1.0, 1.0])
+  files["variance"] = dict(variance={"0": {m: per_seed for m in final}})
+  for name, payload in files.items():
+    with open(os.path.join(d, f"{name}.json"), "w") as f:
+      json.dump(dict(record, **payload), f)
+
+
+def test_report_reproduces_a_figure(tmp_path):
+  _fixture(str(tmp_path / "results"))
+  doc = tmp_path / "RESULTS.md"
+  doc.write_text(f"# R\n\nabove\n{testbed_report.BEGIN}\nstale\n{testbed_report.END}\nbelow\n")
+  args = [f"--results={tmp_path / 'results'}", f"--doc={doc}"]
+  assert testbed_report.main(args + ["--check"]) == 1
+  assert testbed_report.main(args) == 0
+  text = doc.read_text()
+  # BPO's success after the last update: 0.6 ± 4.302653 · 0.1 / √3; BPO − GRPO paired: 0.1 ± 0.
+  assert "| 0.5 | 0.250 | 2 | 0.600 [0.352, 0.848] | 0.500 [0.252, 0.748] |" in text
+  assert "0.100 [0.100, 0.100] (GRPO)" in text
+  assert text.startswith("# R\n\nabove\n") and text.endswith("\nbelow\n") and "stale" not in text
+  assert testbed_report.main(args + ["--check"]) == 0
+  assert (tmp_path / "results" / "curves.png").stat().st_size > 0
+  assert (tmp_path / "results" / "by_share.png").stat().st_size > 0
+
+
+def test_report_refuses_a_document_without_markers(tmp_path, capsys):
+  _fixture(str(tmp_path / "results"))
+  doc = tmp_path / "RESULTS.md"
+  doc.write_text("# R\n")
+  assert testbed_report.main([f"--results={tmp_path / 'results'}", f"--doc={doc}"]) == 2
+  assert "markers" in capsys.readouterr().err
+  assert doc.read_text() == "# R\n"
