@@ -150,14 +150,25 @@ def _distinct_tokens(rows):
   return len({tuple(row[:n + 1]) for row in rows for n in range(len(row))})
 
 
-@pytest.mark.parametrize("kernel", ["portable", "pallas_interpret"])
-def test_paged_sampling_gives_the_dense_trees(policy, kernel):
+PROMPT = np.random.RandomState(0).randint(0, VOCAB, 13).tolist()
+
+
+@pytest.fixture(scope="module")
+def dense_tree(policy):
+  config, graphdef, state = policy
+  return _grow_tree(sampling.Sampler(graphdef, config, MAX_LENGTH), state, PROMPT)
+
+
+# The kernel's tree (its decode loop in Pallas interpret mode compiles for ~20 s) is slow; the
+# kernel itself is checked against the portable attention below, in seconds.
+@pytest.mark.parametrize("kernel", ["portable",
+                                    pytest.param("pallas_interpret", marks=pytest.mark.slow)])
+def test_paged_sampling_gives_the_dense_trees(policy, dense_tree, kernel):
   # The same tree grown with the dense and the paged cache: the same tokens for the same keys,
   # logprobs and entropies within a forward's roundings (attention sums over other spans).
   config, graphdef, state = policy
-  prompt = np.random.RandomState(0).randint(0, VOCAB, 13).tolist()
-  dense_ds, dense_rows, dense_outs = _grow_tree(
-      sampling.Sampler(graphdef, config, MAX_LENGTH), state, prompt)
+  prompt = PROMPT
+  dense_ds, dense_rows, dense_outs = dense_tree
   sampler = sampling.Sampler(graphdef, config, MAX_LENGTH, page_size=PAGE, kernel=kernel)
   paged_ds, paged_rows, paged_outs = _grow_tree(sampler, state, prompt)
   assert paged_rows == dense_rows
