@@ -24,6 +24,12 @@ and `Sampler.take_rows` given the mesh lay the DecodeState out by `sharding.cach
 propagation, and a fork's gather is one compiled program whose output is laid out the same, so
 the cache never leaves the devices.
 
+Paged cache: `Sampler(..., page_size=n)` makes states whose cache is a `models.paged.
+PagedKVCache` (pages of n slots, a page table per row, host reference counts): `take_rows` then
+shares pages (a fork copies at most one page per new row), `place` forks a row into free rows of
+the same batch and `release` frees rows. The calls and their results are those of the dense
+cache, up to the rounding of attention's sums; a paged state is consumed by each call.
+
 Keys: `generate` takes one PRNG key for the whole batch (split once per decode step), or one
 key per row (typed keys of shape [B], or raw keys [B, 2]): row b's token at decode step s is then
 drawn with `fold_in(keys[b], s)`, so what a row samples does not depend on the other rows of the
