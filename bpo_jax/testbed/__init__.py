@@ -6,6 +6,7 @@
   learn.py     the library's estimators on those trees, plain gradient steps, vmapped over seeds;
                the gradient's draws at fixed parameters
   analysis.py  intervals over seeds, updates to reach a level, variance ratios
+  sandbox.py   a world behind the library's Sandbox protocol (text actions, byte snapshots)
 
 docs/DESIGN.md §8 gives the rules; experiments/testbed.py runs it.
 """
