@@ -77,6 +77,11 @@ def summarise(files: dict) -> dict:
         f"{other}_{kind}": analysis.variance_ratio(moments["bpo"], moments[other],
                                                    relative=kind == "relative")
         for other in ("rloo", "grpo") if other in moments for kind in ("raw", "relative")}
+    root = {m: (np.asarray(v["sum_sq_dev_root_row"]) / (draws - 1), np.ones(len(v["sum_sq_dev"])))
+            for m, v in per_method.items() if "sum_sq_dev_root_row" in v}
+    if "bpo" in root and "rloo" in root:
+      out["claim2"][int(c)]["rloo_root_row"] = analysis.variance_ratio(
+          root["bpo"], root["rloo"], relative=False)
   return out
 
 
@@ -136,6 +141,18 @@ def claim2_table(summaries: list[dict]) -> list[str]:
   return lines
 
 
+def root_row_table(summaries: list[dict]) -> list[str]:
+  """BPO's variance over RLOO's on the first decision's row alone, where files have it."""
+  checkpoints = sorted(summaries[0]["claim2"])
+  lines = ["| w | prefix share | " + " | ".join(f"×RLOO at {c}" for c in checkpoints) + " |",
+           "|---|---|" + "---|" * len(checkpoints)]
+  for x in summaries:
+    cells = [_ratio(x["claim2"][c]["rloo_root_row"]) if "rloo_root_row" in x["claim2"][c]
+             else "not measured" for c in checkpoints]
+    lines.append(f"| {x['early_weight']:g} | {x['share']:.3f} | " + " | ".join(cells) + " |")
+  return lines
+
+
 def section(worlds: list[dict]) -> str:
   """The generated markdown (between the markers)."""
   s = worlds[0]["world"]["settings"]
@@ -164,6 +181,8 @@ def section(worlds: list[dict]) -> str:
       f"GRPO's, at BPO's parameters after the given updates, {s['draws']} draws per seed for the "
       f"same tasks; ratio of the means over seeds with a 95% bootstrap interval.", "",
       *claim2_table(summaries), "",
+      "The same draws on the root state's row alone (the first decision's logits, the only "
+      "ones that matter at w = 1), BPO's over RLOO's:", "", *root_row_table(summaries), "",
       "![learning curves](../results/testbed/curves.png)", "",
       "![by share](../results/testbed/by_share.png)", "",
       f"Code {', '.join(sorted(prov))}; command: `{'`, `'.join(commands)}`."]

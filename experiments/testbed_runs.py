@@ -70,19 +70,21 @@ def tune(s: dict, world) -> dict:
 
 
 def variance(s: dict, world, bpo_params) -> dict:
-  """Per checkpoint and method, per seed: Σ_d ‖g_d − ḡ‖² and ‖ḡ‖² over `draws` gradients at
-  BPO's parameters, for tasks drawn from the seed's key (the same for every method)."""
+  """Per checkpoint and method, per seed: Σ_d ‖g_d − ḡ‖², ‖ḡ‖² and Σ_d ‖g_d − ḡ‖² on the root
+  state's row (the first decision's logits) over `draws` gradients at BPO's parameters, for
+  tasks drawn from the seed's key (the same for every method)."""
   out = {}
   for c in s["checkpoints"]:
     out[str(c)] = {}
     for name in s["methods"]:
       m = learn.method(name, s["max_env_steps"])
-      sq_dev, sq_norm = _chunked(lambda keys, theta: learn.gradient_moments(
+      sq_dev, sq_norm, sq_dev_root = _chunked(lambda keys, theta: learn.gradient_moments(
           world, m, theta, jax.vmap(lambda k: jax.random.fold_in(k, VARIANCE_FOLD + c))(keys),
           draws=s["draws"], tasks_per_iteration=s["tasks_per_iteration"]),
           0, s["seeds"], np.asarray(bpo_params[:, c]))
       out[str(c)][name] = dict(sum_sq_dev=np.asarray(sq_dev, np.float64).tolist(),
-                               mean_sq_norm=np.asarray(sq_norm, np.float64).tolist())
+                               mean_sq_norm=np.asarray(sq_norm, np.float64).tolist(),
+                               sum_sq_dev_root_row=np.asarray(sq_dev_root, np.float64).tolist())
   return out
 
 

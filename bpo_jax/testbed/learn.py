@@ -125,10 +125,10 @@ def gradient_draws(world, m: Method, logits, key, *, draws: int, tasks_per_itera
 
 @functools.partial(jax.jit, static_argnames=("m", "draws", "tasks_per_iteration"))
 def gradient_moments(world, m: Method, logits, keys, *, draws: int, tasks_per_iteration: int):
-  """Per seed (`logits` [seeds, S, A], `keys` [seeds]): (Σ_d ‖g_d − ḡ‖², ‖ḡ‖²) over `draws`
-  gradients of `gradient_draws`."""
+  """Per seed (`logits` [seeds, S, A], `keys` [seeds]): (Σ_d ‖g_d − ḡ‖², ‖ḡ‖², and the first
+  of these on the root state's row alone) over `draws` gradients of `gradient_draws`."""
   def one(theta, key):
     g = gradient_draws(world, m, theta, key, draws=draws, tasks_per_iteration=tasks_per_iteration)
     mean = g.mean(0)
-    return jnp.sum((g - mean) ** 2), jnp.sum(mean**2)
+    return jnp.sum((g - mean) ** 2), jnp.sum(mean**2), jnp.sum((g[:, 0] - mean[0]) ** 2)
   return jax.vmap(one)(logits, keys)

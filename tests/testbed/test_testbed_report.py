@@ -57,8 +57,10 @@ def _fixture(root):
   for m, last in final.items():
     files[m] = dict(method=m, lr=1.0, env_steps_per_task=4.0,
                     success=[[0.25, 0.3, x] for x in last])
-  per_seed = dict(sum_sq_dev=[1.0, 1.0, 1.0], mean_sq_norm=[1.0, 1.0, 1.0])
+  per_seed = dict(sum_sq_dev=[1.0, 1.0, 1.0], mean_sq_norm=[1.0, 1.0, 1.0],
+                  sum_sq_dev_root_row=[0.5, 0.5, 0.5])
   files["variance"] = dict(variance={"0": {m: per_seed for m in final}})
+  files["variance"]["variance"]["0"]["bpo"] = dict(per_seed, sum_sq_dev_root_row=[1.0, 2.0, 3.0])
   for name, payload in files.items():
     with open(os.path.join(d, f"{name}.json"), "w") as f:
       json.dump(dict(record, **payload), f)
@@ -75,6 +77,8 @@ def test_report_reproduces_a_figure(tmp_path):
   # BPO's success after the last update: 0.6 ± 4.302653 · 0.1 / √3; BPO − GRPO paired: 0.1 ± 0.
   assert "| 0.5 | 0.250 | 2 | 0.600 [0.352, 0.848] | 0.500 [0.252, 0.748] |" in text
   assert "0.100 [0.100, 0.100] (GRPO)" in text
+  # The root row: BPO's mean 2 over RLOO's 0.5 (each over draws − 1 = 1).
+  assert "| 0.5 | 0.250 | 4.00 [" in text
   assert text.startswith("# R\n\nabove\n") and text.endswith("\nbelow\n") and "stale" not in text
   assert testbed_report.main(args + ["--check"]) == 0
   assert (tmp_path / "results" / "curves.png").stat().st_size > 0
