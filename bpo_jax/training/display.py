@@ -84,10 +84,10 @@ def draw_tree(settings, workdir: str, step: int | None = None, draws: int = 4) -
   key = jax.random.fold_in(jax.random.key(settings.seed), iteration)
   fallback = None
   try:
-    engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
+    engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
                                        translate.rollout_config(settings))
     tasks = iteration_lib.iteration_tasks(exp, iteration)
-    params = exp.full_params(state.params)
+    params = exp.sampling_params(state.params)
     for draw in range(draws):
       batch = engine.rollout(params, tasks, jax.random.fold_in(key, draw) if draw else key,
                              threshold=threshold)

@@ -18,12 +18,13 @@ def evaluate_policy(exp: experiment_lib.Experiment, params, tasks: Sequence[Any]
                     key: jax.Array, confidence: float) -> dict:
   """Success rate on `tasks`, one episode each at `eval.temperature` (0: greedy), with its
   Wilson interval; also the mean return and episode length. `params`: the whole policy (a LoRA
-  run's base joined, `Experiment.full_params`), laid out where it is to decode.
+  run's adapters merged into the base, `Experiment.sampling_params`), laid out where it is to
+  decode.
 
   With several processes each plays its share of the tasks (under their global indices) and
   the outcomes are gathered, so every process returns the same record.
   """
-  engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
+  engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
                                      translate.rollout_config(exp.settings, evaluation=True))
   start = time.perf_counter()
   share = distributed.process_share(len(tasks))

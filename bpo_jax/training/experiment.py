@@ -13,20 +13,27 @@ the seeded order in which iterations draw the training tasks.
 Trainable and frozen parameters. With `model.lora_rank > 0` the train state's parameters are
 the adapters alone; the base (`Experiment.frozen`) is rebuilt by every start of the run from the
 same source (the checkpoint's weights, or the seed), so checkpoints hold only the adapters and
-their optimiser state. `Experiment.full_params(trainable)` joins them for sampling and export.
+their optimiser state. `Experiment.full_params(trainable)` joins them for the update's reference
+and export.
+
+Sampling decodes without adapters: `Experiment.sampling_params(trainable)` folds each adapter
+into its kernel, `W + (alpha/r)·A·B` (`lora.merge_lora`, one jitted program), once per
+iteration before the rollouts and once per evaluation, and the samplers run the model of
+`Experiment.sampling_graphdef` (the same decoder without adapters) on it: a decoding step is
+plain matmuls, and the adapters with their optimisation barrier stay in the update alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any
 
 from flax import nnx
+import jax
 import jax.numpy as jnp
 import numpy as np
-
-import functools
 
 from bpo_jax import text
 from bpo_jax.models import config as model_config_lib
@@ -126,8 +133,31 @@ class Experiment:
     """The whole model's parameters from the trainable ones (adapters joined to the base)."""
     return params if self.frozen is None else nnx.merge_state(params, self.frozen)
 
+  def sampling_params(self, params):
+    """The policy of the trainable `params` as samplers decode it: the whole model with each
+    adapter merged into its kernel (`W + s·A·B`, summed in float32 and rounded once to the
+    kernel's dtype), no adapter leaves left; for `sampling_graphdef`."""
+    full = self.full_params(params)
+    if self.model_config.lora_rank == 0:
+      return full
+    return _merge_program(self.model_config)(full)
+
+  @functools.cached_property
+  def sampling_graphdef(self):
+    """The graphdef samplers decode with: `graphdef` without adapters (the same otherwise)."""
+    if self.model_config.lora_rank == 0:
+      return self.graphdef
+    plain = self.model_config.without_lora()
+    return nnx.graphdef(nnx.eval_shape(lambda: decoder_lib.Decoder(plain, rngs=nnx.Rngs(0))))
+
   def close(self):
     self.pool.shutdown()
+
+
+@functools.lru_cache(maxsize=None)
+def _merge_program(model_config: model_config_lib.ModelConfig):
+  """`lora.merge_lora` for `model_config`, compiled once per parameter layout."""
+  return jax.jit(functools.partial(lora_lib.merge_lora, config=model_config))
 
 
 # ModelConfig fields `scale.model_preset` is checked against when the run loads a checkpoint.

@@ -94,7 +94,7 @@ def draw_gradient(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   trees of `tasks` grown with `key`, estimated and packed as the iteration does, and the
   update's gradient of them at `params`; g is None when a branch failed (the gradient is not
   taken)."""
-  batch = iteration_lib.grow(engine, exp.full_params(params), tasks, key, threshold)
+  batch = iteration_lib.grow(engine, exp.sampling_params(params), tasks, key, threshold)
   failure = first_failure(batch)
   if failure is not None:
     return None, batch.compute.as_dict(), failure
@@ -244,7 +244,7 @@ def checkpoint_gradient_variance(settings, workdir: str, steps: Sequence[int],
                      f"{jax.process_count()}")
   exp, state = experiment_lib.build_experiment(settings, workdir)
   try:
-    engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
+    engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
                                        translate.rollout_config(settings))
     gradient = jax.jit(update_lib.make_gradient_fn(exp.graphdef, translate.update_config(settings),
                                                    use_ref=settings.train.kl_coef > 0))

@@ -178,7 +178,7 @@ def policy_for_sampling(exp: experiment_lib.Experiment, placement: placement_lib
   """The whole policy of the train state's `params` (a LoRA run's frozen base joined) in the
   sampling layout on this process's devices (`Placement.for_sampling`): what rollouts and
   evaluations decode with."""
-  return placement.for_sampling(exp.full_params(params))
+  return placement.for_sampling(exp.sampling_params(params))
 
 
 def grow(engine: rollout_lib.RolloutEngine, params, tasks: list, key: jax.Array,

@@ -253,7 +253,7 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
   tx, local_state, placement, train_step = build_update(exp, state.params)
   exp = dataclasses.replace(exp, frozen=placement.place_frozen(exp.frozen))
   use_ref = settings.train.kl_coef > 0
-  engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
+  engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
                                      translate.rollout_config(settings))
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                              keep=settings.checkpoint.keep)
@@ -452,7 +452,7 @@ def evaluate(config, workdir: str) -> dict:
   with workdir_lib.lock_run(workdir, "eval"):
     exp, state, loop = load_checkpoint(settings, workdir)
     try:
-      record = evaluation.eval_record(exp, exp.full_params(state.params), loop["iteration"])
+      record = evaluation.eval_record(exp, exp.sampling_params(state.params), loop["iteration"])
     finally:
       exp.close()
     record = metrics_lib.clean_record(record)

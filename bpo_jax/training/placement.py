@@ -185,8 +185,9 @@ class Placement:
     return None if self.mesh is None else sharding.process_submesh(self.mesh)
 
   def for_sampling(self, params):
-    """The policy's parameters (all of them: a LoRA run's base joined, `Experiment.full_params`)
-    in the sampling layout on this process's devices, for rollouts and evaluations.
+    """The policy's parameters (all of them: a LoRA run's adapters merged into the base,
+    `Experiment.sampling_params`) in the sampling layout on this process's devices, for
+    rollouts and evaluations.
 
     Laid out on the mesh, they are moved to `sharding.SAMPLING_RULES` on the whole mesh by one
     compiled program (`sharding.make_reshard`, the dry run's "reshard"), device to device, and

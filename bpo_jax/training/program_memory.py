@@ -247,9 +247,13 @@ def lower_programs(settings) -> Programs:
   batch = abstract_batch(rows, shapes["row_length"], placement.row_sharding)
   train_step = getattr(setup.train_step, "jitted", setup.train_step)
   sample_sh = sharding.param_shardings(params, mesh, sharding.SAMPLING_RULES)
-  sampling_params = with_shardings(params, sample_sh)
   state_bytes = _bytes_per_device(state) + (_bytes_per_device(ref) if ref is not None else 0)
-  sample, decode_batch = _lower_sample(settings, graphdef, model_config, mesh, sampling_params)
+  # Samplers decode the model with its adapters merged (`Experiment.sampling_params`).
+  plain_graphdef, plain_params = abstract_model(settings, model_config.without_lora())
+  plain_params = with_shardings(plain_params, sharding.param_shardings(
+      plain_params, mesh, sharding.SAMPLING_RULES))
+  sample, decode_batch = _lower_sample(settings, plain_graphdef, model_config, mesh,
+                                       plain_params)
   lowered = {
       "train step": train_step.lower(state, batch, ref, None, None),
       "sample": sample,

@@ -161,7 +161,7 @@ def main(workdir: str, out_path: str, checkpoint: str):
   config = from_checkpoint(small_config(), checkpoint)
   config_lib.validate(config, "train", workdir)
   exp, state = experiment_lib.build_experiment(from_config(config), workdir)
-  engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
+  engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
                                      translate.rollout_config(from_config(config)))
   out = {}
   try:

@@ -48,7 +48,7 @@ def _one_iteration(estimator: str, workdir: str) -> tuple[dict, rollout_lib.Roll
                               opt_state=tx.init(state.params))
     train_step = update.make_train_step(exp.graphdef, tx,
                                         translate.update_config(from_config(config)))
-    engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
+    engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
                                        translate.rollout_config(from_config(config)))
     _, record, batch, _ = iteration.run_iteration(exp, engine, train_step, state, 1,
                                                   jax.random.key(config.seed))

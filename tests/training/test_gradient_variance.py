@@ -144,7 +144,7 @@ def tiny(request, tmp_path_factory):
     config.rollout.trees_per_task = 2
     config.rollout.trunk_baseline = "loo"
   exp, state = experiment.build_experiment(from_config(config), str(tmp_path_factory.mktemp("run")))
-  engine = rollout_lib.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
+  engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
                                      translate.rollout_config(from_config(config)))
   ref = jax.tree.map(lambda p: 0.5 * p, state.params)
   yield config, exp, engine, state.params, ref

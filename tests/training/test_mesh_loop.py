@@ -342,7 +342,7 @@ def _one_device_iterations(exp, start):
   settings = exp.settings
   setup = loop.build_update(exp, start.params)
   assert setup.placement.mesh is None
-  engine = rollout.RolloutEngine(exp.graphdef, exp.model_config, exp.fmt, exp.pool,
+  engine = rollout.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
                                  translate.rollout_config(settings))
   state, records = setup.placement.place(start), []
   threshold = iteration_lib.initial_fork_threshold(settings)
