@@ -156,8 +156,9 @@ def root_row_table(summaries: list[dict]) -> list[str]:
 def section(worlds: list[dict]) -> str:
   """The generated markdown (between the markers)."""
   s = worlds[0]["world"]["settings"]
-  prov = {w["world"]["provenance"]["commit"][:7] for w in worlds}
-  commands = sorted({w["world"]["provenance"]["command"] for w in worlds})
+  records = [f for w in worlds for f in w.values()]
+  prov = {f["provenance"]["commit"][:7] for f in records}
+  commands = sorted({f["provenance"]["command"] for f in records})
   summaries = [summarise(w) for w in worlds]
   lrs = "; ".join(f"w = {x['early_weight']:g}: " + ", ".join(
       f"{NAMES[m]} {v:g}" for m, v in x["lr"].items()) for x in summaries)
