@@ -83,7 +83,7 @@ from bpo_jax.models.decoder import check_attend_length
 from bpo_jax.models.decoder import forward
 from bpo_jax.models.decoder import ForwardOptions
 from bpo_jax.models.decoder import KVCache
-from bpo_jax.models.decoder import logprobs_and_entropy_from_logits
+from bpo_jax.models.decoder import logprobs_and_entropy_from_logits, stacked_layer_state
 from bpo_jax.models import paged
 
 
@@ -257,7 +257,7 @@ def fork(tree, rows, k: int):
 
 def append_tokens(graphdef, state, decode_state: DecodeState, tokens: jax.Array,
                   lengths: jax.Array, attend_length: Optional[int] = None,
-                  unembedding: Optional[jax.Array] = None) -> DecodeState:
+                  unembedding: Optional[jax.Array] = None, layer_stack=None) -> DecodeState:
   """Continued prefill: appends `tokens[b, :lengths[b]]` to row b (pure; jit it).
 
   Rows with `lengths[b] == 0` keep their cache length and next logits. The caller keeps
@@ -267,12 +267,12 @@ def append_tokens(graphdef, state, decode_state: DecodeState, tokens: jax.Array,
   reads; the caller keeps `decode_state.lengths[b] + lengths[b] <= attend_length` for every row
   with `lengths[b] > 0` (`Sampler.append` picks the bucket of the longest such row).
   `unembedding` (optional) is the output projection's [hidden, vocab] kernel, passed on to the
-  model (see `Sampler.unembedding`). Both go to the model as `models.ForwardOptions`, with the
-  last real token of each row as the only step whose logits are computed.
+  model (see `Sampler.unembedding`), as is `layer_stack` (`generate`'s stacked layers), in
+  `models.ForwardOptions`, with each row's last real token the only step given logits.
   """
   last = jnp.maximum(lengths - 1, 0)
   options = ForwardOptions(attend_length=attend_length, logits_at=last[:, None],
-                           unembedding=unembedding)
+                           unembedding=unembedding, layer_stack=layer_stack)
   logits, cache = forward(graphdef, state, tokens, cache=decode_state.cache,
                           input_lengths=lengths, options=options)
   last_logits = logits[:, 0]
@@ -384,12 +384,31 @@ def write_cache_window(cache: KVCache, window_cache: KVCache) -> KVCache:
                  lengths=window_cache.lengths)
 
 
+def _loop_cache(graphdef, state, cache, window: int):
+  """(the cache `generate`'s loop works on, the stacked layers or None): a dense cache cut to
+  the window and, if the model scans its layers, the cache's and the model's layers stacked once
+  rather than at every step (`ForwardOptions.layer_stack`); a paged cache as it is."""
+  if isinstance(cache, paged.PagedKVCache):
+    return cache, None
+  if window < cache.max_length:
+    cache = cache_window(cache, window)
+  layer_stack = stacked_layer_state(graphdef, state)
+  return (cache, None) if layer_stack is None else (cache.to_stacked(), layer_stack)
+
+
+def _cache_after_loop(full_cache, loop_cache):
+  """The cache `generate` returns: the loop's, per layer, written back into the whole one."""
+  if isinstance(full_cache, paged.PagedKVCache):
+    return loop_cache
+  loop_cache = loop_cache.to_layers()  # a no-op unless stacked
+  sliced = loop_cache.max_length < full_cache.max_length
+  return write_cache_window(full_cache, loop_cache) if sliced else loop_cache
+
+
 def _emit_token(step, logits, key, finished, out, *, params: SamplingSettings, keyed_rows: bool,
                 stop_ids: jax.Array):
-  """Samples decode step `step`'s token of every unfinished row and records it in `out`.
-
-  Returns (tokens [B], emitted [B], the key to carry, out).
-  """
+  """Samples decode step `step`'s token of every unfinished row and records it in `out`:
+  (tokens [B], emitted [B], the key to carry, out)."""
   if keyed_rows:  # row b's token at step s: fold_in(key[b], s)
     subkey = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, step)
   else:
@@ -442,9 +461,8 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   steps = params.max_new_tokens
   full_cache = decode_state.cache
   window = check_attend_length(attend_length, 1, full_cache.max_length)
-  sliced = window < full_cache.max_length and not isinstance(full_cache, paged.PagedKVCache)
-  if sliced:
-    decode_state = decode_state.replace(cache=cache_window(full_cache, window))
+  loop_cache, layer_stack = _loop_cache(graphdef, state, full_cache, window)
+  decode_state = decode_state.replace(cache=loop_cache)
   active = jnp.ones((batch,), bool) if active is None else active
   stop_ids = jnp.asarray(params.stop_token_ids or (-1,), jnp.int32)
   keyed_rows = is_per_row_key(key)
@@ -465,7 +483,7 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
     step, ds, key, finished, out = carry
     tokens, emit, key, out = emit_token(step, ds.next_logits, key, finished, out)
     ds = append_tokens(graphdef, state, ds, tokens[:, None], emit.astype(jnp.int32),
-                       attend_length=window, unembedding=unembedding)
+                       attend_length=window, unembedding=unembedding, layer_stack=layer_stack)
     finished = finished | out["stopped"] | (ds.cache.lengths >= window)
     return step + 1, ds, key, finished, out
 
@@ -477,9 +495,7 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   carry = (jnp.int32(0), decode_state, key, finished, out)
   step, decode_state, key, finished, out = jax.lax.while_loop(cond, body, carry)
   if keep_state:
-    if sliced:
-      decode_state = decode_state.replace(
-          cache=write_cache_window(full_cache, decode_state.cache))
+    decode_state = decode_state.replace(cache=_cache_after_loop(full_cache, decode_state.cache))
   else:
     # step < steps here; rows already finished (all of them if the loop ended early) emit
     # nothing.

@@ -71,8 +71,10 @@ class ModelConfig:
     remat: recomputation of each layer's activations in the backward pass, to trade compute for
       memory: "none"; "full" (keep only each layer's input); "dots" (also keep the outputs of
       matmuls without batch dimensions, i.e. the weight projections).
-    scan_layers: run the layers of a cache-free forward (training) as one `lax.scan` over
-      their stacked weights, so compile time does not grow with depth. Numbers are unchanged.
+    scan_layers: run the layers as one `lax.scan` over their stacked weights, so compile time
+      does not grow with depth: a cache-free forward (training) and a dense cache's (sampling:
+      the layers' caches stacked in the scan's carry); a paged cache's runs the layer loop.
+      Numbers are unchanged up to rounding.
     lora_rank: r > 0 adds a low-rank adapter `W + (alpha / r) · A B` to each attention (q, k,
       v, o) and MLP (gate, up, down) projection, A [in, r] random normal, B [r, out] zeros (see
       `models.lora`); 0 (the default) adds none. At most the smallest dimension of any

@@ -32,7 +32,7 @@ the same way and gives the same numbers up to the summation order of attention.
 
 import functools
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import flax.struct
 import jax
@@ -96,6 +96,27 @@ class KVCache:
     del write_slots, input_lengths, span
     return self.keys[i], self.values[i]
 
+  def to_stacked(self) -> "KVCache":
+    """The same cache with keys and values each one array of a leading layer axis ([L, B,
+    ...], one copy; `keys[i]` is still layer i): what a scanned layer stack carries."""
+    if not isinstance(self.keys, tuple):
+      return self
+    return self.replace(keys=jnp.stack(self.keys), values=jnp.stack(self.values))
+
+  def to_layers(self) -> "KVCache":
+    """The same cache as tuples of per-layer arrays (one copy), its layout between calls."""
+    if isinstance(self.keys, tuple):
+      return self
+    return self.replace(keys=tuple(self.keys), values=tuple(self.values))
+
+
+class StackedLayer(NamedTuple):
+  """Layer `index` (a traced int32) of a stacked cache's keys [L, B, Hkv, D, S] and values
+  [L, B, Hkv, S, D]: what a scanned layer reads and writes, in place in the scan's carry."""
+  keys: jax.Array
+  values: jax.Array
+  index: jax.Array
+
 
 @flax.struct.dataclass
 class ForwardOptions:
@@ -121,9 +142,14 @@ class ForwardOptions:
       that runs many steps with the same weights passes a tied embedding transposed once (see
       `sampling.Sampler.unembedding`). The logits are the same up to the matmul's summation
       order.
+    layer_stack: (`scan_layers`, a dense cache) the layers' state stacked (`stacked_layer_state`)
+      by a caller that runs many steps with the same weights (`sampling.generate`, once before
+      its loop), in place of stacking it in every call. Unused when the last layer works at
+      `logits_at` alone.
   """
   logits_at: Optional[jax.Array] = None
   unembedding: Optional[jax.Array] = None
+  layer_stack: Optional[object] = None
   attend_length: Optional[int] = flax.struct.field(pytree_node=False, default=None)
 
 
@@ -237,6 +263,18 @@ def attend_pages(q: jax.Array, layer: paged.PagedLayer, mask: jax.Array, dtype) 
   return attend(q, k.astype(dtype), v.astype(dtype), mask, dtype)
 
 
+def _write_stacked(layer: StackedLayer, k: jax.Array, v: jax.Array, write_slots) -> tuple:
+  """The stacked (keys, values) with the new tokens k, v [B, T, Hkv, D] written into layer
+  `layer.index` at slots `write_slots` [B, T] (a scatter into the whole stack, done in place
+  in a scan's carry; slots past the end are dropped, as for a per-layer cache)."""
+  rows = jnp.arange(k.shape[0])[:, None]
+  i = layer.index
+  keys = layer.keys.at[i, rows, :, :, write_slots].set(k.astype(layer.keys.dtype), mode="drop")
+  values = layer.values.at[i, rows, :, write_slots].set(v.astype(layer.values.dtype),
+                                                        mode="drop")
+  return keys, values
+
+
 def _normal(rngs: nnx.Rngs, shape, dtype, stddev=0.02):
   return nnx.Param(stddev * jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype))
 
@@ -346,6 +384,9 @@ class Attention(nnx.Module):
     if isinstance(layer_cache, paged.PagedLayer):
       layer_cache = paged.write(layer_cache, k, v)
       new_cache = (layer_cache.keys, layer_cache.values)
+    elif isinstance(layer_cache, StackedLayer):
+      new_cache = _write_stacked(layer_cache, k, v, write_slots)
+      k, v = new_cache[0][layer_cache.index], new_cache[1][layer_cache.index]
     elif layer_cache is not None:
       cached_k, cached_v = layer_cache
       rows = jnp.arange(x.shape[0])[:, None]
@@ -355,6 +396,7 @@ class Attention(nnx.Module):
       k = cached_k.at[rows, :, :, write_slots].set(k.astype(cached_k.dtype), mode="drop")
       v = cached_v.at[rows, :, write_slots].set(v.astype(cached_v.dtype), mode="drop")
       new_cache = (k, v)
+    if layer_cache is not None and not isinstance(layer_cache, paged.PagedLayer):
       attend_length = mask.shape[-1]
       if attend_length < v.shape[2]:
         # A static slice: the score and value matmuls then cost T·S' rather than T·S per row.
@@ -473,6 +515,46 @@ class Decoder(nnx.Module):
         x = step(layer_state, x)
     return x
 
+  def _scanned_layers_with_cache(self, x, cos, sin, mask, cache: KVCache, write_slots,
+                                 last_query_at=None, layer_stack=None):
+    """The layer stack of a dense-cache forward as one `lax.scan` (`scan_layers`): (output,
+    the cache with the new keys and values, in the layout it came in).
+
+    The layers' weights are stacked as in `_layers_without_cache`, and the per-layer caches
+    too (`KVCache.to_stacked`, unless they are already, as in `sampling.generate`'s loop); the
+    stacked cache rides in the scan's carry, and step i writes its new tokens into layer i's
+    slice and attends over it, so XLA compiles one layer body whatever the depth.
+    `last_query_at` [B, K]: the last layer runs its queries at those steps only (see
+    `ForwardOptions.logits_at`), as one more layer body after the scan over the others.
+    `layer_stack`: the layers' state already stacked (`ForwardOptions.layer_stack`).
+    """
+    stacked = cache.to_stacked()
+    layers = list(self.layers)
+    if last_query_at is not None:
+      layers, last = layers[:-1], layers[-1]
+    keys, values = stacked.keys, stacked.values
+    if layers:
+      if layer_stack is not None and last_query_at is None:
+        graphdef, states = nnx.graphdef(layers[0]), layer_stack
+      else:
+        graphdef, states = _stack_layers(layers)
+
+      def body(carry, xs):
+        h, keys, values = carry
+        layer_state, index = xs
+        h, (keys, values) = nnx.merge(graphdef, layer_state)(
+            h, cos, sin, mask, StackedLayer(keys, values, index), write_slots)
+        return (h, keys, values), None
+
+      (x, keys, values), _ = jax.lax.scan(
+          body, (x, keys, values), (states, jnp.arange(len(layers), dtype=jnp.int32)))
+    if last_query_at is not None:
+      index = jnp.asarray(len(layers), jnp.int32)
+      x, (keys, values) = last(x, cos, sin, mask, StackedLayer(keys, values, index),
+                               write_slots, last_query_at)
+    new_cache = stacked.replace(keys=keys, values=values)
+    return x, new_cache.to_layers() if isinstance(cache.keys, tuple) else new_cache
+
   def output_embedding(self) -> jax.Array:
     """The output projection as [vocab, hidden] rows: the token embedding of a tied model, the
     transposed `lm_head` of an untied one; logits are `hidden @ output_embedding().T`."""
@@ -514,6 +596,11 @@ class Decoder(nnx.Module):
     narrow = cache is not None and logits_at is not None and logits_at.shape[1] < t
     if cache is None:
       x = self._layers_without_cache(x, cos, sin, mask)
+    elif self.config.scan_layers and isinstance(cache, KVCache):
+      x, new_cache = self._scanned_layers_with_cache(x, cos, sin, mask, cache, write_slots,
+                                                     logits_at if narrow else None,
+                                                     options.layer_stack)
+      new_keys, new_values = new_cache.keys, new_cache.values
     else:
       last = len(self.layers) - 1
       for i, layer in enumerate(self.layers):
@@ -522,6 +609,7 @@ class Decoder(nnx.Module):
                                   logits_at if narrow and i == last else None)
         new_keys.append(keys)
         new_values.append(values)
+      new_keys, new_values = tuple(new_keys), tuple(new_values)
     if logits_at is not None and not narrow:
       x = _at_steps(x, logits_at)
     x = self.final_norm(x)
@@ -537,7 +625,7 @@ class Decoder(nnx.Module):
       return logits, None
     if input_lengths is None:
       input_lengths = jnp.full((b,), t, jnp.int32)
-    new_cache = cache.replace(keys=tuple(new_keys), values=tuple(new_values),
+    new_cache = cache.replace(keys=new_keys, values=new_values,
                               lengths=cache.lengths + input_lengths.astype(jnp.int32))
     return logits, new_cache
 
@@ -622,6 +710,13 @@ def _stack_layers(layers):
   if any(g != graphdefs[0] for g in graphdefs[1:]):
     raise ValueError("scan_layers needs identically structured layers")
   return graphdefs[0], jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+
+
+def stacked_layer_state(graphdef, state):
+  """The layers' state of `nnx.split(model)` stacked along a leading layer axis
+  (`ForwardOptions.layer_stack`), or None when the model does not scan its layers."""
+  model = nnx.merge(graphdef, state)
+  return _stack_layers(model.layers)[1] if model.config.scan_layers else None
 
 
 def forward(graphdef, state, tokens, positions=None, attention_mask=None, cache=None,
