@@ -17,9 +17,9 @@
 #
 # **Run time:** everything runs on a CPU: one warm start of 200 steps, then 30 iterations of
 # each method. Run headless from a fresh virtualenv (the first cell's install included) on a
-# 2-core machine shared with other jobs, the whole notebook took 22 to 23 minutes of wall time
-# (two runs), 20 to 22 of them training (11 minutes of CPU time); the training cell prints its
-# wall and CPU time.
+# 2-core machine shared with other jobs, the whole notebook took 13 to 23 minutes of wall time
+# (three runs, as the other jobs' load varied), 11 to 22 of them training (10 to 11 minutes of
+# CPU time); the training cell prints its wall and CPU time.
 # Progress bars show the warm start and each method's iterations; held-out evaluations print
 # beneath them.
 #
