@@ -46,7 +46,7 @@ def abstract_on_first_device(state):
 def run_devices(settings) -> list:
   """The devices a run trains on: all of them, or the first `scale.num_devices` of a single
   process. Raises `config_lib.ConfigError` naming the key when the configured mesh does not fit
-  them."""
+  them, or when a paged KV cache (one device only) would decode on several."""
   available = jax.device_count()
   wanted = settings.scale.num_devices or available
   if wanted > available:
@@ -61,6 +61,11 @@ def run_devices(settings) -> list:
     translate.mesh_config(settings).resolve(len(devices))
   except ValueError as error:
     raise config_lib.ConfigError([f"scale.mesh: {error}"]) from None
+  if settings.model.kv_page_size and len(devices) > 1:
+    raise config_lib.ConfigError([
+        f"model.kv_page_size = {settings.model.kv_page_size}: a paged KV cache decodes on one "
+        f"device, this run's mesh has {len(devices)} (set scale.num_devices=1, or 0 for the "
+        "dense cache)"])
   return devices
 
 

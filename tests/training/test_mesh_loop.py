@@ -151,6 +151,8 @@ def test_a_mesh_trains_like_one_device(runs, name):
      "scale.mesh: mesh {'data': 1, 'fsdp': 2, 'tensor': 2} needs 4 devices, have 8"),
     (["--config.scale.num_devices=16", "--config.scale.mesh.fsdp=16"],
      "scale.num_devices = 16: this run has 8 device(s)"),
+    (["--config.model.kv_page_size=16"],
+     "model.kv_page_size = 16: a paged KV cache decodes on one device, this run's mesh has 8"),
     (["--config.scale.model_preset=qwen2_5_7b"],
      "error: scale.model_preset = 'qwen2_5_7b': training a preset needs its pretrained"),
 ])
