@@ -1,0 +1,125 @@
+"""The rooms-regime report: its paired statistics by hand, and the script on a small fixture."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from experiments import regime_report  # noqa: E402
+from experiments.configs import rooms_regime  # noqa: E402
+
+# t_{0.975, 2} and t_{0.80, 2}, from tables.
+T975, T80 = 4.302653, 1.060660
+
+
+def test_mdd_by_hand():
+  assert regime_report.mdd(0.1, 3) == pytest.approx((T975 + T80) * 0.1 / np.sqrt(3), rel=1e-6)
+  # More pairs, smaller MDD at the same spread; both quantiles fall toward the normal's.
+  assert regime_report.mdd(0.1, 30) < regime_report.mdd(0.1, 10) < regime_report.mdd(0.1, 3)
+
+
+def test_paired_difference_by_hand():
+  d = regime_report.paired([0.6, 0.7, 0.8], [0.3, 0.5, 0.7])  # differences 0.3, 0.2, 0.1
+  assert d["mean"] == pytest.approx(0.2) and d["sd"] == pytest.approx(0.1)
+  assert d["high"] - d["mean"] == pytest.approx(T975 * 0.1 / np.sqrt(3), rel=1e-6)
+  assert d["mdd"] == pytest.approx(0.309651, abs=1e-6)
+
+
+def test_unit_interval_cuts_a_proportion():
+  x = regime_report.unit_interval(dict(mean=0.95, low=0.9, high=1.04, n=3))
+  assert (x["low"], x["high"]) == (0.9, 1.0)
+
+
+SEEDS = (0, 1, 2)
+START = (0.3, 0.4, 0.4)
+FINAL = dict(bpo=(0.6, 0.7, 0.8), grpo=(0.5, 0.5, 0.6), rloo=(0.3, 0.5, 0.7))
+VARIANCE = dict(bpo=1.0, grpo=4.0, rloo=2.0)
+
+
+def _write(path, payload):
+  with open(path, "w", encoding="utf-8") as f:
+    if path.endswith(".jsonl"):
+      f.write("".join(json.dumps(r) + "\n" for r in payload))
+    else:
+      json.dump(payload, f)
+
+
+def _run(workdir, start, final, variance):
+  """One finished run of 2 iterations, evaluated at 0, 1 and 2."""
+  os.makedirs(workdir)
+  config = dict(env=dict(options=dict(difficulty=1)),
+                warm_start=dict(num_trajectories=32, steps=120),
+                train=dict(iterations=2, epochs=1, learning_rate=2e-4),
+                rollout=dict(tasks_per_iteration=4, max_env_steps=24))
+  evals = [(0, start), (1, start + 0.75 * (final - start)), (2, final)]
+  records = ([dict(phase="eval", iteration=i, success_rate=s) for i, s in evals]
+             + [dict(phase="train", iteration=i, env_steps=80, tokens_processed=400,
+                     grad_norm=1.0 * i) for i in (1, 2)])
+  summary = dict(iterations=2, eval_start=dict(success_rate=start),
+                 eval_end=dict(success_rate=final, num_tasks=512))
+  gv = dict(draws=16, params_of="bpo", checkpoints=[dict(
+      step=0, variance=variance, mean_sq_norm=1.0 + variance / 16, draws=16,
+      env_steps_per_task=20.0, tokens_per_task=100.0)])
+  for name, payload in (("config.json", config), ("metrics.jsonl", records),
+                        ("summary.json", summary), ("gradient_variance.json", gv),
+                        ("provenance.json", dict(commit="abcdef0123",
+                                                 commands=dict(train="fixture")))):
+    _write(os.path.join(workdir, name), payload)
+
+
+def _fixture(root):
+  for m, finals in FINAL.items():
+    for s, start, final in zip(SEEDS, START, finals):
+      _run(os.path.join(root, "runs", m, f"seed{s}"), start, final, VARIANCE[m])
+  # An unfinished run of a fourth seed is not a paired seed.
+  os.makedirs(os.path.join(root, "runs", "bpo", "seed3"))
+
+
+def test_report_reproduces_the_figures(tmp_path):
+  results = tmp_path / "results"
+  _fixture(str(results))
+  doc = tmp_path / "RESULTS.md"
+  doc.write_text(f"# R\n\nabove\n{regime_report.BEGIN}\nstale\n{regime_report.END}\nbelow\n")
+  args = [f"--results={results}", f"--doc={doc}"]
+  assert regime_report.main(args + ["--check"]) == 1
+  assert regime_report.main(args) == 0
+  assert regime_report.main(args + ["--check"]) == 0
+  text = doc.read_text()
+  assert text.startswith("# R\n\nabove\n") and text.endswith("below\n") and "stale" not in text
+  # BPO − RLOO per seed 0.3, 0.2, 0.1: 0.2 ± 4.302653 · 0.1 / √3, MDD 5.363313 · 0.1 / √3.
+  assert "| BPO − RLOO | 0.200 [-0.048, 0.448] | 0.100 | 0.310 |" in text
+  # The best baseline is GRPO (mean 0.533 > 0.5); its gains 0.2, 0.1, 0.2 over the warm start.
+  assert "| GRPO − warm start (the best baseline's gain) | 0.167 [0.023, 0.310] | 0.058 |" in text
+  # BPO's final success 0.7 ± 0.248414, inside [0, 1].
+  assert "| BPO | 0.700 [0.452, 0.948] | 20.0 | 100 |" in text
+  # Claim 2 at the shared checkpoint: variances 1, 4, 2 on every seed.
+  assert "| 0 | 3 | 16 | 1, 4, 2 | 0.50 [0.50, 0.50] |" in text
+  # Claim 3: GRPO's mean final 0.533; BPO's mean curve (0.367, 0.617, 0.7) stays above it from
+  # update 1, GRPO's own (0.367, 0.492, 0.533) from update 2.
+  assert "GRPO) mean final success, 0.533" in text
+  assert "BPO 1 [" in text and "GRPO 2 [" in text
+  assert "Code abcdef0; commands: `fixture`." in text
+  assert (results / "regime_curves.png").stat().st_size > 0
+
+
+def test_too_few_paired_seeds_is_one_line(tmp_path, capsys):
+  _run(str(tmp_path / "runs" / "bpo" / "seed0"), 0.3, 0.6, 1.0)
+  doc = tmp_path / "RESULTS.md"
+  doc.write_text(f"{regime_report.BEGIN}\n{regime_report.END}\n")
+  assert regime_report.main([f"--results={tmp_path}", f"--doc={doc}"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "0 seed(s) finished by every method" in err
+
+
+def test_config_is_the_rooms_comparison_from_a_shorter_warm_start():
+  from experiments.configs import rooms
+  c, r = rooms_regime.get_config(), rooms.get_config()
+  assert c.warm_start.steps == 120 < r.warm_start.steps
+  assert c.rollout.max_env_steps == r.rollout.max_env_steps  # the same matched budget
+  assert c.eval.num_tasks == c.env.num_eval_tasks == 512
+  assert c.rollout.task_offset == c.warm_start.num_trajectories
