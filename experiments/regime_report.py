@@ -129,26 +129,28 @@ def curves(runs: dict, seeds: list[int]) -> tuple[dict, list[int]]:
 
 
 def claim_two(runs: dict, seeds: list[int]) -> dict:
-  """{step: {"rloo_raw", "rloo_relative", "grpo_raw", "grpo_relative", "seeds", "draws"}} from
-  the seeds whose every method was measured at BPO's checkpoints."""
-  measured = {}
-  for s in seeds:
-    files = [runs[m][s]["gradient_variance"] for m in METHODS]
-    if all(f is not None and f.get("params_of") == "bpo" for f in files):
-      measured[s] = {m: {p["step"]: p for p in f["checkpoints"]} for m, f in zip(METHODS, files)}
+  """{step: {"rloo_raw", "rloo_relative", ["grpo_raw", "grpo_relative",] "seeds", "draws",
+  "variance"}} from the seeds whose BPO and RLOO (and GRPO, where every such seed has it) were
+  measured at BPO's checkpoints."""
+  def measured_at_bpo(m, s):
+    f = runs[m][s]["gradient_variance"]
+    return {p["step"]: p for p in f["checkpoints"]} if f and f.get("params_of") == "bpo" else None
+  files = {s: {m: measured_at_bpo(m, s) for m in METHODS} for s in seeds}
+  files = {s: v for s, v in files.items() if v["bpo"] and v["rloo"]}
+  methods = [m for m in METHODS if files and all(v[m] for v in files.values())]
+  steps = (sorted(set.intersection(*(set(v[m]) for v in files.values() for m in methods)))
+           if files else [])
   out = {}
-  steps = sorted(set.intersection(*(set(v[m]) for v in measured.values() for m in METHODS))
-                 ) if measured else []
   for step in steps:
-    moments = {m: (np.array([v[m][step]["variance"] for v in measured.values()]),
-                   np.array([aggregate.true_sq_norm(v[m][step]) for v in measured.values()]))
-               for m in METHODS}
+    points = {m: [v[m][step] for v in files.values()] for m in methods}
+    moments = {m: (np.array([p["variance"] for p in ps]),
+                   np.array([aggregate.true_sq_norm(p) for p in ps])) for m, ps in points.items()}
     out[step] = {f"{b}_{kind}": analysis.variance_ratio(moments["bpo"], moments[b],
                                                          relative=kind == "relative")
-                 for b in BASELINES for kind in ("raw", "relative")}
-    out[step]["seeds"] = len(measured)
-    out[step]["draws"] = min(v[m][step]["draws"] for v in measured.values() for m in METHODS)
-    out[step]["variance"] = {m: float(moments[m][0].mean()) for m in METHODS}
+                 for b in BASELINES if b in methods for kind in ("raw", "relative")}
+    out[step].update(seeds=len(files), draws=min(p["draws"] for ps in points.values() for p in ps),
+                     variance={m: float(moments[m][0].mean()) for m in methods},
+                     below=int(np.sum(moments["bpo"][0] < moments["rloo"][0])))
   return out
 
 
@@ -237,12 +239,14 @@ def claim3_lines(x: dict) -> list[str]:
 def claim2_lines(x: dict) -> list[str]:
   if not x["claim2"]:
     return ["Claim 2: not measured on these runs."]
-  lines = ["| at BPO's checkpoint | seeds | draws | E‖g − ḡ‖²: BPO, GRPO, RLOO | BPO × RLOO "
-           "| BPO × RLOO, relative | BPO × GRPO, relative |", "|---|---|---|---|---|---|---|"]
+  lines = ["| at BPO's checkpoint | seeds | draws | E‖g − ḡ‖² (mean over seeds) | BPO × RLOO "
+           "| seeds where BPO < RLOO | BPO × RLOO, relative | BPO × GRPO, relative |",
+           "|---|---|---|---|---|---|---|---|"]
   for step, c in x["claim2"].items():
-    v = ", ".join(f"{c['variance'][m]:.4g}" for m in METHODS)
+    v = ", ".join(f"{NAMES[m]} {c['variance'][m]:.4g}" for m in c["variance"])
+    grpo = _ratio(c["grpo_relative"]) if "grpo_relative" in c else "not measured"
     lines.append(f"| {step} | {c['seeds']} | {c['draws']} | {v} | {_ratio(c['rloo_raw'])} | "
-                 f"{_ratio(c['rloo_relative'])} | {_ratio(c['grpo_relative'])} |")
+                 f"{c['below']} | {_ratio(c['rloo_relative'])} | {grpo} |")
   return lines
 
 

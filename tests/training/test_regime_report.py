@@ -98,7 +98,7 @@ def test_report_reproduces_the_figures(tmp_path):
   # BPO's final success 0.7 ± 0.248414, inside [0, 1].
   assert "| BPO | 0.700 [0.452, 0.948] | 20.0 | 100 |" in text
   # Claim 2 at the shared checkpoint: variances 1, 4, 2 on every seed.
-  assert "| 0 | 3 | 16 | 1, 4, 2 | 0.50 [0.50, 0.50] |" in text
+  assert "| 0 | 3 | 16 | BPO 1, GRPO 4, RLOO 2 | 0.50 [0.50, 0.50] | 3 |" in text
   # Claim 3: GRPO's mean final 0.533; BPO's mean curve (0.367, 0.617, 0.7) stays above it from
   # update 1, GRPO's own (0.367, 0.492, 0.533) from update 2.
   assert "GRPO) mean final success, 0.533" in text
@@ -123,3 +123,13 @@ def test_config_is_the_rooms_comparison_from_a_shorter_warm_start():
   assert c.rollout.max_env_steps == r.rollout.max_env_steps  # the same matched budget
   assert c.eval.num_tasks == c.env.num_eval_tasks == 512
   assert c.rollout.task_offset == c.warm_start.num_trajectories
+
+
+def test_claim2_against_rloo_alone(tmp_path):
+  """GRPO's draws are optional: without them its column reads "not measured"."""
+  _fixture(str(tmp_path))
+  for s in SEEDS:
+    os.remove(tmp_path / "runs" / "grpo" / f"seed{s}" / "gradient_variance.json")
+  x = regime_report.summarise(regime_report.load(str(tmp_path)))
+  assert x["claim2"][0]["rloo_raw"]["ratio"] == pytest.approx(0.5) and x["claim2"][0]["below"] == 3
+  assert regime_report.claim2_lines(x)[-1].endswith("| not measured |")
