@@ -119,7 +119,7 @@ def test_too_few_paired_seeds_is_one_line(tmp_path, capsys):
 def test_config_is_the_rooms_comparison_from_a_shorter_warm_start():
   from experiments.configs import rooms
   c, r = rooms_regime.get_config(), rooms.get_config()
-  assert c.warm_start.steps == 120 < r.warm_start.steps
+  assert c.warm_start.steps == rooms_regime.WARM_START_STEPS < r.warm_start.steps
   assert c.rollout.max_env_steps == r.rollout.max_env_steps  # the same matched budget
   assert c.eval.num_tasks == c.env.num_eval_tasks == 512
   assert c.rollout.task_offset == c.warm_start.num_trajectories
