@@ -17,19 +17,22 @@ log and progress bar go to stderr, with the time each step took.
 
     python benchmarks/pretrained_iteration.py [--json] [--config rooms_qwen2_5]
         [--preset qwen2_5_0_5b] [--iterations 4] [--tasks N] [--shape num_layers=2,...]
-        [--compile_cache DIR]
+        [--compile_cache DIR] [--startup_compile on|off|auto]
 
 `--shape` overrides preset fields (a smaller model for a CPU check); `--tasks` sets
 `rollout.tasks_per_iteration`; `--compile_cache` the runs' `scale.compile_cache_dir` (default
 "none": each process compiles what it runs, so the compile figures do not depend on an earlier
-run). With --json: one object with, per estimator, the medians (`iteration_s`, `rollout_s`,
+run); `--startup_compile` the runs' `scale.startup_compile` (default "on": the closed program
+set compiled before the first rollout, `training/startup.py`). With --json: one object with, per estimator, the medians (`iteration_s`, `rollout_s`,
 `update_s`, `phase_s` per rollout phase and the estimator's packing, `decode_tokens_per_s`,
 `processed_tokens_per_s`, `update_tokens_per_s` (the packed trees' tokens over the update's
 seconds), `decode_steps`, `decode_s`, `tokens_decoded`, `update_tokens`), `param_bytes` (the
 checkpoint's), `env_steps` and `policy_tokens` per task, `peak_bytes`, the compiles
 (`compile_cache.CompileCounter`) of the start-up, everything before the second iteration
 (`startup_compiles`, `startup_compile_seconds` per program name), and of the timed iterations
-(`compiles_in_timed_iterations`, the names in `programs_compiled_in_timed_iterations`), and
+(`compiles_in_timed_iterations`, the names in `programs_compiled_in_timed_iterations`), the
+start-up set's seconds per program (`startup_set_seconds`, by `ProgramKey.label`), their total
+(`startup_set_s`) and the calls outside it (`compile_misses`), and
 `bpo_over_grpo_iteration_time` (BPO's median iteration time over GRPO's). Each run prints its
 progress (iterations started and done, programs compiled so far) on stderr as it goes.
 """
@@ -125,6 +128,33 @@ def _counted_iterations(counter, progress):
   return marks
 
 
+def _captured_program_set():
+  """Wraps `startup.start` so that the run's start-up program set is kept; returns the list
+  it goes to."""
+  from bpo_jax.training import startup  # pylint: disable=g-import-not-at-top
+  start = startup.start
+  kept = []
+
+  def keeping(*args, **kwargs):
+    out = start(*args, **kwargs)
+    kept.append(out[0].programs)
+    return out
+
+  startup.start = keeping
+  return kept
+
+
+def _set_figures(kept) -> dict:
+  """The start-up set's seconds per program, their total and the misses (empty without one)."""
+  programs = kept[-1] if kept else None
+  if programs is None:
+    return dict(startup_set_seconds={}, startup_set_s=0.0, compile_misses=None)
+  from bpo_jax import precompiled  # pylint: disable=g-import-not-at-top
+  return dict(startup_set_seconds={precompiled.label(k): round(s, 2)
+                                   for k, s in programs.seconds.items()},
+              startup_set_s=programs.total_seconds, compile_misses=programs.misses)
+
+
 def _startup_seconds(log) -> dict[str, float]:
   """Backend compile seconds per program name, summed, the slowest first."""
   seconds = {}
@@ -147,8 +177,10 @@ def run_one(args) -> dict:
                                 file=sys.stderr, flush=True)
   counter = compile_cache.CompileCounter()
   marks = _counted_iterations(counter, progress)
+  kept = _captured_program_set()
   config = world_config(args.config, args.estimator, args.checkpoint, args.iterations, args.tasks)
   config.scale.compile_cache_dir = args.compile_cache
+  config.scale.startup_compile = args.startup_compile
   workdir = os.path.join(args.workdir, args.estimator)
   loop.train(config, workdir)
   progress("done")
@@ -180,7 +212,8 @@ def run_one(args) -> dict:
       startup_compiles=timed["compiles"], startup_cache_hits=timed["cache_hits"],
       compiles_in_timed_iterations=counter.compiles - timed["compiles"],
       compile_requests_in_timed_iterations=counter.requests - timed["requests"],
-      programs_compiled_in_timed_iterations=sorted({n for n, _ in counter.log[timed_log_start:]}))
+      programs_compiled_in_timed_iterations=sorted({n for n, _ in counter.log[timed_log_start:]}),
+      **_set_figures(kept))
 
 
 def main():
@@ -194,6 +227,8 @@ def main():
   p.add_argument("--compile_cache", default="none",
                  help="scale.compile_cache_dir of the runs (default none: every process "
                       "compiles what it runs; '' for the run's default cache)")
+  p.add_argument("--startup_compile", default="on", choices=("on", "off", "auto"),
+                 help="scale.startup_compile of the runs (default on)")
   p.add_argument("--estimator", help=argparse.SUPPRESS)
   p.add_argument("--checkpoint", help=argparse.SUPPRESS)
   p.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -221,7 +256,8 @@ def main():
       command = [sys.executable, os.path.abspath(__file__), f"--config={args.config}",
                  f"--iterations={args.iterations}", f"--tasks={args.tasks}",
                  f"--estimator={estimator}", f"--checkpoint={checkpoint}", f"--workdir={tmp}",
-                 f"--compile_cache={args.compile_cache}"]
+                 f"--compile_cache={args.compile_cache}",
+                 f"--startup_compile={args.startup_compile}"]
       start = time.perf_counter()
       done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
       print(f"{estimator} run in {time.perf_counter() - start:.0f} s", file=sys.stderr)
@@ -248,6 +284,9 @@ def main():
     print(f"        start-up: {f['startup_compiles']} programs compiled "
           f"({sum(f['startup_compile_seconds'].values()):.1f} s; slowest: {slowest}); "
           f"{f['compiles_in_timed_iterations']} compiled in the timed iterations")
+    if f["startup_set_seconds"]:
+      print(f"        start-up set: {len(f['startup_set_seconds'])} programs in "
+            f"{f['startup_set_s']:.1f} s, {f['compile_misses']} calls outside it")
   print(f"  BPO's iteration takes {figures['bpo_over_grpo_iteration_time']:.2f}x GRPO's")
 
 

@@ -388,3 +388,13 @@ def token_logprobs_from_hidden(hidden: jax.Array, output_rows: jax.Array, tokens
   entropy = entropy.reshape(-1)[:n].reshape(b, length)
   has_pred = predecessor >= 0
   return jnp.where(has_pred, logprob, 0.0), jnp.where(has_pred, entropy, 0.0)
+
+
+def abstract_batch(rows: int, row_length: int, sharding=None) -> PackedBatch:
+  """A `[rows, row_length]` PackedBatch of `jax.ShapeDtypeStruct`s (with `sharding`, if given):
+  what an update is compiled for before any batch exists."""
+  dtypes = dict(tokens=jnp.int32, positions=jnp.int32, predecessor=jnp.int32,
+                segment_start=jnp.int32, segment_end=jnp.int32, loss_mask=jnp.bool_,
+                advantage=jnp.float32, weight=jnp.float32, old_logprob=jnp.float32)
+  return PackedBatch(**{name: jax.ShapeDtypeStruct((rows, row_length), dtype, sharding=sharding)
+                        for name, dtype in dtypes.items()})

@@ -65,7 +65,9 @@ Windows start at 256 slots because below that the keys and values a row reads ar
 part of a call next to the weights, while every further window is a compile per batch size.
 The decode loop itself is one `lax.while_loop` with no host round-trip per token, stopping early
 when every row is done. Keep batch sizes to a few buckets (pad with rows of length 0 and
-`active=False`).
+`active=False`). The bucket rules live in `sampling_shapes`, which enumerates the closed set of
+(program, shape) keys they give; a `Sampler` given a `precompiled.ProgramSet` compiled for them
+runs those executables instead of compiling on a call.
 """
 
 import dataclasses
@@ -85,6 +87,10 @@ from bpo_jax.models.decoder import ForwardOptions
 from bpo_jax.models.decoder import KVCache
 from bpo_jax.models.decoder import logprobs_and_entropy_from_logits, stacked_layer_state
 from bpo_jax.models import paged
+# The bucket rules live beside the enumeration of the shapes they give; callers find them here.
+from bpo_jax.sampling_shapes import MIN_ATTEND_LENGTH  # pylint: disable=unused-import
+from bpo_jax.sampling_shapes import attend_length_for, bucket_length, pad_token_rows
+from bpo_jax.sampling_shapes import ProgramKey
 
 
 @dataclasses.dataclass(frozen=True)
@@ -505,9 +511,6 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
                                     **out)
 
 
-# The shortest attention window (see "Attention window" above).
-MIN_ATTEND_LENGTH = 256
-
 _append_jit = jax.jit(append_tokens, static_argnums=(0,), static_argnames=("attend_length",))
 _prefill_jit = jax.jit(prefill_tokens, static_argnums=(0, 2, 3),
                        static_argnames=("attend_length",))
@@ -519,53 +522,6 @@ _append_donating = jax.jit(append_tokens, static_argnums=(0,), static_argnames=(
                            donate_argnums=(2,))
 _generate_donating = jax.jit(generate, static_argnums=(0, 4),
                              static_argnames=("attend_length", "keep_state"), donate_argnums=(2,))
-
-
-def bucket_length(n: int, minimum: int = 16, maximum: Optional[int] = None) -> int:
-  """The padded length for n tokens: the next power of two ≥ max(n, minimum), capped.
-
-  Example: `bucket_length(17) == 32`, `bucket_length(3) == 16`, `bucket_length(40, maximum=48)
-  == 48`.
-  """
-  if n < 0:
-    raise ValueError(f"n must be >= 0, got {n}")
-  size = max(minimum, 1 << max(n - 1, 0).bit_length())
-  if maximum is not None:
-    if n > maximum:
-      raise ValueError(f"{n} tokens exceed the maximum length {maximum}")
-    size = min(size, maximum)
-  return size
-
-
-def attend_length_for(lengths_after: Sequence[int], max_length: int,
-                      minimum: int = MIN_ATTEND_LENGTH) -> int:
-  """The attention window for rows that will hold `lengths_after` tokens each.
-
-  The next power of two ≥ the longest row and ≥ `minimum`, capped at `max_length` (rows longer
-  than the cache stop at its end). Rows that take no tokens are left out by the caller.
-  Example: `attend_length_for([100, 40], 1024) == 256`, `attend_length_for([300], 1024) ==
-  512`, `attend_length_for([1500], 1024) == 1024`, `attend_length_for([], 48) == 48`.
-  """
-  longest = int(np.max(np.asarray(lengths_after, np.int64), initial=1))
-  return bucket_length(min(longest, max_length), minimum=minimum, maximum=max_length)
-
-
-def pad_token_rows(rows: Sequence[Sequence[int]], length: Optional[int] = None,
-                   maximum: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
-  """Right-pads token lists into (tokens [B, T] int32, lengths [B] int32).
-
-  T is `length` if given, else `bucket_length` of the longest row (capped at `maximum`).
-  """
-  lengths = np.asarray([len(r) for r in rows], np.int32)
-  longest = int(lengths.max()) if len(rows) else 0
-  if length is None:
-    length = bucket_length(max(longest, 1), maximum=maximum)
-  if longest > length:
-    raise ValueError(f"a row has {longest} tokens, more than the padded length {length}")
-  tokens = np.zeros((len(rows), length), np.int32)
-  for b, row in enumerate(rows):
-    tokens[b, :len(row)] = np.asarray(row, np.int32)
-  return tokens, lengths
 
 
 def _is_paged(decode_state: DecodeState) -> bool:
@@ -593,7 +549,7 @@ class Sampler:
   """
 
   def __init__(self, graphdef, config: ModelConfig, max_length: int, donate: bool = False,
-               page_size: int = 0, kernel: str = "auto"):
+               page_size: int = 0, kernel: str = "auto", programs=None):
     """`donate`: `append` and `generate` (keeping the state) take over the buffers of the
     DecodeState passed in and write the result into them, so a row set's cache is in memory
     once rather than twice during a call; the caller must not read that DecodeState again
@@ -604,6 +560,10 @@ class Sampler:
     A paged state is used linearly: every call that takes one and returns a state consumes
     it, `donate` or not. `kernel`: the paged attention of one-token steps (`paged.KERNELS`).
     Paged states are made on one device (no mesh).
+
+    `programs`: a `precompiled.ProgramSet` holding this sampler's `append` and `generate`
+    compiled for a closed set of shapes (`ProgramKey`); a call whose shape it holds runs that
+    executable, any other compiles as without it (a miss the set counts and logs).
     """
     if page_size < 0:
       raise ValueError(f"page_size must be >= 0 (0 = the dense cache), got {page_size}")
@@ -613,6 +573,7 @@ class Sampler:
     self.donate = donate
     self.page_size = page_size
     self.kernel = kernel
+    self.programs = programs
     self._unembedding = None  # (the embedding array it was made from, its transpose)
 
   def unembedding(self, state, batch_size: int) -> Optional[jax.Array]:
@@ -692,9 +653,11 @@ class Sampler:
       append = _append_donating
       decode_state, book = _paged_with_room(decode_state, decode_state.cache.book.lengths
                                             + lengths)
-    out = append(self.graphdef, state, decode_state, jnp.asarray(tokens), jnp.asarray(lengths),
-                 attend_length=window,
-                 unembedding=self.unembedding(state, decode_state.batch_size))
+    args = (state, decode_state, jnp.asarray(tokens), jnp.asarray(lengths))
+    kwargs = dict(unembedding=self.unembedding(state, decode_state.batch_size))
+    key = ProgramKey("append", decode_state.batch_size, tokens.shape[1], window)
+    out = self._run(key, book is None and self.donate, args, kwargs,
+                    functools.partial(append, self.graphdef, attend_length=window))
     if book is not None:
       book.lengths = book.lengths + lengths
       out = out.replace(cache=out.cache.replace(book=book))
@@ -779,13 +742,27 @@ class Sampler:
       run = _generate_donating if keep_state else _generate_jit
       after = np.where(emitting, lengths + params.max_new_tokens, lengths)
       decode_state, book = _paged_with_room(decode_state, after, keep_state)
-    out_state, out = run(self.graphdef, state, decode_state, key, params.limits(), active,
-                         attend_length=window, keep_state=keep_state,
-                         unembedding=self.unembedding(state, decode_state.batch_size),
-                         settings=params.settings())
+    program = ProgramKey("generate", decode_state.batch_size, 0, window, keep_state)
+    kwargs = dict(active=active, unembedding=self.unembedding(state, decode_state.batch_size),
+                  settings=params.settings())
+    # The set holds the engine's decode loops: donating when they keep the state, with rows
+    # marked active, at the engine's limits.
+    eligible = (book is None and active is not None and (self.donate or not keep_state)
+                and getattr(self.programs, "limits", None) == params.limits())
+    out_state, out = self._run(
+        program, eligible, (state, decode_state, key), kwargs,
+        lambda s, ds, k, **rest: run(self.graphdef, s, ds, k, params.limits(),
+                                     attend_length=window, keep_state=keep_state, **rest))
     if book is not None and keep_state:
       out_state = out_state.replace(cache=paged.settle(out_state.cache.replace(book=book)))
     return out_state, out
+
+  def _run(self, key: ProgramKey, eligible: bool, args: tuple, kwargs: dict, compile_on_call):
+    """`compile_on_call(*args, **kwargs)`, or the executable `self.programs` holds for `key`
+    (dense-cache calls in the programs' calling convention: `eligible`)."""
+    if self.programs is None or not eligible:
+      return compile_on_call(*args, **kwargs)
+    return self.programs.run(key, args, kwargs, compile_on_call)
 
   def lower_generate(self, state, decode_state: DecodeState, key, params: SamplingParams,
                      active, keep_state: bool = True):

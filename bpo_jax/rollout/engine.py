@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from bpo_jax import sampling
+from bpo_jax import sampling_shapes
 from bpo_jax import text
 from bpo_jax.rollout import entropy as entropy_lib
 from bpo_jax.rollout import keys as keys_lib
@@ -97,18 +98,29 @@ class RolloutEngine:
     fmt: the conversation format (`text.ChatFormat`).
     pool: a `SandboxPool` whose sandboxes play the tasks.
     config: a `RolloutConfig`.
+    programs: a `precompiled.ProgramSet` the sampler runs its compiled programs from (see
+      `program_keys`), or None (each compiled on its first call).
   """
 
   def __init__(self, graphdef, model_config, fmt: text.ChatFormat,
-               pool: pool_lib.SandboxPool, config: RolloutConfig):
+               pool: pool_lib.SandboxPool, config: RolloutConfig, programs=None):
     self.config = config
     self.fmt = fmt
     self.pool = pool
     # Each call's decode state replaces the last: the sampler reuses its buffers.
     self.sampler = sampling.Sampler(graphdef, model_config, config.max_length, donate=True,
-                                    page_size=config.kv_page_size)
+                                    page_size=config.kv_page_size, programs=programs)
     self.sampling_params = config.sampling_params(fmt.stop_token_ids)
     self._calls = itertools.count()
+
+  def program_keys(self, max_rows: int) -> list[sampling_shapes.ProgramKey]:
+    """The sampler programs a call with at most `max_rows` live rows can run: every batch
+    size up to `max_rows` rows (`batch_buckets`), with the greedy-action probe's decode loops
+    when the entropy measure takes them (`sampling_shapes.sampler_program_keys`)."""
+    cfg = self.config
+    return sampling_shapes.sampler_program_keys(
+        sampling_shapes.batch_sizes(cfg.batch_buckets, max_rows), cfg.max_length,
+        probe=cfg.entropy_measure == "greedy_action")
 
   def rollout(self, params, tasks: Sequence[Any], key: jax.Array,
               threshold: float | None = None,

@@ -237,6 +237,9 @@ def default_config() -> ml_collections.ConfigDict:
   # Compiled programs kept between processes (training/compile_cache.py): a directory; ""
   # = $JAX_COMPILATION_CACHE_DIR, else ~/.cache/bpo_jax/jax; "none" = no cache.
   c.scale.compile_cache_dir = ""
+  # The run's programs (sampler, update) compiled for every shape it can meet before the first
+  # rollout (training/startup.py): "auto" = on accelerators, "on", "off" (compiled on first use).
+  c.scale.startup_compile = "auto"
   c.scale.distributed = ml_collections.ConfigDict({
       "coordinator_address": "",   # "host:port" of process 0; "" with one process
       "num_processes": 1,
@@ -257,6 +260,7 @@ _CHOICES = {
     "train.normalization": NORMALIZATIONS,
     "model.architecture": ARCHITECTURES,
     "model.dtype": DTYPES,
+    "scale.startup_compile": ("auto", "on", "off"),
 }
 
 # (key, lower bound, upper bound or None, why); bounds inclusive.

@@ -25,7 +25,8 @@ def evaluate_policy(exp: experiment_lib.Experiment, params, tasks: Sequence[Any]
   the outcomes are gathered, so every process returns the same record.
   """
   engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
-                                     translate.rollout_config(exp.settings, evaluation=True))
+                                     translate.rollout_config(exp.settings, evaluation=True),
+                                     programs=exp.programs)
   start = time.perf_counter()
   share = distributed.process_share(len(tasks))
   batch = engine.rollout(params, list(tasks)[share.start:share.stop], key, task_ids=share)

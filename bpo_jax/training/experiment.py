@@ -128,6 +128,9 @@ class Experiment:
   eval_tasks: list
   pool: pool_lib.SandboxPool
   frozen: Any = None  # the frozen base parameters of a LoRA run; None when every one trains
+  # The sampler programs compiled at start-up (`training/startup.py`), shared by the rollouts
+  # and the evaluations; None: each compiled on its first call.
+  programs: Any = None
 
   def full_params(self, params):
     """The whole model's parameters from the trainable ones (adapters joined to the base)."""

@@ -93,7 +93,6 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from bpo_jax import rollout as rollout_lib
 from bpo_jax.models import params as params_lib
 from bpo_jax.training import checkpoint as checkpoint_lib
 from bpo_jax.training import compile_cache
@@ -105,6 +104,7 @@ from bpo_jax.training import iteration as iteration_lib
 from bpo_jax.training import metrics as metrics_lib
 from bpo_jax.training import placement as placement_lib
 from bpo_jax.training import settings as settings_lib
+from bpo_jax.training import startup as startup_lib
 from bpo_jax.training import translate
 from bpo_jax.training import update as update_lib
 from bpo_jax.training import warm_start as warm_start_lib
@@ -113,7 +113,8 @@ from bpo_jax.training import workdir as workdir_lib
 # Keys a resumed run may change without breaking exactness (they do not touch the numbers).
 RESUMABLE_CHANGES = ("train.iterations", "log.tensorboard", "log.progress_bar", "checkpoint.keep",
                      "env.num_workers", "env.timeout_s", "scale.distributed.process_id",
-                     "scale.distributed.coordinator_address", "scale.compile_cache_dir")
+                     "scale.distributed.coordinator_address", "scale.compile_cache_dir",
+                     "scale.startup_compile")
 # Keys `evaluate` and `export` may set otherwise than the run's record: how many held-out tasks
 # and how they are played, and where the checkpoint is restored (its arrays are the same on any
 # mesh). Everything else decides which model the checkpoint holds and how it is read.
@@ -250,11 +251,12 @@ def make_update(settings, graphdef, params) -> UpdateSetup:
 def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
            stop_after: int | None) -> dict:
   settings, workdir = exp.settings, exp.workdir
-  tx, local_state, placement, train_step = build_update(exp, state.params)
+  setup = build_update(exp, state.params)
+  tx, local_state, placement, _ = setup
   exp = dataclasses.replace(exp, frozen=placement.place_frozen(exp.frozen))
   use_ref = settings.train.kl_coef > 0
-  engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
-                                     translate.rollout_config(settings))
+  # The rollout engine and the update, their programs compiled here where that applies.
+  exp, engine, train_step, startup_record = startup_lib.start(exp, setup, state.params)
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                              keep=settings.checkpoint.keep)
   root_key = jax.random.key(settings.seed)
@@ -284,12 +286,16 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
                                        progress_bar=settings.log.progress_bar,
                                        total_iterations=settings.train.iterations,
                                        history=history)
+  if startup_record is not None:
+    history.append(writer.write(dict(startup_record, iteration=latest)))
   try:
     last = settings.train.iterations if stop_after is None else min(stop_after,
                                                                   settings.train.iterations)
     for iteration in range(latest + 1, last + 1):
       state, record, _, threshold = iteration_lib.run_iteration(
           exp, engine, train_step, state, iteration, root_key, threshold, placement, ref)
+      if exp.programs is not None:  # calls outside the start-up set so far (0 when closed)
+        record["compile_misses"] = exp.programs.misses
       history.append(writer.write(record))
       iteration_lib.check_skipped_updates(history, settings.train.max_skipped_updates)
       final = iteration == settings.train.iterations

@@ -269,16 +269,9 @@ def lower_programs(settings) -> Programs:
 
 
 def abstract_batch(rows: int, row_length: int, row_sharding):
-  """A `[rows, row_length]` `packing.PackedBatch` of abstract arrays on the rows' sharding."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  """`packing.abstract_batch`: a `[rows, row_length]` PackedBatch of abstract arrays."""
   from bpo_jax import packing  # pylint: disable=g-import-not-at-top
-  dtypes = dict(tokens=jnp.int32, positions=jnp.int32, predecessor=jnp.int32,
-                segment_start=jnp.int32, segment_end=jnp.int32, loss_mask=jnp.bool_,
-                advantage=jnp.float32, weight=jnp.float32, old_logprob=jnp.float32)
-  return packing.PackedBatch(**{
-      name: jax.ShapeDtypeStruct((rows, row_length), dtype, sharding=row_sharding)
-      for name, dtype in dtypes.items()})
+  return packing.abstract_batch(rows, row_length, row_sharding)
 
 
 def _lower_sample(settings, graphdef, model_config, mesh, params):

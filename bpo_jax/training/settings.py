@@ -181,6 +181,7 @@ class ScaleSettings:
   num_devices: int
   decode_batch: int
   compile_cache_dir: str
+  startup_compile: str
   distributed: DistributedSettings
 
 

@@ -4,7 +4,7 @@
 
 SPEC_JSON: {"workdir", "cache_dir" ("none" for no persistent cache), "estimator",
 "iterations", "checkpoint" (an HF directory, or "" for the world's tiny model), "lora_rank",
-"eval_every"}. Prints one JSON line: the compile counts (`compile_cache.CompileCounter`) at the
+"eval_every", optionally "startup_compile" (`scale.startup_compile`) and "max_length"}. Prints one JSON line: the compile counts (`compile_cache.CompileCounter`) at the
 start of every iteration and at the end of the run ("at_iteration" [{"requests",
 "cache_hits", "compiles"}, ...], "at_end"), so the compiles of iteration i and the evaluation
 after it are the difference of consecutive entries.
@@ -26,6 +26,9 @@ def tiny_config(spec: dict):
   config.eval.every = spec.get("eval_every", 0)
   config.eval.num_tasks = 2
   config.scale.compile_cache_dir = spec["cache_dir"]
+  config.scale.startup_compile = spec.get("startup_compile", "auto")
+  if spec.get("max_length"):
+    config.model.max_length = spec["max_length"]
   if spec.get("checkpoint"):
     config.model.checkpoint = spec["checkpoint"]
     config.model.max_length = 640  # the chat template takes more tokens per path

@@ -96,3 +96,32 @@ def test_a_second_process_on_the_same_cache_compiles_at_most_a_tenth(bpo_on_a_fr
   assert first["compiles"] >= 20, first  # a run compiles dozens of programs
   assert second["requests"] == first["requests"], (first, second)  # the same programs ...
   assert second["compiles"] <= 0.1 * first["compiles"], (first, second)  # ... read back
+
+
+
+# What the iterations of a run with its start-up set still compile, each a small program on
+# first use: host-to-device staging and eager array ops (jit(stage), jit(convert_element_type),
+# ...), the fork's row gathers (jit(_take)), the branch keys (jit(_fold_in_rows)), the
+# first-token entropy, the CPU's transposed embedding, the estimator and the fork threshold.
+# None is the sampler's or the update's.
+HEAVY = {"jit(append_tokens)", "jit(generate)", "jit(train_step)"}
+
+
+@pytest.mark.slow
+def test_with_the_start_up_set_the_iterations_compile_no_sampler_or_update_program(tmp_path):
+  """The world's tiny model with 256 cache slots, two iterations with an evaluation after each,
+  its program set compiled at start-up: the iterations run every append, decode loop and update
+  from the set (no miss) and compile none of them."""
+  counts = run_counted(dict(cache_dir="none", estimator="bpo", iterations=2, eval_every=1,
+                            startup_compile="on", max_length=256, workdir=str(tmp_path / "run")))
+  first = counts["at_iteration"][0]["requests"]
+  during = {name for name, _ in counts["log"][first:]}
+  assert not during & HEAVY, sorted(during)
+  with open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8") as f:
+    records = [json.loads(line) for line in f]
+  startup = [r for r in records if r["phase"] == "startup"]
+  # Batches of 8 rows (4 decode at once), 256 slots: one window (256), token buckets 16..256:
+  # 5 appends and 1 decode loop; trees of 2 leaves x 256 tokens fill packed rows of 128..512:
+  # 3 update steps.
+  assert len(startup) == 1 and startup[0]["startup_programs"] == 5 + 1 + 3, startup
+  assert [r["compile_misses"] for r in records if r["phase"] == "train"] == [0, 0]

@@ -1,0 +1,147 @@
+"""The shapes the sampler compiles for: token buckets, attention windows, and the closed set
+of (program, shape) keys a run's settings allow.
+
+`Sampler.append` pads the tokens it appends to a token bucket (`bucket_length`, powers of two
+from 16, capped at the cache length) and attends over a window (`attend_length_for`, powers of
+two from `MIN_ATTEND_LENGTH`, capped at the cache length); `Sampler.generate` decodes over a
+window. With the batch sizes a run pads its rows to, these fix every shape the sampler's
+programs are compiled for (`sampler_program_keys`), so they can all be compiled before the
+first rollout (`bpo_jax.precompiled`).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+# The shortest attention window (see "Attention window" in `bpo_jax.sampling`).
+MIN_ATTEND_LENGTH = 256
+
+
+def bucket_length(n: int, minimum: int = 16, maximum: Optional[int] = None) -> int:
+  """The padded length for n tokens: the next power of two ≥ max(n, minimum), capped.
+
+  Example: `bucket_length(17) == 32`, `bucket_length(3) == 16`, `bucket_length(40, maximum=48)
+  == 48`.
+  """
+  if n < 0:
+    raise ValueError(f"n must be >= 0, got {n}")
+  size = max(minimum, 1 << max(n - 1, 0).bit_length())
+  if maximum is not None:
+    if n > maximum:
+      raise ValueError(f"{n} tokens exceed the maximum length {maximum}")
+    size = min(size, maximum)
+  return size
+
+
+def attend_length_for(lengths_after: Sequence[int], max_length: int,
+                      minimum: int = MIN_ATTEND_LENGTH) -> int:
+  """The attention window for rows that will hold `lengths_after` tokens each.
+
+  The next power of two ≥ the longest row and ≥ `minimum`, capped at `max_length` (rows longer
+  than the cache stop at its end). Rows that take no tokens are left out by the caller.
+  Example: `attend_length_for([100, 40], 1024) == 256`, `attend_length_for([300], 1024) ==
+  512`, `attend_length_for([1500], 1024) == 1024`, `attend_length_for([], 48) == 48`.
+  """
+  longest = int(np.max(np.asarray(lengths_after, np.int64), initial=1))
+  return bucket_length(min(longest, max_length), minimum=minimum, maximum=max_length)
+
+
+def pad_token_rows(rows: Sequence[Sequence[int]], length: Optional[int] = None,
+                   maximum: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+  """Right-pads token lists into (tokens [B, T] int32, lengths [B] int32).
+
+  T is `length` if given, else `bucket_length` of the longest row (capped at `maximum`).
+  """
+  lengths = np.asarray([len(r) for r in rows], np.int32)
+  longest = int(lengths.max()) if len(rows) else 0
+  if length is None:
+    length = bucket_length(max(longest, 1), maximum=maximum)
+  if longest > length:
+    raise ValueError(f"a row has {longest} tokens, more than the padded length {length}")
+  tokens = np.zeros((len(rows), length), np.int32)
+  for b, row in enumerate(rows):
+    tokens[b, :len(row)] = np.asarray(row, np.int32)
+  return tokens, lengths
+
+
+
+class ProgramKey(NamedTuple):
+  """One compiled sampler program: `name` "append" (continued prefill of `tokens` padded
+  tokens per row) or "generate" (a decode loop, `keep_state` as in `sampling.generate`), on
+  `batch` rows attending over `window` cache slots. Fields a program does not have are 0 / True.
+  """
+  name: str
+  batch: int
+  tokens: int
+  window: int
+  keep_state: bool = True
+
+  def label(self) -> str:
+    """`append[batch=8,tokens=64,window=256]`, `generate[batch=8,window=256]`,
+    `train_step[rows=2,length=512]` (the update: `batch` rows of `tokens`): for logs."""
+    if self.name == "train_step":
+      return f"train_step[rows={self.batch},length={self.tokens}]"
+    if self.name == "append":
+      return f"append[batch={self.batch},tokens={self.tokens},window={self.window}]"
+    probe = "" if self.keep_state else ",probe"
+    return f"generate[batch={self.batch},window={self.window}{probe}]"
+
+
+def token_buckets(max_length: int) -> list[int]:
+  """𝒯(L) = {bucket_length(n, maximum=L) : 1 ≤ n ≤ L}: the powers of two from 16 below L, and
+  L. Example: `token_buckets(320) == [16, 32, 64, 128, 256, 320]`, `token_buckets(8) == [8]`."""
+  return sorted({min(max(16, 1 << k), max_length) for k in range(max_length.bit_length() + 1)})
+
+
+def windows(max_length: int, minimum: int = MIN_ATTEND_LENGTH) -> list[int]:
+  """𝒲(L) = {attend_length_for([n], L) : 1 ≤ n ≤ L}: the powers of two from `minimum` below L,
+  and L; |𝒲| = 1 + ceil(log2(L / minimum)) for L > minimum, else 1 (just L).
+  Example: `windows(1024) == [256, 512, 1024]`, `windows(320) == [256, 320]`,
+  `windows(100) == [100]`."""
+  return sorted({min(max(minimum, 1 << k), max_length)
+                 for k in range(max_length.bit_length() + 1)})
+
+
+def batch_sizes(buckets: Sequence[int], max_rows: int) -> list[int]:
+  """The padded batch sizes for 1..`max_rows` live rows (`RolloutConfig.batch_size`): every
+  bucket up to the first that holds `max_rows`, then multiples of the largest bucket.
+  Example: buckets (8, 16, 32), 20 rows → [8, 16, 32]; 70 rows → [8, 16, 32, 64, 96]."""
+  sizes = []
+  for bucket in buckets:
+    sizes.append(bucket)
+    if bucket >= max_rows:
+      return sizes
+  largest = buckets[-1]
+  return sizes + [largest * m for m in range(2, -(-max_rows // largest) + 1)]
+
+
+def sampler_program_keys(batches: Iterable[int], max_length: int,
+                         probe: bool = False) -> list[ProgramKey]:
+  """Every program the rollout engine's sampler can run, for rows padded to `batches` with
+  `max_length` cache slots each.
+
+  An append of n ≤ L tokens to rows that end with at most ℓ ≤ L tokens pads them to the token
+  bucket T = bucket_length(n) ∈ 𝒯(L) and attends over w = max(attend_length_for([ℓ]), T). Since
+  ℓ ≥ n, w ∈ 𝒲(L) and T ≤ w (a T above `MIN_ATTEND_LENGTH` is itself in 𝒲), and every such
+  pair occurs (a short append to a long row, a long prefill). A decode loop attends over
+  attend_length_for([ℓ + max_new_tokens]) ∈ 𝒲(L), keeping its state (a rollout's action) or,
+  with `probe`, not (the greedy-action entropy probe). So, in this order:
+
+      append:   {(b, T, w) : b ∈ batches, w ∈ 𝒲(L), T ∈ 𝒯(L), T ≤ w}
+      generate: {(b, w, keep) : b ∈ batches, w ∈ 𝒲(L), keep ∈ {True} (∪ {False} with probe)}
+
+  per batch size Σ_{w ∈ 𝒲} |{T ∈ 𝒯 : T ≤ w}| appends and |𝒲| (or 2|𝒲|) decode loops.
+  Example: batches [8], L = 320 gives 5 + 6 = 11 appends and 2 decode loops.
+  """
+  keys = []
+  for batch in sorted(set(int(b) for b in batches)):
+    for window in windows(max_length):
+      keys += [ProgramKey("append", batch, tokens, window)
+               for tokens in token_buckets(max_length) if tokens <= window]
+    for window in windows(max_length):
+      keys.append(ProgramKey("generate", batch, 0, window))
+      if probe:
+        keys.append(ProgramKey("generate", batch, 0, window, keep_state=False))
+  return keys

@@ -1,0 +1,157 @@
+"""A run's closed program set, compiled at start-up (docs/DESIGN.md §2).
+
+Everything the loop's rollouts, evaluations and updates execute is compiled before the first
+of them, for every shape the run's settings allow:
+
+  * the sampler's continued prefill and decode loops (`precompiled.compile_sampler_programs`)
+    for the batch sizes of up to `max_decode_rows` live rows, every token bucket and window of
+    the cache (`sampling_shapes.sampler_program_keys`), shared by rollouts and evaluations;
+  * the update step (`update.make_train_step`, through `UpdateSetup.train_step`) on the
+    loop's padded row count at every packed row length a tree can fill (`update_row_lengths`).
+
+Each program's seconds are logged (absl, one line each) and the total goes into the run's
+metrics as one record of phase "startup". The executables are kept by shape where they are
+called (`Sampler.programs`, `PrecompiledStep`); a shape outside the set still runs, compiled on
+its call, and counts as a miss (`ProgramSet.misses`, `compile_misses` in each training record).
+
+`scale.startup_compile`: "auto" compiles the set on accelerators, where a program's first call
+would otherwise stall the first iteration (GEMM autotuning per shape), and leaves it off on the
+CPU, where the set holds more shapes than a short run meets and each compiles in about the time
+it runs; "on" and "off" force it. The set covers one device; a run on a mesh of several, or
+with a paged KV cache, compiles its programs on their first call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from absl import logging
+import jax
+
+from bpo_jax import packing
+from bpo_jax import precompiled
+from bpo_jax import rollout as rollout_lib
+from bpo_jax import sampling_shapes
+from bpo_jax.training import placement as placement_lib
+from bpo_jax.training import translate
+
+# `scale.startup_compile` values.
+AUTO, ON, OFF = "auto", "on", "off"
+
+
+def wanted(setting: str, platform: str | None = None) -> bool:
+  """Whether `scale.startup_compile` = `setting` compiles the set on `platform` (default: the
+  first local device's): "on", or "auto" anywhere but the CPU."""
+  if setting not in (AUTO, ON, OFF):
+    raise ValueError(f"scale.startup_compile must be 'auto', 'on' or 'off', got {setting!r}")
+  platform = platform or jax.local_devices()[0].platform
+  return setting == ON or (setting == AUTO and platform != "cpu")
+
+
+def max_decode_rows(settings, process_count: int = 1) -> int:
+  """The most rows one process decodes at once: its share of the iteration's trees (tasks x
+  trees per task, split over the processes) times a tree's most live branches (BPO: its leaves,
+  since every branch ends in one; a group: its episodes), or its share of the held-out tasks
+  (one episode each), whichever is more. Example: 2 tasks x 1 tree x 4 leaves, 4 held-out tasks
+  → 8."""
+  rollout = translate.rollout_config(settings)
+  branches = (rollout.episodes_per_group if rollout.topology == "group"
+              else rollout.max_leaves or rollout.node_capacity)
+  trees = settings.rollout.tasks_per_iteration * settings.rollout.trees_per_task
+  share = lambda n: -(-n // process_count)
+  return max(share(trees) * branches, share(settings.eval.num_tasks))
+
+
+def update_row_lengths(settings) -> list[int]:
+  """The packed row lengths the update can meet: the row buckets (`translate.row_buckets`) up to
+  the one holding the longest packed tree.
+
+  A tree is packed into one row, each distinct token once. Its tokens lie on its leaves' paths,
+  each at most L = `model.max_length` tokens, so a tree of at most n leaves (BPO: `max_leaves`;
+  a group: its episodes) holds at most n·L; with the "worst_case" accounting BPO's trees also
+  process at most `max_tree_tokens`. The row lengths are the buckets ≤ bucket(min of those).
+  Example: 2 leaves of 320 tokens, max_tree_tokens 1024 → 640 → [128, 256, 512, 1024].
+  """
+  rollout = translate.rollout_config(settings)
+  branches = (rollout.episodes_per_group if rollout.topology == "group"
+              else rollout.max_leaves or rollout.node_capacity)
+  longest = branches * rollout.max_length
+  if rollout.max_tree_tokens is not None and rollout.budget_accounting == "worst_case":
+    longest = min(longest, rollout.max_tree_tokens)
+  buckets = translate.row_buckets(settings)
+  return [b for b in buckets if b <= packing.choose_bucket(min(longest, buckets[-1]), buckets)]
+
+
+class PrecompiledStep:
+  """The update step run from the set's executables, keyed by the packed batch's shape
+  (`ProgramKey("train_step", rows, row_length)`); any other shape compiles on its call."""
+
+  def __init__(self, train_step: Callable, programs: precompiled.ProgramSet):
+    self.train_step = train_step
+    self.programs = programs
+
+  def __call__(self, state, batch, ref=None, num_trees=None, frozen=None):
+    rows, length = batch.tokens.shape
+    key = sampling_shapes.ProgramKey("train_step", rows, length, 0)
+    return self.programs.run(key, (state, batch, ref, num_trees, frozen), {}, self.train_step)
+
+
+def _abstract_on_device(tree):
+  """`tree`'s arrays as abstract arrays with their shardings (None stays None)."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                      tree)
+
+
+def compile_update(programs: precompiled.ProgramSet, exp, setup, ref_params) -> None:
+  """Compiles `setup.train_step` (a `loop.UpdateSetup`) into `programs` on the loop's padded
+  row count at every packed row length it can meet (`update_row_lengths`), as `ppo_epochs`
+  calls it."""
+  settings = exp.settings
+  placement = setup.placement
+  num_tasks = settings.rollout.tasks_per_iteration * settings.rollout.trees_per_task
+  rows = placement_lib.row_count(num_tasks, settings.train.micro_batches * placement.row_shards)
+  state = placement.abstract(setup.local_state)
+  ref = None if ref_params is None else state.params
+  frozen = None if exp.frozen is None else _abstract_on_device(exp.frozen)
+  jitted = getattr(setup.train_step, "jitted", setup.train_step)
+  num_trees = jax.ShapeDtypeStruct((), jax.numpy.int32, weak_type=True)
+  for length in update_row_lengths(settings):
+    batch = packing.abstract_batch(rows, length, placement.row_sharding)
+    programs.compile(sampling_shapes.ProgramKey("train_step", rows, length, 0),
+                     lambda batch=batch: jitted.lower(state, batch, ref, num_trees, frozen))
+
+
+def applies(settings, rollout_config, placement) -> bool:
+  """Whether the run compiles its set at start-up: `scale.startup_compile` says so for this
+  platform, and the run decodes on one device with the dense cache (what the set covers)."""
+  return (wanted(settings.scale.startup_compile) and placement.mesh is None
+          and not rollout_config.kv_page_size)
+
+
+def start(exp, setup, params) -> tuple[Any, Any, Callable, dict | None]:
+  """The run's rollout engine and update step, their programs compiled first where that
+  applies (`applies`), for the trainable `params` (their shapes; values unused).
+
+  Returns (the experiment, holding the set as `programs` for the evaluations, or None; the
+  engine; the update step to call; the "startup" metrics record, or None without a set).
+  """
+  settings = exp.settings
+  config = translate.rollout_config(settings)
+  programs = None
+  if applies(settings, config, setup.placement):
+    programs = precompiled.ProgramSet(config.sampling_params(exp.fmt.stop_token_ids).limits())
+  exp = dataclasses.replace(exp, programs=programs)
+  engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
+                                     config, programs=programs)
+  if programs is None:
+    return exp, engine, setup.train_step, None
+  sampling_params = jax.eval_shape(exp.sampling_params, params)
+  keys = engine.program_keys(max_decode_rows(settings, jax.process_count()))
+  precompiled.compile_sampler_programs(programs, engine.sampler, sampling_params, keys)
+  compile_update(programs, exp, setup, params if settings.train.kl_coef > 0 else None)
+  logging.info("start-up compile: %d programs in %.1f s", len(programs.seconds),
+               programs.total_seconds)
+  record = {"phase": "startup", "startup_programs": len(programs.seconds),
+            "time/startup_compile": programs.total_seconds}
+  return exp, engine, PrecompiledStep(setup.train_step, programs), record

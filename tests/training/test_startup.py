@@ -1,0 +1,50 @@
+"""The run's start-up program set: when it is compiled, and the shapes it covers, by hand."""
+
+import pytest
+
+from bpo_jax import sampling_shapes
+from bpo_jax.training import settings as settings_lib
+from bpo_jax.training import startup
+from experiments.configs import base
+
+
+def test_auto_compiles_on_accelerators_only():
+  assert [startup.wanted(s, "cpu") for s in ("auto", "on", "off")] == [False, True, False]
+  assert [startup.wanted(s, "gpu") for s in ("auto", "on", "off")] == [True, True, False]
+  assert startup.wanted("auto", "tpu")
+  with pytest.raises(ValueError, match="startup_compile"):
+    startup.wanted("yes", "cpu")
+
+
+def _settings(estimator: str, **changes):
+  config = base.tiny(base.rooms(estimator))
+  for key, value in changes.items():
+    section, name = key.split("__")
+    config[section][name] = value
+  return settings_lib.from_config(config)
+
+
+def test_decode_rows_and_row_lengths_of_the_tiny_runs_by_hand():
+  # BPO: 2 tasks x 1 tree x 2 leaves = 4 rows, 4 held-out tasks; trees of at most
+  # 2 x 320 = 640 tokens (under max_tree_tokens 1024) fill rows up to the 1024 bucket.
+  bpo = _settings("bpo")
+  assert startup.max_decode_rows(bpo) == 4
+  assert startup.update_row_lengths(bpo) == [128, 256, 512, 1024]
+  # 8 held-out tasks are more rows than the rollout's 4; over 3 processes: ceil(8 / 3) = 3.
+  assert startup.max_decode_rows(_settings("bpo", eval__num_tasks=8)) == 8
+  assert startup.max_decode_rows(_settings("bpo", eval__num_tasks=8), process_count=3) == 3
+  # 4 leaves x 320 = 1280 tokens, but max_tree_tokens 1000 caps a tree: buckets to 1024.
+  capped = _settings("bpo", rollout__max_leaves=4, rollout__max_tree_tokens=1000)
+  assert startup.max_decode_rows(capped) == 8
+  assert startup.update_row_lengths(capped) == [128, 256, 512, 1024]
+  # GRPO: groups of 2 episodes (the env-step budget of one fork's leaves), 2 x 320 tokens.
+  grpo = _settings("grpo")
+  assert startup.max_decode_rows(grpo) == 4
+  assert startup.update_row_lengths(grpo) == [128, 256, 512, 1024]
+
+
+def test_the_tiny_run_set_has_eleven_appends_two_decode_loops_per_batch():
+  keys = sampling_shapes.sampler_program_keys(
+      sampling_shapes.batch_sizes((8, 16, 32, 64, 128, 256), 4), 320)
+  assert [k.batch for k in keys] == [8] * 13
+  assert sum(k.name == "append" for k in keys) == 11
