@@ -16,8 +16,8 @@ its call, and counts as a miss (`ProgramSet.misses`, `compile_misses` in each tr
 
 `scale.startup_compile`: "auto" compiles the set on accelerators, where a program's first call
 would otherwise stall the first iteration (GEMM autotuning per shape), and leaves it off on the
-CPU, where the set holds more shapes than a short run meets and each compiles in about the time
-it runs; "on" and "off" force it. The set covers one device; a run on a mesh of several, or
+CPU, where a short run meets a few of the set's shapes and compiling the others costs more than
+the run saves; "on" and "off" force it. The set covers one device; a run on a mesh of several, or
 with a paged KV cache, compiles its programs on their first call.
 """
 
