@@ -117,8 +117,37 @@ def batch_sizes(buckets: Sequence[int], max_rows: int) -> list[int]:
   return sizes + [largest * m for m in range(2, -(-max_rows // largest) + 1)]
 
 
-def sampler_program_keys(batches: Iterable[int], max_length: int,
-                         probe: bool = False) -> list[ProgramKey]:
+class AppendBounds(NamedTuple):
+  """What is known of a rollout's appends before it runs (`sampler_program_keys`).
+
+  Attributes:
+    prefill_batches: the batch sizes of a call's first append, which fills empty rows (the
+      prompts: one row per tree or held-out task).
+    longest_prompt: most tokens of a prompt.
+    longest_append: most tokens of a later append (an observation).
+  """
+  prefill_batches: tuple[int, ...]
+  longest_prompt: int
+  longest_append: int
+
+
+def _append_pairs(max_length: int, bounds: Optional[AppendBounds], prefill: bool
+                  ) -> set[tuple[int, int]]:
+  """The (T, w) pairs of the appends on a batch (see `sampler_program_keys`)."""
+  buckets, spans = token_buckets(max_length), windows(max_length)
+  if bounds is None:
+    return {(t, w) for w in spans for t in buckets if t <= w}
+  later = bucket_length(min(bounds.longest_append, max_length), maximum=max_length)
+  pairs = {(t, w) for w in spans for t in buckets if t <= min(w, later)}
+  if prefill:
+    for n in range(1, min(bounds.longest_prompt, max_length) + 1):
+      t = bucket_length(n, maximum=max_length)
+      pairs.add((t, max(attend_length_for([n], max_length), t)))
+  return pairs
+
+
+def sampler_program_keys(batches: Iterable[int], max_length: int, probe: bool = False,
+                         bounds: Optional[AppendBounds] = None) -> list[ProgramKey]:
   """Every program the rollout engine's sampler can run, for rows padded to `batches` with
   `max_length` cache slots each.
 
@@ -134,12 +163,23 @@ def sampler_program_keys(batches: Iterable[int], max_length: int,
 
   per batch size Σ_{w ∈ 𝒲} |{T ∈ 𝒯 : T ≤ w}| appends and |𝒲| (or 2|𝒲|) decode loops.
   Example: batches [8], L = 320 gives 5 + 6 = 11 appends and 2 decode loops.
+
+  With `bounds` (`AppendBounds`) the appends are fewer. A call's first append fills empty
+  rows, so its longest row sets both: n ≤ `longest_prompt` gives (T(n), max(W(n), T(n))),
+  W = attend_length_for, on `prefill_batches` only; every later append has n ≤
+  `longest_append`, so T ≤ T(longest_append), on any batch and window:
+
+      append:   {(b, T, w) : b ∈ batches, w ∈ 𝒲, T ∈ 𝒯, T ≤ min(w, T(longest_append))}
+                ∪ {(b, T(n), max(W(n), T(n))) : b ∈ prefill_batches, n ≤ longest_prompt}
+
+  Example: batches [8], L = 320, prompts of at most 100 tokens, appends of at most 40: T ≤ 64
+  after the prefill, 3 + 3 appends, and the prefill's (128, 256); 7 appends.
   """
+  prefill = set() if bounds is None else set(bounds.prefill_batches)
   keys = []
-  for batch in sorted(set(int(b) for b in batches)):
-    for window in windows(max_length):
-      keys += [ProgramKey("append", batch, tokens, window)
-               for tokens in token_buckets(max_length) if tokens <= window]
+  for batch in sorted(set(int(b) for b in batches) | prefill):
+    pairs = _append_pairs(max_length, bounds, bounds is None or batch in prefill)
+    keys += [ProgramKey("append", batch, t, w) for w, t in sorted((w, t) for t, w in pairs)]
     for window in windows(max_length):
       keys.append(ProgramKey("generate", batch, 0, window))
       if probe:

@@ -63,6 +63,30 @@ def test_the_set_is_exactly_what_the_bucket_rules_reach():
     assert {k.window for k in keys if k.name == "generate"} == decodes, max_length
 
 
+def test_bounded_appends_are_exactly_what_the_rules_reach_from_empty_rows_and_short_appends():
+  """A call's first append on empty rows (prompts of n ≤ P tokens: the longest row holds n),
+  later ones of n ≤ O tokens onto rows of any length: the (T, w) pairs the rules give."""
+  for max_length, longest_prompt, longest_append in ((48, 30, 5), (320, 100, 40), (600, 700, 17),
+                                                     (1100, 300, 300)):
+    lengths = range(1, max_length + 1)
+    tokens = {n: shapes.bucket_length(n, maximum=max_length) for n in lengths}
+    window = {n: shapes.attend_length_for([n], max_length) for n in lengths}
+    prefills = {(tokens[n], max(window[n], tokens[n]))
+                for n in range(1, min(longest_prompt, max_length) + 1)}
+    appends = {(tokens[n], max(window[after], tokens[n]))
+               for n, after in itertools.product(lengths, repeat=2)
+               if n <= min(after, longest_append)}
+    bounds = shapes.AppendBounds((8,), longest_prompt, longest_append)
+    keys = shapes.sampler_program_keys([8, 16], max_length, bounds=bounds)
+    got = {(k.batch, k.tokens, k.window) for k in keys if k.name == "append"}
+    want = ({(8, t, w) for t, w in prefills | appends} | {(16, t, w) for t, w in appends})
+    assert got == want, max_length
+  # The docstring's example: 3 + 3 appends after the prefill, and its (128, 256).
+  keys = shapes.sampler_program_keys([8], 320, bounds=shapes.AppendBounds((8,), 100, 40))
+  assert [(k.tokens, k.window) for k in keys if k.name == "append"] == [
+      (16, 256), (32, 256), (64, 256), (128, 256), (16, 320), (32, 320), (64, 320)]
+
+
 CONFIG = ModelConfig.tiny_qwen3(vocab_size=64, hidden_size=32, intermediate_size=64, head_dim=8,
                                 tie_word_embeddings=True)
 LIMITS = sampling.SamplingParams(max_new_tokens=4, stop_token_ids=(3,))

@@ -113,14 +113,22 @@ class RolloutEngine:
     self.sampling_params = config.sampling_params(fmt.stop_token_ids)
     self._calls = itertools.count()
 
-  def program_keys(self, max_rows: int) -> list[sampling_shapes.ProgramKey]:
-    """The sampler programs a call with at most `max_rows` live rows can run: every batch
-    size up to `max_rows` rows (`batch_buckets`), with the greedy-action probe's decode loops
-    when the entropy measure takes them (`sampling_shapes.sampler_program_keys`)."""
+  def program_keys(self, max_rows: int, prompts: int, longest_prompt: int | None = None,
+                   longest_observation: int | None = None) -> list[sampling_shapes.ProgramKey]:
+    """The sampler programs calls with at most `max_rows` live rows and `prompts` trees can
+    run: every batch size up to `max_rows` rows (`batch_buckets`), the prompts' prefill on the
+    batch sizes up to `prompts` rows, with the greedy-action probe's decode loops when the
+    entropy measure takes them (`sampling_shapes.sampler_program_keys`). The appends are
+    bounded by the longest prompt and observation (`fmt`'s token counts; None: the cache).
+    A rewound branch (`top_k_after`) appends one token."""
     cfg = self.config
+    bounds = sampling_shapes.AppendBounds(
+        prefill_batches=tuple(sampling_shapes.batch_sizes(cfg.batch_buckets, prompts)),
+        longest_prompt=longest_prompt or cfg.max_length,
+        longest_append=longest_observation or cfg.max_length)
     return sampling_shapes.sampler_program_keys(
         sampling_shapes.batch_sizes(cfg.batch_buckets, max_rows), cfg.max_length,
-        probe=cfg.entropy_measure == "greedy_action")
+        probe=cfg.entropy_measure == "greedy_action", bounds=bounds)
 
   def rollout(self, params, tasks: Sequence[Any], key: jax.Array,
               threshold: float | None = None,

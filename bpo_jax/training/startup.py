@@ -4,8 +4,10 @@ Everything the loop's rollouts, evaluations and updates execute is compiled befo
 of them, for every shape the run's settings allow:
 
   * the sampler's continued prefill and decode loops (`precompiled.compile_sampler_programs`)
-    for the batch sizes of up to `max_decode_rows` live rows, every token bucket and window of
-    the cache (`sampling_shapes.sampler_program_keys`), shared by rollouts and evaluations;
+    for the batch sizes of up to `max_decode_rows` live rows, every window of the cache and the
+    token buckets of the longest prompt (on up to `prompt_rows` rows) and observation the chat
+    format allows (`token_bounds`; `sampling_shapes.sampler_program_keys`), shared by rollouts
+    and evaluations;
   * the update step (`update.make_train_step`, through `UpdateSetup.train_step`) on the
     loop's padded row count at every packed row length a tree can fill (`update_row_lengths`).
 
@@ -83,6 +85,23 @@ def update_row_lengths(settings) -> list[int]:
   return [b for b in buckets if b <= packing.choose_bucket(min(longest, buckets[-1]), buckets)]
 
 
+def prompt_rows(settings, process_count: int = 1) -> int:
+  """The most prompts one process prefills at once: its share of the iteration's trees (each
+  tree or group starts from one backbone) or of the held-out tasks, whichever is more."""
+  trees = settings.rollout.tasks_per_iteration * settings.rollout.trees_per_task
+  return max(-(-trees // process_count), -(-settings.eval.num_tasks // process_count))
+
+
+def token_bounds(fmt) -> tuple[int | None, int | None]:
+  """(most tokens of a prompt, of an observation piece) in chat format `fmt`: the template's
+  overheads plus `max_observation_tokens`, and a piece after a reply cut by the token limit
+  one token more (`text.ChatFormat`); (None, None) when observations are not cut."""
+  n = fmt.max_observation_tokens
+  if n is None:
+    return None, None
+  return fmt.prompt_overhead + n, fmt.observation_overhead + n + 1
+
+
 class PrecompiledStep:
   """The update step run from the set's executables, keyed by the packed batch's shape
   (`ProgramKey("train_step", rows, row_length)`); any other shape compiles on its call."""
@@ -147,11 +166,17 @@ def start(exp, setup, params) -> tuple[Any, Any, Callable, dict | None]:
   if programs is None:
     return exp, engine, setup.train_step, None
   sampling_params = jax.eval_shape(exp.sampling_params, params)
-  keys = engine.program_keys(max_decode_rows(settings, jax.process_count()))
+  processes = jax.process_count()
+  longest_prompt, longest_observation = token_bounds(exp.fmt)
+  keys = engine.program_keys(max_decode_rows(settings, processes),
+                             prompt_rows(settings, processes), longest_prompt,
+                             longest_observation)
   precompiled.compile_sampler_programs(programs, engine.sampler, sampling_params, keys)
   compile_update(programs, exp, setup, params if settings.train.kl_coef > 0 else None)
   logging.info("start-up compile: %d programs in %.1f s", len(programs.seconds),
                programs.total_seconds)
   record = {"phase": "startup", "startup_programs": len(programs.seconds),
+            "startup_longest_prompt": longest_prompt or 0,
+            "startup_longest_observation": longest_observation or 0,
             "time/startup_compile": programs.total_seconds}
   return exp, engine, PrecompiledStep(setup.train_step, programs), record

@@ -120,8 +120,12 @@ def test_with_the_start_up_set_the_iterations_compile_no_sampler_or_update_progr
   with open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8") as f:
     records = [json.loads(line) for line in f]
   startup = [r for r in records if r["phase"] == "startup"]
-  # Batches of 8 rows (4 decode at once), 256 slots: one window (256), token buckets 16..256:
-  # 5 appends and 1 decode loop; trees of 2 leaves x 256 tokens fill packed rows of 128..512:
-  # 3 update steps.
-  assert len(startup) == 1 and startup[0]["startup_programs"] == 5 + 1 + 3, startup
+  # Batches of 8 rows (4 decode at once), 256 slots: one window (256); prompts of at most
+  # 85 tokens (the template's 45 and 40 of the observation) pad to 16..128, observations of
+  # at most 50 to 16..64: 4 appends, and 1 decode loop; trees of 2 leaves x 256 tokens fill
+  # packed rows of 128..512: 3 update steps.
+  assert len(startup) == 1, records
+  startup = startup[0]
+  assert (startup["startup_longest_prompt"], startup["startup_longest_observation"]) == (85, 50)
+  assert startup["startup_programs"] == 4 + 1 + 3, startup
   assert [r["compile_misses"] for r in records if r["phase"] == "train"] == [0, 0]

@@ -1,5 +1,7 @@
 """The run's start-up program set: when it is compiled, and the shapes it covers, by hand."""
 
+import types
+
 import pytest
 
 from bpo_jax import sampling_shapes
@@ -41,6 +43,16 @@ def test_decode_rows_and_row_lengths_of_the_tiny_runs_by_hand():
   grpo = _settings("grpo")
   assert startup.max_decode_rows(grpo) == 4
   assert startup.update_row_lengths(grpo) == [128, 256, 512, 1024]
+
+
+def test_prompt_rows_and_token_bounds_by_hand():
+  # 2 trees or 4 held-out prompts at once; 8 held-out tasks over 3 processes: 3.
+  assert startup.prompt_rows(_settings("bpo")) == 4
+  assert startup.prompt_rows(_settings("bpo", eval__num_tasks=8), process_count=3) == 3
+  fmt = types.SimpleNamespace(max_observation_tokens=40, prompt_overhead=57,
+                              observation_overhead=9)
+  assert startup.token_bounds(fmt) == (57 + 40, 9 + 40 + 1)
+  assert startup.token_bounds(types.SimpleNamespace(max_observation_tokens=None)) == (None, None)
 
 
 def test_the_tiny_run_set_has_eleven_appends_two_decode_loops_per_batch():
