@@ -13,6 +13,7 @@ run; the parts it calls each do one job:
   evaluation.py  held-out success with its interval
   placement.py   where the train state lives, how the update's batch is fed
   iteration.py   one rollout → estimator → packing → update iteration and its metrics
+  startup.py     the sampler's and the update's programs compiled before the first rollout
   estimator_registry.py  the estimators by name (advantage function, topology)
   display.py     one tree grown with a checkpoint, drawn as text
 
