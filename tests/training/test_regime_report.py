@@ -103,6 +103,7 @@ def test_report_reproduces_the_figures(tmp_path):
   # update 1, GRPO's own (0.367, 0.492, 0.533) from update 2.
   assert "GRPO) mean final success, 0.533" in text
   assert "BPO 1 [" in text and "GRPO 2 [" in text
+  assert "| 1 | 0.400 | 0.700 | 0.500 | 0.500 |" in text  # seed 1's row
   assert "Code abcdef0; commands: `fixture`." in text
   assert (results / "regime_curves.png").stat().st_size > 0
 
