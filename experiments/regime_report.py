@@ -262,11 +262,17 @@ def claim2_lines(x: dict) -> list[str]:
 
 
 def provenance_line(x: dict) -> str:
+  """The code commits and commands of the runs' provenance.json files; a warm start taken
+  from an earlier run of the same warm-start settings (`warm_start_commit`) is named."""
   known = [p for p in x["provenance"] if p]
   commits = sorted({p["commit"][:7] for p in known})
+  warm = sorted({p["warm_start_commit"][:7] for p in known if "warm_start_commit" in p})
   commands = sorted({c for p in known for c in p["commands"].values()})
   missing = len(x["provenance"]) - len(known)
-  text = f"Code {', '.join(commits) or 'not recorded'}; commands: `{'`, `'.join(commands)}`"
+  text = f"Code {', '.join(commits) or 'not recorded'}"
+  if warm:
+    text += f" (some seeds' warm starts, checkpoint 0, from runs at {', '.join(warm)})"
+  text += f"; commands: `{'`, `'.join(commands)}`"
   return text + (f"; {missing} runs without a provenance.json." if missing else ".")
 
 
