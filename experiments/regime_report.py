@@ -34,6 +34,7 @@ import glob
 import json
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -267,12 +268,14 @@ def provenance_line(x: dict) -> str:
   known = [p for p in x["provenance"] if p]
   commits = sorted({p["commit"][:7] for p in known})
   warm = sorted({p["warm_start_commit"][:7] for p in known if "warm_start_commit" in p})
-  commands = sorted({c for p in known for c in p["commands"].values()})
+  # One command per seed, the same but for --first_seed: written once, with S for the seed.
+  commands = sorted({re.sub(r"--first_seed=\d+", "--first_seed=S", c)
+                     for p in known for c in p["commands"].values()})
   missing = len(x["provenance"]) - len(known)
   text = f"Code {', '.join(commits) or 'not recorded'}"
   if warm:
     text += f" (some seeds' warm starts, checkpoint 0, from runs at {', '.join(warm)})"
-  text += f"; commands: `{'`, `'.join(commands)}`"
+  text += f"; commands (S: each seed): `{'`, `'.join(commands)}`"
   return text + (f"; {missing} runs without a provenance.json." if missing else ".")
 
 

@@ -104,7 +104,7 @@ def test_report_reproduces_the_figures(tmp_path):
   assert "GRPO) mean final success, 0.533" in text
   assert "BPO 1 [" in text and "GRPO 2 [" in text
   assert "| 1 | 0.400 | 0.700 | 0.500 | 0.500 |" in text  # seed 1's row
-  assert "Code abcdef0; commands: `fixture`." in text
+  assert "Code abcdef0; commands (S: each seed): `fixture`." in text
   assert (results / "regime_curves.png").stat().st_size > 0
 
 
