@@ -5,9 +5,10 @@ precision so parity tests compare like with like; a persistent compilation cache
 compiles across test runs and across the runs the tests start (every program, however quick to
 compile: the many small ones of a run's start add up to seconds per run). The tests' programs
 are tiny, so compiling them costs more than running them: XLA's CPU backend compiles them
-unoptimised (`--xla_backend_optimization_level=0`; a tiny quickstart run takes a third less
-time), in this process and in the runs it starts. The tolerances are the dtype's rounding either
-way.
+unoptimised (`--xla_backend_optimization_level=0`) and emits its fusions with the elemental
+emitter rather than the MLIR fusion emitters (`--xla_cpu_use_fusion_emitters=false`, which
+compiles the sampler's programs in about half the time), in this process and in the runs it
+starts. The tolerances are the dtype's rounding either way.
 """
 
 import os
@@ -20,9 +21,9 @@ os.environ.setdefault(
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = " ".join(
-      [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]).strip()
+for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+  if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), _flag]).strip()
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
