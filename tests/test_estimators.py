@@ -154,6 +154,7 @@ def _gigpo_np(episodes, *, gamma=1.0, step_gamma=1.0, step_weight=1.0, ddof=0, e
   return np.array([episode[j] for j, _, _ in nodes]) + step_weight * step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("g", [0.9, 0.0, 1.0])
 def test_equal_returns_give_exactly_zero_advantages(g):
   # float32 rounds the mean of three 0.9s off 0.9 by 6e-8, which a std normalisation with
@@ -216,6 +217,7 @@ def test_gigpo_switches_against_numpy(kwargs):
                                rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_diagnostics_hand_computed():
   # Dyadic weights and rewards: the sums are exact, the last division rounds once (2 steps
   # allow for the reciprocal of a reciprocal).
@@ -352,6 +354,7 @@ def _all_tolerances(tree, out):
   return [plain] * 5 + [grpo, 2 * gigpo, ess, share]
 
 
+@pytest.mark.slow
 def test_jit_vmap_loop_and_padding_agree():
   rng = np.random.default_rng(2)
   trees = [random_tree(rng, 20, 24, root_children=2, num_states=4, fail_prob=0.05)
@@ -402,6 +405,7 @@ def test_failed_branch_is_the_same_as_no_branch():
       np.testing.assert_allclose(f, c, rtol=0, atol=tol)
 
 
+@pytest.mark.slow
 def test_estimators_import_no_heavy_packages():
   code = ("import sys, bpo_jax.estimators, bpo_jax.tree, bpo_jax.branching, bpo_jax.losses, "
           "bpo_jax; bad = [m for m in ('flax', 'transformers', 'orbax', 'torch', 'gymnasium', "

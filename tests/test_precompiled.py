@@ -5,6 +5,7 @@ import itertools
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from bpo_jax import models
@@ -103,6 +104,7 @@ def _decode(sampler, state, prompts, observation):
   return ds, first, second
 
 
+@pytest.mark.slow
 def test_a_sampler_on_its_program_set_compiles_nothing_and_gives_the_same_numbers():
   graphdef, state = nnx.split(models.Decoder(CONFIG, rngs=nnx.Rngs(0)))
   prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]

@@ -203,6 +203,7 @@ def bpo_batch(policy, fmt, tasks):
   return threshold, batch
 
 
+@pytest.mark.slow
 def test_bpo_trees_are_valid_and_match_a_full_forward(policy, bpo_batch):
   _, batch = bpo_batch
   for result in batch.rollouts:
@@ -295,6 +296,7 @@ def test_restored_siblings_see_exactly_the_backbones_state(bpo_batch):
   assert batch.compute.snapshots == batch.compute.forks + states
 
 
+@pytest.mark.slow
 def test_group_topology_forks_n_at_the_root_only(policy, fmt, tasks):
   batch = grow(policy, fmt, in_process_pool(), tasks, seed=2, topology="group", group_size=4,
                state_ids="observation")
@@ -716,6 +718,7 @@ def test_a_tasks_tree_does_not_depend_on_its_batch_mates(policy, fmt, tasks, rul
           or moved.rollouts[0].num_nodes != alone.rollouts[0].num_nodes)
 
 
+@pytest.mark.slow
 def test_branch_keys_follow_the_documented_derivation(policy, fmt, tasks):
   # Task t's key is fold_in(key, t); the action at depth d of a branch keyed k is drawn with
   # child_key(k, d, 0), and sibling j of a fork there is keyed child_key(k, d, j). Redrawn
@@ -822,6 +825,7 @@ def _greedy_action_entropy(policy, fmt, sequence, max_new_tokens, temperature):
   return total, length, magnitude
 
 
+@pytest.mark.slow
 def test_greedy_action_entropy_is_the_greedy_paths_entropy_and_drives_the_forks(policy, fmt,
                                                                                 tasks):
   probe = grow(policy, fmt, in_process_pool(), tasks[:2], seed=1, fork_rule="never",

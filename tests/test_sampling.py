@@ -58,6 +58,7 @@ def generated(out, b):
           np.asarray(out.entropies[b, :n]))
 
 
+@pytest.mark.slow
 def test_greedy_equals_transformers_generate(policy):
   hf_model, _, _, state, sampler = policy
   ds = sampler.prefill(state, PROMPTS)
@@ -99,6 +100,7 @@ def test_logprobs_equal_training_forward(policy, params):
                                + eps(np.float32))
 
 
+@pytest.mark.slow
 def test_fork_and_append_continue_like_a_fresh_prefill(policy):
   """Multi-turn: generate, fork a row, append a different observation to each fork, generate."""
   _, config, graphdef, state, sampler = policy
@@ -130,6 +132,7 @@ def test_fork_and_append_continue_like_a_fresh_prefill(policy):
                                 np.asarray(forked.next_logits)[[3, 0]])
 
 
+@pytest.mark.slow
 def test_transposed_unembedding_is_made_once_per_embedding(policy, monkeypatch):
   """On the CPU a tied model's output projection over 2 rows or more runs on its embedding
   transposed, made at the first call and again only for another embedding array; the tokens are
@@ -181,6 +184,7 @@ def test_prefill_equals_an_append_to_an_empty_state(policy):
     sampler.prefill(state, [list(range(MAX_LENGTH + 1))])
 
 
+@pytest.mark.slow
 def test_stop_tokens_limits_and_inactive_rows(policy):
   _, _, _, state, sampler = policy
   ds = sampler.prefill(state, PROMPTS)
@@ -217,6 +221,7 @@ def test_stop_tokens_limits_and_inactive_rows(policy):
     (SamplingParams(temperature=0.8, top_k=6, max_new_tokens=7), True),
     (SamplingParams(temperature=0.0, max_new_tokens=1), False),
 ])
+@pytest.mark.slow
 def test_generate_without_keeping_the_state_emits_the_same(policy, params, per_row_keys):
   """keep_state=False skips the forward of each row's last token; what is emitted is the same,
   with stop tokens, a full cache and an inactive row, and with one key or one key per row."""
@@ -263,6 +268,7 @@ def test_sample_logits_draws_from_the_truncated_distribution():
   assert_close(entropies, -(full * np.log(full)).sum(), steps=2 * sum_roundings(6) + 4)
 
 
+@pytest.mark.slow
 def test_argmax_and_draws_equal_jax_argmax_and_categorical():
   # Ties go to the first index, as argmax has it.
   np.testing.assert_array_equal(
@@ -297,6 +303,7 @@ def test_decode_loop_compiles_once_per_shape(policy):
   np.testing.assert_array_equal(np.asarray(out.num_tokens), [4, 4, 4, 4])
 
 
+@pytest.mark.slow
 def test_attention_window_gives_the_numbers_of_the_whole_cache(policy, monkeypatch):
   """A 320-slot sampler attends over a 256-slot window; a 48-slot one over its whole cache.
 
@@ -396,6 +403,7 @@ def test_bad_inputs_get_clear_errors(policy):
     sampling.fork(ds, [0], 0)
 
 
+@pytest.mark.slow
 def test_per_row_keys_make_a_row_independent_of_its_batch_mates(policy):
   _, config, _, state, sampler = policy
   params = SamplingParams(temperature=1.0, max_new_tokens=6)
@@ -466,6 +474,7 @@ def test_one_decode_program_serves_every_draw_setting(policy):
   assert np.all(np.asarray(outs[3].entropies)[mask] > np.asarray(outs[0].entropies)[mask])
 
 
+@pytest.mark.slow
 def test_a_donating_sampler_reuses_the_state_and_gives_the_same_numbers(policy):
   """`Sampler(donate=True)`: `append` and `generate` take over the DecodeState passed in (its
   arrays are deleted: the result lives in their buffers), and the tokens and numbers are those

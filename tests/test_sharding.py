@@ -99,6 +99,7 @@ def _batch(rng, rows=8):
   return packing.pack_trees(trees, adv, w, buckets=(32,))
 
 
+@pytest.mark.slow
 def test_sharded_train_step_equals_unsharded_and_compiles_once():
   mesh = _mesh()
   # SGD with momentum: sharded optimizer state, and parameters linear in the gradients (Adam's
@@ -206,6 +207,7 @@ def test_process_grid_gives_each_process_its_tensor_groups():
   assert sharding.process_submesh(mesh) is mesh
 
 
+@pytest.mark.slow
 def test_sampling_on_a_mesh_keeps_the_cache_laid_out_and_decodes_like_one_device():
   mesh = _mesh(1, 4, 2)
   graphdef, params = nnx.split(Decoder(CONFIG, rngs=nnx.Rngs(0)))
@@ -242,6 +244,7 @@ def test_sampling_on_a_mesh_keeps_the_cache_laid_out_and_decodes_like_one_device
                                 np.asarray(outputs["one"][2].lengths))
 
 
+@pytest.mark.slow
 def test_a_lora_base_laid_out_by_the_rules_gives_the_update_of_one_device():
   lora_config = dataclasses.replace(CONFIG, lora_rank=2, lora_alpha=4.0)
   graphdef, params = nnx.split(Decoder(lora_config, rngs=nnx.Rngs(2)))

@@ -106,6 +106,7 @@ def test_online_bpo_is_unbiased_with_more_siblings_at_the_root():
   _assert_matches_true_gradient(mean, mdp, batch)
 
 
+@pytest.mark.slow
 def test_a_root_fork_of_all_the_leaves_is_rloo():
   # A 4-leaf tree with K' = 4 at the root and no fork left below is a group of 4 episodes with
   # the leave-one-out baseline: the same gradient distribution, so the same exact variance.

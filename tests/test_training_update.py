@@ -60,6 +60,7 @@ def _copy(state):
   return jax.tree.map(jnp.array, state)
 
 
+@pytest.mark.slow
 def test_packed_equals_per_path_through_decoder():
   rng = np.random.default_rng(0)
   trees, adv, w = _random_trees(rng, 3)
@@ -90,6 +91,7 @@ def test_packed_equals_per_path_through_decoder():
     assert_close(a, b, steps=64)
 
 
+@pytest.mark.slow
 def test_micro_batching_and_reinforce_gradient():
   rng = np.random.default_rng(1)
   trees, adv, w = _random_trees(rng, 4)
@@ -130,6 +132,7 @@ def test_micro_batching_and_reinforce_gradient():
   assert float(results[4][1]["micro_grad_norm_var"]) > 0.0
 
 
+@pytest.mark.slow
 def test_nan_loss_skips_update():
   rng = np.random.default_rng(2)
   trees, adv, w = _random_trees(rng, 2)
@@ -144,6 +147,7 @@ def test_nan_loss_skips_update():
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_sft_step_lowers_expert_nll():
   rng = np.random.default_rng(3)
   trees, adv, w = _random_trees(rng, 2)
@@ -201,6 +205,7 @@ def test_chunked_logits_give_the_full_logits_logprobs(tied):
   assert np.any(np.asarray(full) != 0)
 
 
+@pytest.mark.slow
 def test_optimizer_state_keeps_its_dtypes_and_the_update_compiles_once():
   """bfloat16 adapters: Adam's moments are made float32 at init (the dtype the first update
   returns them in), so every step runs one compiled program; the steps equal those of the

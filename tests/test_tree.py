@@ -146,6 +146,7 @@ _all_estimators = jax.jit(lambda t: (
     estimators.prefix_explained_variance(t, 0.9)))
 
 
+@pytest.mark.slow
 @hypothesis.settings(max_examples=60, deadline=None)
 @hypothesis.given(random_trees())
 def test_random_valid_trees_never_give_nan(tree):

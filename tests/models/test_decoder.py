@@ -57,6 +57,7 @@ def full_logits(graphdef, state, rows, positions=None):
   return [np.asarray(logits[b, :len(row)]) for b, row in enumerate(rows)]
 
 
+@pytest.mark.slow
 def test_published_parameter_counts_and_shape_first_build():
   # Parameter counts published for these checkpoints.
   assert ModelConfig.qwen2_5_0_5b().num_params() == 494_032_768
@@ -101,6 +102,7 @@ def test_rope_inverse_frequencies_by_hand():
   np.testing.assert_allclose(got, want, rtol=10 * F32)
 
 
+@pytest.mark.slow
 def test_cached_decode_equals_full_forward(model):
   config, graphdef, state = model
   rng = np.random.RandomState(0)
@@ -219,6 +221,7 @@ def test_packed_tree_with_ancestor_mask_equals_each_path(model):
   assert np.abs(causal[7:] - path_b[4:]).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_bfloat16_model_tracks_float32():
   config = ModelConfig.tiny()
   graphdef, state = random_model(config)
@@ -276,6 +279,7 @@ def test_logprobs_and_entropy_with_masked_logits_and_their_gradient():
   assert_close(grad_entropy, -p * (np.log(p) + h), steps=16)
 
 
+@pytest.mark.slow
 def test_logits_at_picks_the_logits_of_the_full_output(model):
   config, graphdef, state = model
   tokens = jnp.asarray(np.random.RandomState(6).randint(0, config.vocab_size, (3, 7)))
@@ -374,6 +378,7 @@ def test_bad_inputs_get_clear_errors():
                    options=ForwardOptions(logits_at=jnp.zeros((2,), jnp.int32)))
 
 
+@pytest.mark.slow
 def test_attention_by_query_blocks_is_the_dense_attention_and_its_gradient():
   """`attend` with query blocks (4 blocks of 16 queries; 3 of 22 for blocks of at most 24, two
   queries of padding; under `jax.checkpoint`) gives what one block of all 64 queries gives, and both the float64 NumPy

@@ -173,6 +173,7 @@ PRESETS = [models.ModelConfig.qwen2_5_0_5b(), models.ModelConfig.qwen2_5_7b(),
            models.ModelConfig.tiny_qwen3()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: f"{p.architecture}-{p.num_layers}L")
 def test_presets_round_trip_and_count_what_transformers_builds(preset):
   assert models.ModelConfig.from_hf_config(preset.to_hf_config()) == preset

@@ -57,6 +57,7 @@ def merging_roundings(config, slots):
       sum_roundings(config.lora_rank) + 2)
 
 
+@pytest.mark.slow
 def test_adapters_are_lora_params_and_counted():
   model = lora_model()
   adapters = jax.tree_util.tree_leaves(nnx.state(model, LoRAParam))
@@ -94,6 +95,7 @@ def test_zero_b_gives_the_base_models_logits_exactly():
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_a_gradient_step_moves_only_the_adapters():
   model = lora_model()
   before = jax.tree_util.tree_map(np.asarray, nnx.state(model, models.BASE_PARAMS))
@@ -176,6 +178,7 @@ def test_export_merges_and_loads_in_transformers(tmp_path):
                steps=merging_roundings(LORA, TOKENS.shape[1]))
 
 
+@pytest.mark.slow
 def test_k3_kl_to_the_base_model_shrinks_under_its_gradient():
   """The reference is the base model (B = 0); a policy whose adapters moved away descends the
   k3 KL on its own tokens toward it."""

@@ -47,6 +47,7 @@ def reference():
   return params, _loss_and_grads(_graphdef(BASE), params, *_inputs())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat,scan_layers", [("full", False), ("full", True), ("dots", True)])
 def test_remat_and_scan_match_the_layer_loop(reference, remat, scan_layers):
   params, (ref_value, ref_logits, ref_grads) = reference
@@ -99,6 +100,7 @@ def _decode(config, params, page_size=0):
           for x in (out.tokens, out.logprobs, out.entropies)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page_size", [0, 8])
 def test_scanned_decode_samples_the_unrolled_tokens(page_size):
   """The sampler's programs with the layers scanned (the dense cache's layers stacked in the
@@ -129,6 +131,7 @@ def _decode_program(config):
   return generate, append
 
 
+@pytest.mark.slow
 def test_the_scanned_decode_program_does_not_grow_with_depth():
   """From 2 to 8 layers the scanned decode loop keeps its matmuls (one layer body) and its
   text grows by under 10% (the stacking of each layer's weights and cache: a line or two per

@@ -43,6 +43,7 @@ def _play(sb, task, commands):
   return [sb.step(c) for c in commands]
 
 
+@pytest.mark.slow
 def test_all_six_types_are_generated_and_the_expert_solves_each(generated, sandbox):
   assert sorted(t.task_type for t in generated) == sorted(alfworld.TASK_TYPES)
   for task in generated:
@@ -77,6 +78,7 @@ print(hashlib.sha256(json.dumps(games, sort_keys=True).encode()).hexdigest())
 """
 
 
+@pytest.mark.slow
 def test_generation_is_deterministic_across_processes_and_seeds_differ():
   for task_type in alfworld.TASK_TYPES:
     a = alfworld.generate_game(random.Random(11), task_type, "trial_T0")
@@ -181,6 +183,7 @@ def test_three_forks_from_one_snapshot_replay_byte_identically(generated, sandbo
   assert base.first_divergence(first[1], again) is None
 
 
+@pytest.mark.slow
 def test_forks_restore_byte_identically_in_another_process(generated, sandbox):
   task, prefix, tail = _forks(generated)
   other = next(t for t in generated if t.task_type == "look_at_obj_in_light")
@@ -242,6 +245,7 @@ def test_bad_actions_get_an_observation_and_cost_a_turn(generated):
       call()
 
 
+@pytest.mark.slow
 def test_the_engine_caches_change_nothing():
   """The sandbox against ALFWorld's stock engine (TextWorld's PddlEnv with ALFWorld's
   demangler, no caches) on the same commands: same observations, admissible commands, wins."""
@@ -269,6 +273,7 @@ def test_the_engine_caches_change_nothing():
   assert ours[-1][2] and "Nothing happens." in [o for o, _, _ in ours]
 
 
+@pytest.mark.slow
 def test_expert_actions_win_from_the_start_and_from_a_restored_state(generated):
   sb = alfworld.make_sandbox(max_steps=50, num_distractors=(1, 2))  # task options are ignored
   for task in generated:
@@ -322,6 +327,7 @@ def _mapped_downward_copies() -> int:
                 for line in f.read().splitlines() if "libdownward" in line})
 
 
+@pytest.mark.slow
 def test_a_closed_sandbox_hands_its_engine_on_and_its_snapshots_stay_portable(generated):
   task, prefix, tail = _forks(generated)
   other = next(t for t in generated if t is not task)
@@ -343,6 +349,7 @@ def test_a_closed_sandbox_hands_its_engine_on_and_its_snapshots_stay_portable(ge
   assert _mapped_downward_copies() == copies > 0
 
 
+@pytest.mark.slow
 def test_a_process_that_closed_sandboxes_exits_cleanly():
   # Unloading Fast Downward's library on close made the interpreter die with SIGSEGV at exit.
   repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -364,6 +371,7 @@ def _listed(observation):
   return head, listed.split(", ")
 
 
+@pytest.mark.slow
 def test_admissible_commands_are_listed_and_are_what_the_engine_accepts(generated):
   real = alfworld.load_game_dir(os.path.join(DATA_ROOT, FIXTURE_ID))
   clean = next(t for t in generated if t.task_type == "pick_clean_then_place_in_recep")

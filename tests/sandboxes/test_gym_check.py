@@ -26,6 +26,7 @@ NEEDS = {"textworld": ("textworld", "jericho"), "alfworld": ("alfworld", "textwo
          "swe": ("swebench",), "webshop": ("bm25s",)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", registry.environment_names())
 def test_gymnasium_check_env_passes(name):
   for package in NEEDS.get(name, ()):

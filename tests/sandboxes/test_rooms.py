@@ -201,6 +201,7 @@ def test_tasks_are_stable_disjoint_and_validated():
     rooms.make_sandbox().reset("rooms-d1-2045702498")
 
 
+@pytest.mark.slow
 def test_worlds_are_identical_in_a_process_with_another_hash_seed():
   task = rooms.make_tasks("train", 1, 7, difficulty=5)[0]
   code = ("from bpo_jax.sandboxes import rooms; t = rooms.RoomsTask(%r, %d, %d); "

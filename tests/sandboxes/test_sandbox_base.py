@@ -92,6 +92,7 @@ def test_registry_unknown_name_lists_known_names():
   assert set(MINE) <= set(registry.environment_names())
 
 
+@pytest.mark.slow
 def test_importing_the_package_imports_no_environment_package():
   import os  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top

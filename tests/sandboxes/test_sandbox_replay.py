@@ -84,6 +84,7 @@ def pools():
     pool.shutdown()
 
 
+@pytest.mark.slow
 def test_forks_replay_identically_in_other_processes(case, pools):
   name, sandbox_config, _, sandbox, snapshot, forks, continuation = case
   pool = pools(name, sandbox_config)

@@ -245,6 +245,7 @@ def forked(lru_sandbox):
   return sandbox, snapshot, expected
 
 
+@pytest.mark.slow
 def test_forks_replay_byte_identically_in_a_fresh_sandbox(forked):
   sandbox, snapshot, expected = forked
   # The three forks are different branches with different outcomes.
@@ -267,6 +268,7 @@ def test_forks_replay_byte_identically_in_a_fresh_sandbox(forked):
   fresh.close()
 
 
+@pytest.mark.slow
 def test_forks_replay_byte_identically_in_worker_processes(forked):
   _, snapshot, expected = forked
   branches = ["fork0", "fork1", "fork2"]
@@ -518,6 +520,7 @@ def test_host_environment_is_not_visible(jail_dir, monkeypatch):
   assert dict(os.environ) == env_before
 
 
+@pytest.mark.slow
 def test_command_dies_with_the_process_that_ran_it(jail_dir):
   # A sandbox worker killed at its timeout must not leave its command running.
   sleep = f"sleep 300.{secrets.randbelow(10**6):06d}"  # a command line no other process has

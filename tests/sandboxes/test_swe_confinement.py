@@ -147,6 +147,7 @@ def lru():
   sandbox.close()
 
 
+@pytest.mark.slow
 @needs_namespaces
 def test_the_task_data_is_out_of_the_agents_view(lru):
   sandbox, task = lru

@@ -185,6 +185,7 @@ def _expert_sandbox(**options):
   return _Expert(swe.make_sandbox(**options))
 
 
+@pytest.mark.slow
 def test_failed_grades_are_failed_branches_of_the_tree(small_disk, tmp_path):
   fmt = text.build_text("rooms", str(tmp_path / "text"),
                         rooms.make_tasks("train", num=16, seed=0, difficulty=1),

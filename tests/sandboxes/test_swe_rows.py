@@ -196,6 +196,7 @@ def test_reference_fix_is_kept_per_patch_not_per_id(clone):
   assert fixed == [b"def double(x):\n    return 2 * x\n", b"def double(x):\n    return x * 2\n"]
 
 
+@pytest.mark.slow
 def test_run_exits_2_with_one_line_for_a_bad_row(clone):
   options = _options(clone, {**clone["row"], "problem_statement": None})
   workdir = clone["tmp"] / "workdir"

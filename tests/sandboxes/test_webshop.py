@@ -417,6 +417,7 @@ pickle.dump((results, xla_bridge.backends_are_initialized()), sys.stdout.buffer)
 """
 
 
+@pytest.mark.slow
 def test_restore_in_a_fresh_interpreter():
   """A process that builds the shop from the same seed replays exactly; another seed is refused."""
   sandbox = make_sandbox(**SHOP)
@@ -561,6 +562,7 @@ def test_random_purchases_follow_the_formula():
   assert len(set(rewards)) > 3  # the draws cover several reward levels
 
 
+@pytest.mark.slow
 @hypothesis.settings(max_examples=150, deadline=None)
 @hypothesis.given(action=hypothesis.strategies.one_of(
     hypothesis.strategies.text(max_size=40),

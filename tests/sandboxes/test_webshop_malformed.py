@@ -231,6 +231,7 @@ def test_data_dir_from_the_command_line(good_dir, tmp_path):
   assert tasks == _load(good_dir, tmp_path) and len(tasks) > 0
 
 
+@pytest.mark.slow
 def test_run_exits_2_with_one_line(good_dir, tmp_path):
   """experiments/run.py with a malformed file and with a missing directory: exit 2, one line on
   stderr, no traceback, no workdir left behind."""

@@ -66,6 +66,7 @@ def _fixture(root):
       json.dump(dict(record, **payload), f)
 
 
+@pytest.mark.slow
 def test_report_reproduces_a_figure(tmp_path):
   _fixture(str(tmp_path / "results"))
   doc = tmp_path / "RESULTS.md"

@@ -5,6 +5,7 @@ import itertools
 import pickle
 
 import numpy as np
+import pytest
 
 from bpo_jax.sandboxes.base import Sandbox
 from bpo_jax.testbed import worlds
@@ -13,6 +14,7 @@ from bpo_jax.testbed.sandbox import ChainSandbox
 WORLD = worlds.ChainWorld(0.75, horizon=2, num_actions=2, num_tasks=2)
 
 
+@pytest.mark.slow
 def test_is_a_sandbox_whose_returns_are_the_enumerated_ones():
   sandbox = ChainSandbox(WORLD)
   assert isinstance(sandbox, Sandbox)

@@ -28,6 +28,7 @@ def _grown(topo, seed=0, logits=None):
   return jax.tree_util.tree_map(lambda x: np.asarray(x)[0], g)
 
 
+@pytest.mark.slow
 def test_tree_under_the_budget_by_hand():
   # Budget 19 = 4 episodes of 4 steps + 3. Turn 0: one branch, 0 + 4 + 4 ≤ 19, fork (2 live).
   # Turn 1 (2 steps used, live worst 6): 2 + 6 + 3 = 11 and 2 + 9 + 3 = 14 fork (4 live).
@@ -51,11 +52,13 @@ def test_group_is_whole_episodes_at_the_root():
   assert int(g.tree.valid.sum()) == 16
 
 
+@pytest.mark.slow
 def test_threshold_above_every_entropy_grows_one_episode():
   g = _grown(grow.Topology("tree", max_env_steps=19, entropy_threshold=np.log(3.0) + 0.1))
   assert g.tree.parent[:int(g.tree.valid.sum())].tolist() == [-1, 0, 1, 2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", [7, 30])
 def test_no_tree_spends_more_than_its_budget(budget):
   topo = grow.Topology("tree", max_env_steps=budget, root_k=3, max_leaves=8)
@@ -86,6 +89,7 @@ REFERENCE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", learn.METHODS)
 def test_coefficients_are_the_library_estimators(name):
   m = learn.method(name, 19)

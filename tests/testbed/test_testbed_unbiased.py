@@ -51,6 +51,7 @@ def expected_gradient(m: learn.Method, logits) -> tuple[np.ndarray, np.ndarray, 
 LOGITS = jnp.asarray([[0.7, -0.4], [0.1, 0.0], [2.0, 0.0]], jnp.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, threshold", [("bpo", 0.0), ("bpo", 0.5), ("rloo", 0.0)])
 def test_expected_gradient_is_the_true_gradient(name, threshold):
   # Threshold 0.5 lies between the rows' entropies (0.56 at the root, 0.69 after a wrong first

@@ -89,6 +89,7 @@ def test_chat_template_renders_chatml(saved):
   assert ids.count(1) == 3 and ids.count(2) == 3
 
 
+@pytest.mark.slow
 def test_training_is_deterministic_across_processes(rooms_texts, saved, tmp_path):
   _, directory = saved
   texts_file = tmp_path / "texts.json"

@@ -76,6 +76,7 @@ def test_first_cell_without_a_repository_address_names_the_setting(tmp_path):
       "again")
 
 
+@pytest.mark.slow
 def test_first_cell_clones_changes_directory_and_imports_from_the_clone(tmp_path):
   if shutil.which("git") is None or not os.path.exists(os.path.join(ROOT, ".git")):
     pytest.skip("needs git and a git checkout to clone")

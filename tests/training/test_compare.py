@@ -274,6 +274,7 @@ def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_pat
     ("--config.rollout.group_std_ddof=3", "error: bpo, seed 0: invalid configuration: "
                                           "rollout.group_std_ddof = 3: must be in [0, 1]"),
 ])
+@pytest.mark.slow
 def test_bad_flags_one_line_exit_2(tmp_path, flag, message):
   result = _compare(f"--config={ROOMS_TINY}", f"--out={tmp_path / 'out'}", flag)
   assert result.returncode == 2
@@ -371,6 +372,7 @@ def test_a_run_whose_finished_lead_left_no_checkpoint_zero_trains_its_own_warm_s
   assert compare.lost_leads(leads, {grpo1, bpo2, grpo2}) == []
 
 
+@pytest.mark.slow
 def test_an_out_that_is_a_file_is_one_line_exit_2(tmp_path):
   out = tmp_path / "results"
   out.write_text("notes")

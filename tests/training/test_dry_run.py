@@ -46,6 +46,7 @@ def report():
   return dry_run_lib.dry_run_from_config(tiny_config())
 
 
+@pytest.mark.slow
 def test_memory_is_per_device_and_matches_the_shard_sizes(report):
   h, i, v, q, kv, layers = 64, 128, 256, 4 * 16, 2 * 16, 2
   matrices = v * h + layers * (2 * h * q + 2 * h * kv + 3 * h * i)  # tied embedding
@@ -90,6 +91,7 @@ def test_memory_is_per_device_and_matches_the_shard_sizes(report):
     assert name in text
 
 
+@pytest.mark.slow
 def test_dry_run_compiles_the_programs_the_loop_builds(monkeypatch):
   """The loop's update (`loop.build_update`) and the rollout engine's sampler, built as
   `loop.train` builds them, lower to the dry run's very programs; the update is built from
@@ -243,6 +245,7 @@ def test_pod_configs_take_a_checkpoint_whose_shape_the_preset_checks(name, prese
     dry_run_lib.model_config_for(from_config(config))
 
 
+@pytest.mark.slow
 def test_the_command_line_names_what_the_dry_run_cannot_use(tmp_path):
   """experiments/run.py --dry_run: a config without a target chip, and a pod config whose
   checkpoint has another shape, each fail in one line with exit status 2 before compiling."""

@@ -37,6 +37,7 @@ def test_the_demo_enumerates_the_trees_and_saves_its_figures(tmp_path, capsys):
     (["--config.mdp.horizon=x"], "error: mdp.horizon = 'x': must be of type int"),
     ([], "error: --workdir is required"),
 ])
+@pytest.mark.slow
 def test_bad_flags_one_line_exit_2(tmp_path, args, message):
   workdir = [f"--workdir={tmp_path / 'w'}"] if args else []
   result = subprocess.run([sys.executable, DEMO, *workdir, *args], capture_output=True,

@@ -57,6 +57,7 @@ def _one_iteration(estimator: str, workdir: str) -> tuple[dict, rollout_lib.Roll
   return metrics.deterministic_part(metrics.clean_record(record)), batch
 
 
+@pytest.mark.slow
 def test_a_registered_estimator_validates_and_trains_like_its_original(rloo_copy, tmp_path):
   assert estimator_registry.names()[-1] == "rloo_copy"
   config = base.tiny(base.rooms("rloo_copy"))

@@ -172,6 +172,7 @@ def _loop_gradients(config, exp, engine, params, ref, roots):
   return out
 
 
+@pytest.mark.slow
 def test_variance_equals_numpy_over_the_loops_gradients(tiny):
   config, exp, engine, params, ref = tiny
   roots = [jax.random.key(100 + m) for m in range(DRAWS)]

@@ -86,6 +86,7 @@ def _stack(*trees):
       [tree_lib.pad_tree(t, capacity) for t in trees]))
 
 
+@pytest.mark.slow
 def test_advantages_and_weights_by_hand():
   # A backbone step (reward 0) then a fork of two terminal steps with rewards 1 and 3:
   # Q = [2, 1, 3]; zero trunk baseline; sibling baselines 3 and 1.

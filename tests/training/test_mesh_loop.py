@@ -156,6 +156,7 @@ def test_a_mesh_trains_like_one_device(runs, name):
     (["--config.scale.model_preset=qwen2_5_7b"],
      "error: scale.model_preset = 'qwen2_5_7b': training a preset needs its pretrained"),
 ])
+@pytest.mark.slow
 def test_a_mesh_the_devices_cannot_form_is_refused_before_any_work(tmp_path, overrides,
                                                                     expected):
   env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_PLATFORMS": "cpu"}

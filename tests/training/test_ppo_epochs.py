@@ -12,6 +12,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from bpo_jax.training import checkpoint as checkpoint_lib
 from bpo_jax.training import loop
@@ -35,6 +36,7 @@ def _run(workdir, epochs):
   return records, state
 
 
+@pytest.mark.slow
 def test_epochs_step_again_on_the_same_batch(tmp_path):
   (one,), state_one = _run(tmp_path / "one", 1)
   (two,), state_two = _run(tmp_path / "two", 2)

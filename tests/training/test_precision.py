@@ -111,6 +111,7 @@ def _sft_losses(config, master: bool, batch, steps=60, learning_rate=3e-5):
   return np.asarray(losses)
 
 
+@pytest.mark.slow
 def test_bfloat16_with_master_weights_trains_like_float32():
   rng = np.random.default_rng(0)
   trees = [packing.TreeTokens(

@@ -89,6 +89,7 @@ def _kl_only_step(lora_rank):
   return before, after, reference, batch.loss_mask, k3, metrics
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora_rank", [0, 2])
 def test_a_step_on_the_kl_term_alone_moves_logprobs_toward_the_reference(lora_rank):
   before, after, reference, mask, k3, metrics = _kl_only_step(lora_rank)
@@ -384,6 +385,7 @@ def _break_chat_template(path):
     ("unsupported model_type", _break_model_type, {}, "gpt2"),
     ("LoRA rank too large", None, {}, "lora_rank"),
 ])
+@pytest.mark.slow
 def test_malformed_checkpoints_are_refused_with_one_line(tmp_path, name, damage, extra,
                                                          expected):
   checkpoint = _hf_checkpoint(tmp_path / "hf", **extra)

@@ -48,6 +48,7 @@ def _write(path, text):
     # A wrong type names the key and the type.
     ("--config.rollout.k=two", "error: rollout.k = 'two': must be of type int"),
 ])
+@pytest.mark.slow
 def test_unknown_key_or_wrong_type_override(tmp_path, override, expected):
   _assert_clean_failure([f"--config={QUICKSTART}", f"--workdir={tmp_path / 'w'}", override],
                         expected)
@@ -69,6 +70,7 @@ def test_unknown_key_or_wrong_type_override(tmp_path, override, expected):
      ["rollout.max_leaves = 1: cannot hold one fork of rollout.k = 2 siblings",
       "rollout.max_env_steps = 1: cannot hold one step of each of rollout.k = 2 branches"]),
 ])
+@pytest.mark.slow
 def test_invalid_values_and_budgets_are_all_reported_at_once(tmp_path, overrides,
                                                              expected_lines):
   # The validation reports every problem in one message, one line per key.
@@ -80,6 +82,7 @@ def test_invalid_values_and_budgets_are_all_reported_at_once(tmp_path, overrides
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 def test_budgets_the_chat_format_cannot_hold(tmp_path):
   # Path budgets are counted in the template's tokens, so they are checked once the tokenizer
   # is trained; no model is built, and the workdir the failed run created is gone.
@@ -92,6 +95,7 @@ def test_budgets_the_chat_format_cannot_hold(tmp_path):
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 def test_checkpoint_without_a_tokenizer(tmp_path):
   (tmp_path / "ckpt").mkdir()
   _assert_clean_failure(
@@ -101,6 +105,7 @@ def test_checkpoint_without_a_tokenizer(tmp_path):
   assert not (tmp_path / "w").exists()  # nothing half-written
 
 
+@pytest.mark.slow
 def test_failed_build_in_an_existing_workdir_keeps_its_files(tmp_path):
   # A workdir that was there before keeps what it held, and gets no config.json of the run
   # that could not be built.
@@ -115,12 +120,14 @@ def test_failed_build_in_an_existing_workdir_keeps_its_files(tmp_path):
   assert sorted(os.listdir(workdir)) == ["notes.txt"]
 
 
+@pytest.mark.slow
 def test_eval_without_checkpoint_directory(tmp_path):
   workdir = tmp_path / "never_trained"
   _assert_clean_failure([f"--config={QUICKSTART}", f"--workdir={workdir}", "--mode=eval"],
                         f"workdir = '{workdir}': no checkpoint directory")
 
 
+@pytest.mark.slow
 def test_missing_config_file_and_workdir(tmp_path):
   _assert_clean_failure([f"--config={tmp_path / 'absent.py'}", f"--workdir={tmp_path}"],
                         f"--config={tmp_path / 'absent.py'}: no such file")
@@ -128,6 +135,7 @@ def test_missing_config_file_and_workdir(tmp_path):
   _assert_clean_failure([f"--workdir={tmp_path}"], "error: --config is required")
 
 
+@pytest.mark.slow
 def test_config_file_with_unknown_key_and_wrong_type(tmp_path):
   unknown = _write(tmp_path / "unknown.py", """
       from bpo_jax.training import config as config_lib
@@ -160,6 +168,7 @@ def test_config_file_with_unknown_key_and_wrong_type(tmp_path):
                         f"--config={broken}: the file does not give a configuration")
 
 
+@pytest.mark.slow
 def test_workdir_of_another_experiment(tmp_path):
   workdir = tmp_path / "w"
   workdir.mkdir()
@@ -170,6 +179,7 @@ def test_workdir_of_another_experiment(tmp_path):
   assert "holds a run with seed = 123, not 0" in stderr
 
 
+@pytest.mark.slow
 def test_environment_that_cannot_run_is_one_line_and_leaves_nothing(tmp_path):
   # Tests that cannot start (here forced; on a host, e.g. an interpreter the unprivileged uid
   # cannot reach) stop the run with the reason, exit status 1, no traceback and no workdir.
@@ -232,6 +242,7 @@ def _one_error_line(stderr: str) -> str:
   return errors[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override,expected", _CONFIG_TABLE,
                          ids=[o.split("=")[0][len("--config."):] for o, _ in _CONFIG_TABLE])
 def test_bad_values_table(tmp_path, override, expected):
@@ -246,6 +257,7 @@ def test_bad_values_table(tmp_path, override, expected):
   assert not workdir.exists()
 
 
+@pytest.mark.slow
 def test_workdir_that_is_a_file(tmp_path):
   (tmp_path / "w").write_text("not a directory")
   code, stderr = _run(f"--config={QUICKSTART}", f"--workdir={tmp_path / 'w'}")
@@ -255,6 +267,7 @@ def test_workdir_that_is_a_file(tmp_path):
   assert (tmp_path / "w").read_text() == "not a directory"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_read_only_workdir(tmp_path, mode):
   # Training writes everything there, an evaluation its eval.json: both are refused before any
@@ -300,6 +313,7 @@ def _corrupt_nan_weight(path):
           f"{tensors[name].size} as float32")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corrupt", [_corrupt_random_bytes, _corrupt_nan_weight],
                          ids=["random_bytes", "nan_weight"])
 def test_checkpoint_that_cannot_start_a_run(tmp_path, hf_checkpoint, corrupt):

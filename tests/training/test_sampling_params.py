@@ -4,6 +4,7 @@ compiled program, computing the adapter model's function."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from bpo_jax import models
@@ -36,6 +37,7 @@ def _experiment_and_adapters():
   return exp, adapters
 
 
+@pytest.mark.slow
 def test_sampling_params_are_the_merged_model_without_adapter_leaves():
   exp, adapters = _experiment_and_adapters()
   sampled = iteration_lib.policy_for_sampling(exp, placement_lib.Placement(), adapters)

@@ -87,6 +87,7 @@ def _raw_config_uses(path: str) -> list[str]:
   return found
 
 
+@pytest.mark.slow
 def test_the_raw_configuration_is_read_by_the_schema_and_the_translation_alone():
   paths = sorted(glob.glob(os.path.join(ROOT, "bpo_jax", "**", "*.py"), recursive=True))
   assert len(paths) > 50

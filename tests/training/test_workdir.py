@@ -141,6 +141,7 @@ def _holder(workdir):
   return process
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_locked_workdir_is_refused_in_one_line(tmp_path):
   workdir = str(tmp_path / "w")
   os.makedirs(workdir)
@@ -156,6 +157,7 @@ def test_a_second_run_on_a_locked_workdir_is_refused_in_one_line(tmp_path):
   assert sorted(os.listdir(workdir)) == ["run.lock"]  # the refused run wrote nothing
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, caplog):
   caplog.set_level(py_logging.WARNING)
   workdir = str(tmp_path)
@@ -213,6 +215,7 @@ def test_apply_record_takes_the_training_flags_unless_set_again(tmp_path):
                                   []).a == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_checkpoints_without_a_record_are_refused(tmp_path, mode):
   """Their settings are unknown: a BPO run's checkpoints would resume as whatever the command
@@ -225,6 +228,7 @@ def test_checkpoints_without_a_record_are_refused(tmp_path, mode):
                     "run's settings; restore that file or use a new workdir")
 
 
+@pytest.mark.slow
 def test_an_unreadable_record_is_refused(tmp_path):
   workdir = tmp_path / "w"
   os.makedirs(workdir)

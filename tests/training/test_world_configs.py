@@ -37,6 +37,7 @@ def _tiny(name, tmp_path):
   return config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["webshop", "alfworld", "swe"])
 def test_tiny_world_config_builds_its_text_and_its_experts_fit(name, tmp_path):
   config = _tiny(name, tmp_path)
@@ -102,6 +103,7 @@ def _check_cpu_comparison(get_config, budget: int, baseline: str, **env_options)
   return config
 
 
+@pytest.mark.slow
 def test_alfworld_cpu_matches_compute_and_its_budgets_hold_the_expert(tmp_path):
   """`alfworld_cpu.py`: the quickstart's model, a baseline group of 4 whole episodes in BPO's
   env-step budget, BPO's comparison settings; on its generated games (a handful, in a fresh
