@@ -2,6 +2,10 @@
 fork whose siblings differ and the advantages the estimator gives it; drawn with its root
 observation wrapped at word boundaries."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,11 +29,26 @@ def small_config():
   return config
 
 
+def _warm_start_optimised(workdir):
+  """`small_config`'s warm start and checkpoint 0 (`loop.train(..., stop_after=0)`) in a process
+  of its own with XLA's optimisations on: the tests' processes compile unoptimised
+  (tests/conftest.py), which costs more than it saves over 300 steps."""
+  flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                   if not f.startswith("--xla_backend_optimization_level"))
+  code = ("import runpy, sys; from bpo_jax.training import loop; "
+          "loop.train(runpy.run_path(sys.argv[1])['small_config'](), sys.argv[2], stop_after=0)")
+  done = subprocess.run([sys.executable, "-c", code, os.path.abspath(__file__), workdir],
+                        env={**os.environ, "XLA_FLAGS": flags, "JAX_NUM_CPU_DEVICES": "1"},
+                        capture_output=True, text=True, timeout=900, check=False)
+  if done.returncode != 0:
+    raise RuntimeError(f"the warm start failed:\n{done.stderr[-4000:]}")
+
+
 @pytest.fixture(scope="module")
 def drawn(tmp_path_factory):
   config = small_config()
   workdir = str(tmp_path_factory.mktemp("display") / "bpo")
-  loop.train(config, workdir, stop_after=0)  # the warm start and checkpoint 0
+  _warm_start_optimised(workdir)  # the warm start and checkpoint 0
   # The fork threshold comes from the checkpoint, not from the configuration it is given
   # (one that would fork nowhere here).
   drawing = config.copy_and_resolve_references()
