@@ -157,12 +157,9 @@ class Placement:
     return distributed.put_global(jax.tree.map(np.asarray, state), self.state_sharding)
 
   def place_params(self, params):
-    """Parameters every process holds alike, laid out as the train state's. Unsharded they
-    are committed to the first device, as every update's output is: a program compiled for
-    the initial parameters (the initial evaluation's adapter merge) then serves the trained
-    ones too, rather than compiling again for arrays of another placement."""
+    """Parameters every process holds alike, laid out as the train state's."""
     if self.mesh is None:
-      return jax.device_put(params, jax.local_devices()[0])
+      return jax.tree.map(jnp.asarray, params)
     return distributed.put_global(jax.tree.map(np.asarray, params), self.state_sharding.params)
 
   def place_frozen(self, frozen):
