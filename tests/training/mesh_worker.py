@@ -64,6 +64,14 @@ def small_config():
   return config
 
 
+def optimised_environment() -> dict:
+  """This process's environment for a child on one CPU device with XLA's optimisations on
+  (without the tests' `--xla_backend_optimization_level`): for a child that runs many steps."""
+  flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                   if not f.startswith("--xla_backend_optimization_level"))
+  return {**os.environ, "XLA_FLAGS": flags, "JAX_NUM_CPU_DEVICES": "1"}
+
+
 def warm_started_checkpoint(root: str) -> str:
   """`small_config`'s warm start on one device (`loop.train` with no iterations), exported as a
   Hugging Face directory `root/hf` that `model.checkpoint` loads. Made once per `root`: the first
@@ -75,10 +83,8 @@ def warm_started_checkpoint(root: str) -> str:
     if not os.path.isdir(hf):
       # In a process of its own with XLA's optimisations on: the tests' processes compile
       # unoptimised (tests/conftest.py), which costs more than it saves over 200 steps.
-      flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                       if not f.startswith("--xla_backend_optimization_level"))
       done = subprocess.run([sys.executable, os.path.abspath(__file__), "--warm-start", root],
-                            env={**os.environ, "XLA_FLAGS": flags, "JAX_NUM_CPU_DEVICES": "1"},
+                            env=optimised_environment(),
                             capture_output=True, text=True, timeout=900, check=False)
       if done.returncode != 0:
         raise RuntimeError(f"the warm start failed:\n{done.stderr[-4000:]}")

@@ -16,6 +16,7 @@ from bpo_jax.training import display
 from bpo_jax.training import loop
 from bpo_jax.training.settings import from_config
 from experiments.configs import base
+from tests.training import mesh_worker
 
 
 def small_config():
@@ -33,12 +34,10 @@ def _warm_start_optimised(workdir):
   """`small_config`'s warm start and checkpoint 0 (`loop.train(..., stop_after=0)`) in a process
   of its own with XLA's optimisations on: the tests' processes compile unoptimised
   (tests/conftest.py), which costs more than it saves over 300 steps."""
-  flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                   if not f.startswith("--xla_backend_optimization_level"))
   code = ("import runpy, sys; from bpo_jax.training import loop; "
           "loop.train(runpy.run_path(sys.argv[1])['small_config'](), sys.argv[2], stop_after=0)")
   done = subprocess.run([sys.executable, "-c", code, os.path.abspath(__file__), workdir],
-                        env={**os.environ, "XLA_FLAGS": flags, "JAX_NUM_CPU_DEVICES": "1"},
+                        env=mesh_worker.optimised_environment(),
                         capture_output=True, text=True, timeout=900, check=False)
   if done.returncode != 0:
     raise RuntimeError(f"the warm start failed:\n{done.stderr[-4000:]}")
