@@ -142,6 +142,12 @@ def default_config() -> ml_collections.ConfigDict:
   c.warm_start.steps = 200
   c.warm_start.batch_size = 16
   c.warm_start.learning_rate = 3e-3
+  # > 0: stop at the first check whose greedy success on validation_tasks training tasks (the
+  # last of the seeded order) reaches it, checked every check_every steps, at most `steps`;
+  # 0: run all `steps`.
+  c.warm_start.target_success = 0.0
+  c.warm_start.check_every = 10
+  c.warm_start.validation_tasks = 64
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.estimator = "bpo"
@@ -282,6 +288,8 @@ _RANGES = (
     ("warm_start.num_trajectories", 0, None, "0 = no warm start"),
     ("warm_start.steps", 0, None, ""),
     ("warm_start.batch_size", 1, None, ""),
+    ("warm_start.check_every", 1, None, ""),
+    ("warm_start.validation_tasks", 1, None, ""),
     ("rollout.tasks_per_iteration", 1, None, ""),
     ("rollout.task_offset", 0, None, ""),
     ("rollout.trees_per_task", 1, None, ""),
@@ -320,6 +328,7 @@ _INTERVALS = (
      f"in (0, {threading.TIMEOUT_MAX:g}]", "the longest wait Python's timeouts take"),
     ("env.pool.cpus_per_worker", lambda x: x > 0, "> 0", ""),
     ("warm_start.learning_rate", lambda x: x > 0, "> 0", ""),
+    ("warm_start.target_success", lambda x: 0 <= x <= 1, "in [0, 1]", "0 = all warm_start.steps"),
     ("train.learning_rate", lambda x: x > 0, "> 0", ""),
     ("train.max_grad_norm", lambda x: x > 0, "> 0", ""),
     ("rollout.top_p", lambda x: 0 < x <= 1, "in (0, 1]", ""),
@@ -574,6 +583,12 @@ def validate(config, mode: str = "train", workdir: str | None = None, *,
   if config.warm_start.num_trajectories > config.env.num_train_tasks:
     problems.append(f"warm_start.num_trajectories = {config.warm_start.num_trajectories}: more "
                     f"than the env.num_train_tasks = {config.env.num_train_tasks} training tasks")
+  ws = config.warm_start
+  if (ws.target_success > 0
+      and ws.num_trajectories + ws.validation_tasks > config.env.num_train_tasks):
+    problems.append(f"warm_start.validation_tasks = {ws.validation_tasks}: with the "
+                    f"{ws.num_trajectories} demonstrated, more than the env.num_train_tasks = "
+                    f"{config.env.num_train_tasks} training tasks")
   _check_env_options(config, problems)
   _check_scale(config, problems)
   if not problems:

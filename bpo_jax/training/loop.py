@@ -320,7 +320,8 @@ def _start(exp: experiment_lib.Experiment, params, tx,
   held-out evaluation after it. `params` are laid out by `placement`, and so is the train state
   returned with the records so far."""
   history = [_evaluate(exp, placement, params, 0, "init")]
-  params, sft_opt_state, warm_start_records = warm_start_lib.warm_start(exp, params, placement)
+  params, sft_opt_state, warm_start_records = warm_start_lib.warm_start(
+      exp, params, placement, _validation(exp, placement))
   history += warm_start_records
   state = placement.init_state(tx, params)
   # The policy-gradient steps continue the warm start's Adam moments (the two optimisers
@@ -335,6 +336,19 @@ def _start(exp: experiment_lib.Experiment, params, tx,
   if warm_start_records:  # without a warm start the untrained model's evaluation stands
     history.append(_evaluate(exp, placement, state.params, 0, "warm_start"))
   return state, history
+
+
+def _validation(exp: experiment_lib.Experiment, placement: placement_lib.Placement):
+  """The warm start's `validate`: params -> greedy success on `warm_start.validation_tasks`
+  training tasks (`warm_start.validation_positions`) played as the held-out evaluation plays."""
+  ws = exp.settings.warm_start
+  start, count = warm_start_lib.validation_positions(len(exp.train_tasks), ws.validation_tasks)
+  tasks = [exp.train_tasks[i] for i in experiment_lib.task_order(
+      len(exp.train_tasks), exp.settings.seed, start, count)]
+  key = jax.random.key(exp.settings.seed + 2)  # apart from the iterations' and evaluations' keys
+  return lambda params: evaluation.evaluate_policy(
+      exp, iteration_lib.policy_for_sampling(exp, placement, params), tasks, key,
+      exp.settings.eval.confidence)["success_rate"]
 
 
 def _evaluate(exp: experiment_lib.Experiment, placement: placement_lib.Placement, params,

@@ -72,6 +72,9 @@ class WarmStartSettings:
   steps: int
   batch_size: int
   learning_rate: float
+  target_success: float
+  check_every: int
+  validation_tasks: int
 
 
 @dataclasses.dataclass(frozen=True)
