@@ -310,7 +310,11 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
     checkpointer.close()
   summary = summarize(history, workdir)
   if distributed.is_primary():
-    workdir_lib.write_json(os.path.join(workdir, "summary.json"), summary)
+    # The file names its workdir relative to the directory the run started in (compare.py's
+    # runs: results/<name>/runs/EST/seedS), so that a committed result holds no path of the
+    # machine it ran on.
+    workdir_lib.write_json(os.path.join(workdir, "summary.json"),
+                           dict(summary, workdir=os.path.relpath(workdir)))
   return summary
 
 
