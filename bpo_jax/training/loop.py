@@ -344,8 +344,11 @@ def _start(exp: experiment_lib.Experiment, params, tx,
 
 def _validation(exp: experiment_lib.Experiment, placement: placement_lib.Placement):
   """The warm start's `validate`: params -> greedy success on `warm_start.validation_tasks`
-  training tasks (`warm_start.validation_positions`) played as the held-out evaluation plays."""
+  training tasks (`warm_start.validation_positions`) played as the held-out evaluation plays;
+  None without a target (`warm_start.target_success` 0), when no such tasks are set aside."""
   ws = exp.settings.warm_start
+  if ws.target_success == 0:
+    return None
   start, count = warm_start_lib.validation_positions(len(exp.train_tasks), ws.validation_tasks)
   tasks = [exp.train_tasks[i] for i in experiment_lib.task_order(
       len(exp.train_tasks), exp.settings.seed, start, count)]

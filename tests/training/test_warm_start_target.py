@@ -19,6 +19,8 @@ import pytest
 
 from bpo_jax.training import config as config_lib
 from bpo_jax.training import experiment
+from bpo_jax.training import loop
+from bpo_jax.training import placement as placement_lib
 from bpo_jax.training import warm_start
 from bpo_jax.training.settings import from_config
 from experiments.configs import rooms
@@ -144,3 +146,21 @@ def test_a_target_never_reached_runs_every_step_and_records_the_last(tmp_path):
     exp.close()
   assert [r["step"] for r in records if "validation_success" in r] == [2, 4]
   assert records[-1]["step"] == records[-1]["stopped_at"] == 5
+
+
+def test_the_loops_validation_plays_the_set_aside_training_tasks_only_with_a_target(tmp_path):
+  """Without a target nothing is set aside (a split smaller than `validation_tasks` runs as
+  it is); with one, `validate` is the greedy success on `validation_tasks` tasks: a multiple
+  of 1/4 here, the same for the same parameters."""
+  exp, _ = _tiny_experiment(tmp_path / "a")  # 16 training tasks, fewer than the default 64
+  try:
+    assert loop._validation(exp, placement_lib.Placement()) is None  # pylint: disable=W0212
+  finally:
+    exp.close()
+  exp, state = _tiny_experiment(tmp_path / "b", target_success=0.5, validation_tasks=4)
+  try:
+    validate = loop._validation(exp, placement_lib.Placement())  # pylint: disable=W0212
+    first, second = validate(state.params), validate(state.params)
+  finally:
+    exp.close()
+  assert first == second and first * 4 == int(first * 4) and 0.0 <= first <= 1.0
