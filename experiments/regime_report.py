@@ -55,6 +55,7 @@ BASELINES = ("grpo", "rloo")
 NAMES = dict(bpo="BPO", grpo="GRPO", rloo="RLOO")
 PROVENANCE = "provenance.json"
 POWER, ALPHA = 0.80, 0.05
+PLANNED_SEEDS = 10  # paired seeds the comparison asks for (at least 10)
 
 
 def mdd(sd: float, n: int, power: float = POWER, alpha: float = ALPHA) -> float:
@@ -113,6 +114,14 @@ def paired_seeds(runs: dict) -> list[int]:
 def warm_start(run: dict) -> float:
   """Held-out success after the warm start (iteration 0, stage "warm_start")."""
   return run["summary"]["eval_start"]["success_rate"]
+
+
+def warm_start_steps(run: dict) -> int:
+  """The warm start's steps: where it stopped (`stopped_at`, a warm start with a validation
+  target) or, with a fixed count, `warm_start.steps`."""
+  stops = [r["stopped_at"] for r in run["records"]
+           if r.get("phase") == "warm_start" and "stopped_at" in r]
+  return stops[-1] if stops else run["config"]["warm_start"]["steps"]
 
 
 def curves(runs: dict, seeds: list[int]) -> tuple[dict, list[int]]:
@@ -177,7 +186,8 @@ def summarise(runs: dict) -> dict:
   c3 = analysis.claim3(curve, BASELINES, fraction=1.0)
   return dict(
       seeds=seeds, shared_warm_start=shared, start=unit_interval(analysis.t_interval(start)),
-      per_seed=dict(start=start.tolist(), **{m: v.tolist() for m, v in final.items()}),
+      per_seed=dict(start=start.tolist(), **{m: v.tolist() for m, v in final.items()},
+                    steps=[warm_start_steps(runs["bpo"][s]) for s in seeds]),
       final={m: unit_interval(analysis.t_interval(v)) for m, v in final.items()},
       best=best, gain=paired(final[best], start),
       difference={b: paired(final["bpo"], final[b]) for b in BASELINES},
@@ -229,13 +239,33 @@ def claim1_lines(x: dict) -> list[str]:
 
 
 def per_seed_lines(x: dict) -> list[str]:
-  """Each seed's warm start and final held-out success per method."""
-  lines = ["| seed | warm start | " + " | ".join(NAMES[m] for m in METHODS) + " |",
-           "|---|---|" + "---|" * len(METHODS)]
+  """Each seed's warm-start steps, held-out success after them and final held-out success per
+  method."""
+  lines = ["| seed | warm-start steps | warm start | " + " | ".join(NAMES[m] for m in METHODS)
+           + " |", "|---|---|---|" + "---|" * len(METHODS)]
   for i, s in enumerate(x["seeds"]):
-    lines.append(f"| {s} | {x['per_seed']['start'][i]:.3f} | "
+    lines.append(f"| {s} | {x['per_seed']['steps'][i]} | {x['per_seed']['start'][i]:.3f} | "
                  + " | ".join(f"{x['per_seed'][m][i]:.3f}" for m in METHODS) + " |")
   return lines
+
+
+def warm_start_words(c: dict) -> str:
+  """How the configuration `c` (a run's config.json) ends its warm start, in words."""
+  ws = c["warm_start"]
+  head = f"a warm start of {ws['num_trajectories']} expert episodes"
+  if not ws.get("target_success"):
+    return f"{head} over {ws['steps']} steps"
+  return (f"{head} stopped at the first check (every {ws['check_every']} steps, at most "
+          f"{ws['steps']}) where greedy success on {ws['validation_tasks']} training tasks it "
+          f"did not demonstrate reached {ws['target_success']:g}")
+
+
+def seeds_words(seeds: list[int]) -> str:
+  """How many paired seeds, which, and how many short of `PLANNED_SEEDS`."""
+  n = len(seeds)
+  short = (f", {PLANNED_SEEDS - n} short of the {PLANNED_SEEDS} the comparison asks for"
+           if n < PLANNED_SEEDS else "")
+  return f"{n} paired seeds ({', '.join(map(str, seeds))}){short}"
 
 
 def claim3_lines(x: dict) -> list[str]:
@@ -286,16 +316,15 @@ def provenance_line(x: dict) -> str:
 
 def section(x: dict) -> str:
   """The generated markdown (between the markers)."""
-  c, n = x["config"], len(x["seeds"])
+  c = x["config"]
   shared = ("shared by its three methods" if x["shared_warm_start"]
             else "NOT the same for every method of a seed")
   text = [
-      f"Rooms at difficulty {c['env']['options']['difficulty']}, the tiny decoder from a warm "
-      f"start of {c['warm_start']['num_trajectories']} expert episodes over "
-      f"{c['warm_start']['steps']} steps; {c['train']['iterations']} iterations of "
+      f"Rooms at difficulty {c['env']['options']['difficulty']}, the tiny decoder from "
+      f"{warm_start_words(c)}; {c['train']['iterations']} iterations of "
       f"{c['rollout']['tasks_per_iteration']} tasks at learning rate "
       f"{c['train']['learning_rate']:g}; every method {c['rollout']['max_env_steps']} env steps "
-      f"per task. {n} seeds ({', '.join(map(str, x['seeds']))}), each with its warm start "
+      f"per task. {seeds_words(x['seeds'])}, each with its warm start "
       f"({shared}) and the same {x['eval_tasks']} held-out tasks (greedy decoding). Intervals "
       "are 95% Student-t over seeds, a proportion's cut to [0, 1]; differences are paired by "
       "seed.", "",

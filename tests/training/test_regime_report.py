@@ -103,9 +103,42 @@ def test_report_reproduces_the_figures(tmp_path):
   # update 1, GRPO's own (0.367, 0.492, 0.533) from update 2.
   assert "GRPO) mean final success, 0.533" in text
   assert "BPO 1 [" in text and "GRPO 2 [" in text
-  assert "| 1 | 0.400 | 0.700 | 0.500 | 0.500 |" in text  # seed 1's row
+  assert "| 1 | 120 | 0.400 | 0.700 | 0.500 | 0.500 |" in text  # seed 1's row
+  assert "a warm start of 32 expert episodes over 120 steps;" in text
+  assert "3 paired seeds (0, 1, 2), 7 short of the 10 the comparison asks for," in text
   assert "Code abcdef0; commands (S: each seed): `fixture`." in text
   assert (results / "regime_curves.png").stat().st_size > 0
+
+
+def test_a_warm_start_stopped_at_its_target_reports_each_seeds_steps(tmp_path):
+  """With `warm_start.target_success` each seed's warm-start steps are its `stopped_at`."""
+  _fixture(str(tmp_path))
+  stops = {0: 90, 1: 110, 2: 150}
+  for m in FINAL:
+    for s in SEEDS:
+      workdir = tmp_path / "runs" / m / f"seed{s}"
+      config = json.loads((workdir / "config.json").read_text())
+      config["warm_start"].update(steps=150, target_success=0.3, check_every=10,
+                                  validation_tasks=64)
+      _write(str(workdir / "config.json"), config)
+      records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+      checks = [dict(phase="warm_start", iteration=0, step=k, loss=0.5, validation_success=0.1)
+                for k in range(10, stops[s] + 1, 10)]
+      checks[-1].update(validation_success=0.3, stopped_at=stops[s])
+      _write(str(workdir / "metrics.jsonl"), checks + records)
+  x = regime_report.summarise(regime_report.load(str(tmp_path)))
+  assert x["per_seed"]["steps"] == [90, 110, 150]
+  assert regime_report.per_seed_lines(x)[3] == "| 1 | 110 | 0.400 | 0.700 | 0.500 | 0.500 |"
+  assert ("from a warm start of 32 expert episodes stopped at the first check (every 10 steps, "
+          "at most 150) where greedy success on 64 training tasks it did not demonstrate "
+          "reached 0.3;") in regime_report.section(x)
+
+
+def test_ten_paired_seeds_are_not_called_short():
+  assert regime_report.seeds_words(list(range(10))) == (
+      "10 paired seeds (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)")
+  assert regime_report.seeds_words([4, 7]) == (
+      "2 paired seeds (4, 7), 8 short of the 10 the comparison asks for")
 
 
 def test_too_few_paired_seeds_is_one_line(tmp_path, capsys):
@@ -117,13 +150,18 @@ def test_too_few_paired_seeds_is_one_line(tmp_path, capsys):
   assert len(err.splitlines()) == 1 and "0 seed(s) finished by every method" in err
 
 
-def test_config_is_the_rooms_comparison_from_a_shorter_warm_start():
+def test_config_is_the_rooms_comparison_from_a_warm_start_stopped_at_a_target():
+  from bpo_jax.training import warm_start
   from experiments.configs import rooms
   c, r = rooms_regime.get_config(), rooms.get_config()
-  assert c.warm_start.steps == rooms_regime.WARM_START_STEPS < r.warm_start.steps
+  assert c.warm_start.target_success == rooms_regime.TARGET_SUCCESS > 0
+  assert c.warm_start.steps == rooms_regime.MAX_WARM_START_STEPS > r.warm_start.steps
   assert c.rollout.max_env_steps == r.rollout.max_env_steps  # the same matched budget
   assert c.eval.num_tasks == c.env.num_eval_tasks == 512
   assert c.rollout.task_offset == c.warm_start.num_trajectories
+  # The validation tasks lie past every position the iterations draw: [32, 32 + 16 · 8).
+  start, _ = warm_start.validation_positions(c.env.num_train_tasks, c.warm_start.validation_tasks)
+  assert c.rollout.task_offset + c.train.iterations * c.rollout.tasks_per_iteration <= start
 
 
 def test_claim2_against_rloo_alone(tmp_path):
