@@ -172,3 +172,13 @@ def test_claim2_against_rloo_alone(tmp_path):
   x = regime_report.summarise(regime_report.load(str(tmp_path)))
   assert x["claim2"][0]["rloo_raw"]["ratio"] == pytest.approx(0.5) and x["claim2"][0]["below"] == 3
   assert regime_report.claim2_lines(x)[-1].endswith("| not measured |")
+
+
+def test_the_warm_start_pilot_resumes_after_each_finished_seed(tmp_path):
+  """A seed counts as done once its last check (step == steps) is in the file."""
+  from experiments import warm_start_pilot
+  path = tmp_path / "pilot.jsonl"
+  assert warm_start_pilot.done_seeds(str(path)) == set()
+  _write(str(path), [dict(seed=0, step=s, steps=20) for s in (10, 20)]
+         + [dict(seed=1, step=10, steps=20)])
+  assert warm_start_pilot.done_seeds(str(path)) == {0}

@@ -1,0 +1,123 @@
+r"""The warm start alone, seed by seed: success along its steps, to choose where it stops.
+
+    python experiments/warm_start_pilot.py --config=experiments/configs/rooms_regime.py \
+        --seeds=10 --steps=140 --from_step=60 --heldout_every=20 --out=results/rooms_regime/warm_start_pilot.jsonl
+
+For each seed the configuration's warm start runs `--steps` steps with no stop (whatever
+`warm_start.target_success` says) and, every `warm_start.check_every` steps from
+`--from_step`, logs the greedy
+success on the warm start's validation tasks (training tasks, `warm_start.validation_positions`)
+and, every `--heldout_every` steps, on the first `--heldout_tasks` held-out tasks. One line per
+check goes to `--out` (JSON: seed, step, the success rates and their task counts), appended as it is measured;
+a seed already in the file is skipped, so the pilot resumes. No RL iteration runs, and no
+checkpoint is written (the tokenizer goes to a temporary directory).
+
+Bad flags (an unknown key, a step count that is not a multiple of the check interval): one
+line, exit status 2.
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+import jax
+from ml_collections import config_flags
+
+from bpo_jax.training import config as config_lib
+from bpo_jax.training import evaluation
+from bpo_jax.training import experiment as experiment_lib
+from bpo_jax.training import iteration as iteration_lib
+from bpo_jax.training import loop
+from bpo_jax.training import placement as placement_lib
+from bpo_jax.training import settings as settings_lib
+from bpo_jax.training import warm_start as warm_start_lib
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Configuration file.")
+_SEEDS = flags.DEFINE_integer("seeds", 10, "Seeds 0..N-1.")
+_STEPS = flags.DEFINE_integer("steps", 140, "Warm-start steps per seed.")
+_HELDOUT_EVERY = flags.DEFINE_integer("heldout_every", 20, "Held-out evaluation interval.")
+_HELDOUT_TASKS = flags.DEFINE_integer("heldout_tasks", 128, "Held-out tasks evaluated.")
+_FROM_STEP = flags.DEFINE_integer("from_step", 0, "No check before this step (success is 0 "
+                                  "while the loss is high; the checks cost time).")
+_OUT = flags.DEFINE_string("out", None, "JSON-lines file the checks are appended to.")
+
+
+def done_seeds(path: str) -> set[int]:
+  """The seeds whose last check (step == their steps) the file holds."""
+  if not os.path.exists(path):
+    return set()
+  with open(path) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  return {r["seed"] for r in rows if r["step"] == r["steps"]}
+
+
+def pilot_seed(config, seed: int, out) -> None:
+  """One seed's warm start with its checks written to `out` as they are measured."""
+  config = config.copy_and_resolve_references()
+  config.seed = seed
+  settings = settings_lib.from_config(config)
+  ws = settings.warm_start
+  with tempfile.TemporaryDirectory() as workdir:
+    exp, state = experiment_lib.build_experiment(settings, workdir)
+    placement = placement_lib.Placement()
+    validation = loop._validation(exp, placement)  # pylint: disable=protected-access
+    heldout = exp.eval_tasks[:_HELDOUT_TASKS.value]
+    key = jax.random.key(seed + 1)
+    steps = iter(range(ws.check_every, _STEPS.value + 1, ws.check_every))
+
+    def check(params) -> float:
+      step = next(steps)
+      if step < _FROM_STEP.value:
+        return -1.0
+      row = {"seed": seed, "step": step, "steps": _STEPS.value,
+             "validation_success": validation(params),
+             "validation_tasks": ws.validation_tasks}
+      if step % _HELDOUT_EVERY.value == 0:
+        policy = iteration_lib.policy_for_sampling(exp, placement, params)
+        row["heldout_success"] = evaluation.evaluate_policy(
+            exp, policy, heldout, key, settings.eval.confidence)["success_rate"]
+        row["heldout_tasks"] = len(heldout)
+      out.write(json.dumps(row) + "\n")
+      out.flush()
+      print(json.dumps(row), flush=True)
+      return -1.0  # below any target: the pilot runs every step
+
+    try:
+      warm_start_lib.warm_start(exp, placement.place_params(state.params), placement, check)
+    finally:
+      exp.close()
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  if _OUT.value is None or config is None:
+    sys.exit("--config and --out are required")
+  config.warm_start.steps = _STEPS.value
+  config.warm_start.target_success = 1.0  # checks on; `check` never reaches it
+  every = config.warm_start.check_every
+  if _STEPS.value % every or _HELDOUT_EVERY.value % every:
+    print(f"--steps = {_STEPS.value} and --heldout_every = {_HELDOUT_EVERY.value}: must be "
+          f"multiples of warm_start.check_every = {every}", file=sys.stderr)
+    sys.exit(2)
+  try:
+    config_lib.validate(config, "train", None)
+  except config_lib.ConfigError as error:
+    print(error, file=sys.stderr)
+    sys.exit(2)
+  done = done_seeds(_OUT.value)
+  with open(_OUT.value, "a") as out:
+    for seed in range(_SEEDS.value):
+      if seed not in done:
+        pilot_seed(config, seed, out)
+
+
+if __name__ == "__main__":
+  app.run(main)
