@@ -4,7 +4,9 @@ One rule for any number of processes: the run's devices (every device of every p
 first `scale.num_devices` of one process) form the `scale.mesh` mesh (data x fsdp x tensor),
 the train state is laid out on it by the partition rules of `bpo_jax.sharding`, and the rows of
 the packed batch are split over its batch axes, each process feeding the rows its devices hold.
-A mesh of one device is the unsharded case: the state stays on the default device.
+A mesh of one device is the unsharded case: the state is committed to this process's first
+device (`on_first_device`), as every compiled update returns it, so each program sees one
+placement of its inputs from the first call on.
 
 Rollouts and evaluations sample on the same devices (`Placement.for_sampling`): once per
 iteration the parameters are moved from the training layout to the sampling layout
@@ -41,6 +43,20 @@ def abstract_on_first_device(state):
   several processes (another topology) then restores here too."""
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
+
+
+def on_first_device(tree):
+  """`tree`'s arrays committed to this process's first device (no copy for arrays already
+  there).
+
+  A jitted program's cache tells committed arrays from uncommitted ones (those made by
+  `jnp.asarray`, `jnp.zeros`, optax's step counts): the same program called on both compiles
+  twice. An executable of the start-up set (`precompiled.ProgramSet`) returns committed arrays
+  whatever it was given, and a jitted one returns them as soon as one input is committed; so
+  the unsharded train state is committed, every leaf, from its start, and the update's output
+  matches its input.
+  """
+  return jax.device_put(tree, jax.local_devices()[0])
 
 
 def run_devices(settings) -> list:
@@ -90,8 +106,8 @@ class Placement:
   A mesh of several devices (one process or many): the `scale.mesh` mesh over the run's
   devices (`run_devices`), the state laid out by the sharding rules (`state_sharding`), and each
   process feeding its rows of the packed batch (`row_sharding`). One device of one process:
-  nothing is sharded (`mesh` None); the state stays on the default device and the packed batch
-  goes in whole.
+  nothing is sharded (`mesh` None); the state is committed to the first device and the packed
+  batch goes in whole.
   """
 
   mesh: Any = None
@@ -137,7 +153,7 @@ class Placement:
       return update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
 
     if self.mesh is None:
-      return init(params)
+      return on_first_device(init(params))
     out = self.shardings_of(jax.eval_shape(init, params))
     return jax.jit(init, out_shardings=out, donate_argnums=(0,))(params)
 
@@ -153,13 +169,14 @@ class Placement:
   def place(self, state):
     """A train state every process holds alike (host or local arrays), laid out globally."""
     if self.mesh is None:
-      return jax.tree.map(jnp.asarray, state)
+      return on_first_device(state)
     return distributed.put_global(jax.tree.map(np.asarray, state), self.state_sharding)
 
   def place_params(self, params):
-    """Parameters every process holds alike, laid out as the train state's."""
+    """Parameters every process holds alike, laid out as the train state's (unsharded:
+    committed to the first device, `on_first_device`)."""
     if self.mesh is None:
-      return jax.tree.map(jnp.asarray, params)
+      return on_first_device(params)
     return distributed.put_global(jax.tree.map(np.asarray, params), self.state_sharding.params)
 
   def place_frozen(self, frozen):

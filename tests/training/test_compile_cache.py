@@ -85,6 +85,9 @@ def test_nothing_compiles_after_the_first_iteration(tmp_path, request, estimator
   assert first["requests"] >= 20 and second["requests"] > first["requests"], counts
   after_first = counts["log"][second["requests"]:]
   assert counts["at_end"]["requests"] == second["requests"], after_first
+  # The evaluation after the first update merges its adapters with the initial one's program.
+  during = {name for name, _ in counts["log"][first["requests"]:]}
+  assert not during & OF_THE_PARAMETERS, sorted(during)
   assert counts["at_end"]["cache_hits"] == 0
 
 
@@ -105,18 +108,24 @@ def test_a_second_process_on_the_same_cache_compiles_at_most_a_tenth(bpo_on_a_fr
 # first-token entropy, the CPU's transposed embedding, the estimator and the fork threshold.
 # None is the sampler's or the update's.
 HEAVY = {"jit(append_tokens)", "jit(generate)", "jit(train_step)"}
+# Programs of the policy's parameters, first compiled by the initial evaluation: the adapters'
+# merge and the CPU's transposed embedding. Compiled again, the update returned parameters
+# placed otherwise than the initial ones.
+OF_THE_PARAMETERS = {"jit(merge_lora)", "jit(transpose)"}
 
 
 @pytest.mark.slow
 def test_with_the_start_up_set_the_iterations_compile_no_sampler_or_update_program(tmp_path):
-  """The world's tiny model with 256 cache slots, two iterations with an evaluation after each,
-  its program set compiled at start-up: the iterations run every append, decode loop and update
-  from the set (no miss) and compile none of them."""
+  """The world's tiny model with rank-4 adapters and 256 cache slots, two iterations with an
+  evaluation after each, its program set compiled at start-up: the iterations run every append,
+  decode loop and update from the set (no miss) and compile none of them, nor the merge of the
+  updated adapters (the set's update returns the state placed as it came in)."""
   counts = run_counted(dict(cache_dir="none", estimator="bpo", iterations=2, eval_every=1,
-                            startup_compile="on", max_length=256, workdir=str(tmp_path / "run")))
+                            startup_compile="on", max_length=256, lora_rank=4,
+                            workdir=str(tmp_path / "run")))
   first = counts["at_iteration"][0]["requests"]
   during = {name for name, _ in counts["log"][first:]}
-  assert not during & HEAVY, sorted(during)
+  assert not during & (HEAVY | OF_THE_PARAMETERS), sorted(during)
   with open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8") as f:
     records = [json.loads(line) for line in f]
   startup = [r for r in records if r["phase"] == "startup"]

@@ -4,6 +4,7 @@ compiled program, computing the adapter model's function."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -14,6 +15,7 @@ from bpo_jax.testing.tolerance import assert_close
 from bpo_jax.training import experiment as experiment_lib
 from bpo_jax.training import iteration as iteration_lib
 from bpo_jax.training import placement as placement_lib
+from bpo_jax.training import update as update_lib
 
 LORA = ModelConfig.tiny_qwen3(vocab_size=64, hidden_size=32, intermediate_size=64, head_dim=8,
                               tie_word_embeddings=False, lora_rank=4, lora_alpha=8.0)
@@ -80,3 +82,42 @@ def test_the_merge_compiles_once_across_iterations():
                                     train_tasks=[], eval_tasks=[], pool=None)
   assert plain.sampling_params(adapters) is adapters
   assert plain.sampling_graphdef is plain.graphdef
+
+
+def _adam_step(tx):
+  """A train step of `tx` on a gradient of ones: the update's inputs and outputs, in kind."""
+
+  def step(state):
+    grads = jax.tree.map(jnp.ones_like, state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return update_lib.TrainState(step=state.step + 1, opt_state=opt_state,
+                                 params=optax.apply_updates(state.params, updates))
+
+  return step
+
+
+@pytest.mark.parametrize("precompiled", [False, True])
+def test_the_initial_state_is_placed_as_the_update_returns_it(precompiled):
+  """The unsharded initial train state and the first update's output have one placement, so
+  the merge (and the update itself) run the program of the first call on the second: the
+  update either jitted or an executable compiled ahead, as the start-up set runs it."""
+  exp, adapters = _experiment_and_adapters()
+  placement = placement_lib.Placement()
+  tx = update_lib.with_fixed_state_dtypes(optax.adam(1e-3))
+  state = placement.init_state(tx, placement.place_params(adapters))
+  device = jax.local_devices()[0]
+  assert all(x.committed and x.devices() == {device} for x in jax.tree.leaves(state))
+  jitted = jax.jit(_adam_step(tx))
+  # The start-up set lowers on abstract arrays placed on the first device (`compile_update`).
+  update = jitted.lower(placement.abstract(state)).compile() if precompiled else jitted
+  program = experiment_lib._merge_program(LORA)  # pylint: disable=protected-access
+  exp.sampling_params(state.params)
+  merges = program._cache_size()  # pylint: disable=protected-access
+  updated = update(state)
+  updated = update(updated)  # the second iteration's update, on the first one's output
+  exp.sampling_params(updated.params)
+  assert program._cache_size() == merges  # pylint: disable=protected-access
+  assert jitted._cache_size() == (0 if precompiled else 1)  # pylint: disable=protected-access
+  assert [(x.committed, x.devices()) for x in jax.tree.leaves(updated)] == [
+      (x.committed, x.devices()) for x in jax.tree.leaves(state)]
+  assert int(updated.step) == 2
