@@ -256,8 +256,6 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
   tx, local_state, placement, _ = setup
   exp = dataclasses.replace(exp, frozen=placement.place_frozen(exp.frozen))
   use_ref = settings.train.kl_coef > 0
-  # The rollout engine and the update, their programs compiled here where that applies.
-  exp, engine, train_step, startup_record = startup_lib.start(exp, setup, state.params)
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                              keep=settings.checkpoint.keep)
   root_key = jax.random.key(settings.seed)
@@ -265,6 +263,12 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
   del local_state
   # The latest checkpoint that restores; those after it are set aside (checkpoint.py).
   restored = checkpointer.restore_latest(abstract, _check_loop_state(root_key), set_aside=True)
+  last = (settings.train.iterations if stop_after is None
+          else min(stop_after, settings.train.iterations))
+  # The rollout engine and the update, their programs compiled here where that applies and an
+  # iteration is left to run them (a resume of a finished run compiles nothing).
+  exp, engine, train_step, startup_record = startup_lib.start(
+      exp, setup, state.params, compile_set=last > (0 if restored is None else restored[0]))
   if restored is not None:
     latest, tree, loop = restored
     (state, ref), loop = _from_checkpoint_tree((tree, loop))
@@ -290,8 +294,6 @@ def _train(exp: experiment_lib.Experiment, state: update_lib.TrainState,
   if startup_record is not None:
     history.append(writer.write(dict(startup_record, iteration=latest)))
   try:
-    last = settings.train.iterations if stop_after is None else min(stop_after,
-                                                                  settings.train.iterations)
     for iteration in range(latest + 1, last + 1):
       state, record, _, threshold = iteration_lib.run_iteration(
           exp, engine, train_step, state, iteration, root_key, threshold, placement, ref)

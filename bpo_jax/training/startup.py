@@ -148,9 +148,10 @@ def applies(settings, rollout_config, placement) -> bool:
           and not rollout_config.kv_page_size)
 
 
-def start(exp, setup, params) -> tuple[Any, Any, Callable, dict | None]:
+def start(exp, setup, params, compile_set: bool = True) -> tuple[Any, Any, Callable, dict | None]:
   """The run's rollout engine and update step, their programs compiled first where that
-  applies (`applies`), for the trainable `params` (their shapes; values unused).
+  applies (`applies`) and `compile_set` asks for it (the loop: an iteration is left to run),
+  for the trainable `params` (their shapes; values unused).
 
   Returns (the experiment, holding the set as `programs` for the evaluations, or None; the
   engine; the update step to call; the "startup" metrics record, or None without a set).
@@ -158,7 +159,7 @@ def start(exp, setup, params) -> tuple[Any, Any, Callable, dict | None]:
   settings = exp.settings
   config = translate.rollout_config(settings)
   programs = None
-  if applies(settings, config, setup.placement):
+  if compile_set and applies(settings, config, setup.placement):
     programs = precompiled.ProgramSet(config.sampling_params(exp.fmt.stop_token_ids).limits())
   exp = dataclasses.replace(exp, programs=programs)
   engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,

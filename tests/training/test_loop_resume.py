@@ -335,6 +335,33 @@ def test_a_full_disk_leaves_the_workdir_resumable(tmp_path, straight):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
+def test_a_resume_compiles_the_start_up_set_only_with_iterations_left(tmp_path, straight):
+  """`scale.startup_compile=on` on a copy of the finished run: restored first, nothing left to
+  run, so nothing compiled and no "startup" record. One iteration more: one set compiled and
+  one record, at the iteration the run resumed from, the earlier records as they were."""
+  config_path, straight_dir, _ = straight
+  workdir = str(tmp_path / "run")
+  shutil.copytree(straight_dir, workdir)
+  before = _train_records(workdir)
+  on = ("--config.scale.startup_compile=on", "--config.log.progress_bar=false")
+  result = _run(config_path, workdir, *on)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "start-up compile" not in result.stderr, result.stderr[-3000:]
+  assert _train_records(workdir) == before
+
+  result = _run(config_path, workdir, *on, f"--config.train.iterations={ITERATIONS + 1}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  totals = re.findall(r"start-up compile: (\d+) programs in ", result.stderr)
+  assert len(totals) == 1, result.stderr[-3000:]
+  after = _train_records(workdir)
+  startup = [r for r in after if r["phase"] == "startup"]
+  assert [r["iteration"] for r in startup] == [ITERATIONS], startup
+  assert startup[0]["startup_programs"] == int(totals[0]) > 0
+  assert after[:len(before)] == before
+  assert [r["phase"] for r in after[len(before):]] == ["startup", "train", "eval"]
+
+
 def _load(config_path):
   import importlib.util  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, ROOT)
