@@ -234,9 +234,17 @@ def take_rows(tree, rows):
   if isinstance(getattr(tree, "cache", None), paged.PagedKVCache):
     return DecodeState(cache=paged.take_rows(tree.cache, rows),
                        next_logits=_take_logits(tree.next_logits, jnp.asarray(rows, jnp.int32)))
-  rows = jnp.asarray(rows, jnp.int32)
+  if not isinstance(rows, jax.Array):  # host indices: a transfer, no program per shape
+    rows = jax.device_put(np.asarray(rows, np.int32))
   if rows.ndim != 1:
     raise ValueError(f"rows must be a 1-D list of row indices, got shape {rows.shape}")
+  return _gather_rows(tree, rows)
+
+
+@jax.jit
+def _gather_rows(tree, rows: jax.Array):
+  """Every leaf's rows `rows` (axis 0): one compiled program for the whole state, not one
+  eager gather per leaf."""
   return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), tree)
 
 
@@ -621,7 +629,7 @@ class Sampler:
     keeps the cache layout (rows over the batch axes), so the fork stays on the devices."""
     if mesh is None or _is_paged(decode_state):
       return take_rows(decode_state, rows)
-    return _take_rows_on_mesh(decode_state, jnp.asarray(rows, jnp.int32), mesh)
+    return _take_rows_on_mesh(decode_state, jax.device_put(np.asarray(rows, np.int32)), mesh)
 
   def _check_tokens(self, tokens: np.ndarray):
     if tokens.size and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
@@ -638,8 +646,8 @@ class Sampler:
       return self.append(state, self.init_state(len(rows)), dict(enumerate(rows)))
     tokens, lengths, window = self._pad_rows(np.zeros((len(rows),), np.int64),
                                              dict(enumerate(rows)), self.max_length)
-    return _prefill_jit(self.graphdef, state, self.config, self.max_length, jnp.asarray(tokens),
-                        jnp.asarray(lengths), attend_length=window,
+    return _prefill_jit(self.graphdef, state, self.config, self.max_length,
+                        jax.device_put(tokens), jax.device_put(lengths), attend_length=window,
                         unembedding=self.unembedding(state, len(rows)))
 
   def append(self, state, decode_state: DecodeState,
@@ -653,7 +661,8 @@ class Sampler:
       append = _append_donating
       decode_state, book = _paged_with_room(decode_state, decode_state.cache.book.lengths
                                             + lengths)
-    args = (state, decode_state, jnp.asarray(tokens), jnp.asarray(lengths))
+    # Host arrays moved as they are (`jnp.asarray` would compile a program per shape).
+    args = (state, decode_state, jax.device_put(tokens), jax.device_put(lengths))
     kwargs = dict(unembedding=self.unembedding(state, decode_state.batch_size))
     key = ProgramKey("append", decode_state.batch_size, tokens.shape[1], window)
     out = self._run(key, book is None and self.donate, args, kwargs,
@@ -731,7 +740,7 @@ class Sampler:
       if emitting.shape != lengths.shape:
         raise ValueError(f"active must have shape ({decode_state.batch_size},), got "
                          f"{emitting.shape}")
-      active = jnp.asarray(emitting)
+      active = jax.device_put(emitting)
     window = attend_length_for(lengths[emitting] + params.max_new_tokens,
                                decode_state.cache.max_length)
     run = _generate_donating if self.donate and keep_state else _generate_jit

@@ -82,7 +82,7 @@ def explained_share_stats(trees, leaf_returns, gamma: float) -> dict:
   differ = np.asarray([np.ptp(r) > 0 if len(r) else False for r in leaf_returns])
   if not differ.any():
     return {"prefix_explained_share": 0.0, "variance_trees": 0}
-  shares = np.asarray(_EXPLAINED_SHARES(jax.tree.map(jnp.asarray, trees), float(gamma)))
+  shares = np.asarray(_EXPLAINED_SHARES(jax.device_put(trees), float(gamma)))
   return {"prefix_explained_share": float(shares[differ].mean()),
           "variance_trees": int(differ.sum())}
 
@@ -199,7 +199,7 @@ def estimate_and_pack(settings, batch: rollout_lib.RolloutBatch, num_tasks: int,
   r = settings.rollout
   trees = batch.stacked_trees()
   advantages, weights = estimator_registry.advantages_and_weights(
-      jax.tree.map(jnp.asarray, trees), estimator=r.estimator, gamma=float(r.gamma),
+      jax.device_put(trees), estimator=r.estimator, gamma=float(r.gamma),
       trees_per_task=r.trees_per_task, trunk=r.trunk_baseline,
       options=estimator_registry.config_options(settings.rollout))
   advantages, weights = np.asarray(advantages), np.asarray(weights)

@@ -102,12 +102,13 @@ def test_a_second_process_on_the_same_cache_compiles_at_most_a_tenth(bpo_on_a_fr
 
 
 
-# What the iterations of a run with its start-up set still compile, each a small program on
-# first use: host-to-device staging and eager array ops (jit(stage), jit(convert_element_type),
-# ...), the fork's row gathers (jit(_take)), the branch keys (jit(_fold_in_rows)), the
-# first-token entropy, the CPU's transposed embedding, the estimator and the fork threshold.
-# None is the sampler's or the update's.
+# What the first iteration of a run with its start-up set still compiles, each a small program
+# on its first use: the fork's row gather, the estimator and the fork threshold (host arrays
+# reach the device by transfers, which compile nothing). None is the sampler's or the update's,
+# and nothing compiles after the first iteration.
 HEAVY = {"jit(append_tokens)", "jit(generate)", "jit(train_step)"}
+FIRST_USE = {"jit(_gather_rows)", "jit(advantages_and_weights)",
+             "jit(update_quantile_threshold)"}
 # Programs of the policy's parameters, first compiled by the initial evaluation: the adapters'
 # merge and the CPU's transposed embedding. Compiled again, the update returned parameters
 # placed otherwise than the initial ones.
@@ -119,13 +120,16 @@ def test_with_the_start_up_set_the_iterations_compile_no_sampler_or_update_progr
   """The world's tiny model with rank-4 adapters and 256 cache slots, two iterations with an
   evaluation after each, its program set compiled at start-up: the iterations run every append,
   decode loop and update from the set (no miss) and compile none of them, nor the merge of the
-  updated adapters (the set's update returns the state placed as it came in)."""
+  updated adapters (the set's update returns the state placed as it came in); the first
+  iteration compiles only `FIRST_USE`'s small programs, the second nothing."""
   counts = run_counted(dict(cache_dir="none", estimator="bpo", iterations=2, eval_every=1,
                             startup_compile="on", max_length=256, lora_rank=4,
                             workdir=str(tmp_path / "run")))
   first = counts["at_iteration"][0]["requests"]
   during = {name for name, _ in counts["log"][first:]}
   assert not during & (HEAVY | OF_THE_PARAMETERS), sorted(during)
+  assert during <= FIRST_USE, sorted(during)
+  assert counts["at_end"]["requests"] == counts["at_iteration"][1]["requests"], counts
   with open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8") as f:
     records = [json.loads(line) for line in f]
   startup = [r for r in records if r["phase"] == "startup"]
