@@ -93,6 +93,9 @@ def warm_start(exp: experiment_lib.Experiment, params,
   ws = settings.warm_start
   if ws.num_trajectories == 0 or ws.steps == 0:
     return params, None, []
+  if ws.target_success > 0 and validate is None:
+    raise ValueError(f"warm_start.target_success = {ws.target_success}: the warm start needs "
+                     "`validate` (the loop's success on its validation tasks)")
   placement = placement or placement_lib.Placement()
   chosen = experiment_lib.task_order(len(exp.train_tasks), settings.seed, 0, ws.num_trajectories)
   episodes = expert_episodes(exp, [exp.train_tasks[i] for i in chosen])

@@ -164,3 +164,12 @@ def test_the_loops_validation_plays_the_set_aside_training_tasks_only_with_a_tar
   finally:
     exp.close()
   assert first == second and first * 4 == int(first * 4) and 0.0 <= first <= 1.0
+
+
+def test_a_target_without_validate_is_refused_before_any_step(tmp_path):
+  exp, state = _tiny_experiment(tmp_path, steps=5, check_every=2, target_success=0.5)
+  try:
+    with pytest.raises(ValueError, match="warm_start.target_success = 0.5: the warm start needs"):
+      warm_start.warm_start(exp, state.params)
+  finally:
+    exp.close()
