@@ -80,9 +80,12 @@ class ProgramKey(NamedTuple):
 
   def label(self) -> str:
     """`append[batch=8,tokens=64,window=256]`, `generate[batch=8,window=256]`,
-    `train_step[rows=2,length=512]` (the update: `batch` rows of `tokens`): for logs."""
+    `train_step[rows=2,length=512]` (the update: `batch` rows of `tokens`),
+    `estimator[trees=4,capacity=20]` (`batch` trees of `tokens` nodes): for logs."""
     if self.name == "train_step":
       return f"train_step[rows={self.batch},length={self.tokens}]"
+    if self.name == "estimator":  # `batch` stacked trees of `tokens` nodes
+      return f"estimator[trees={self.batch},capacity={self.tokens}]"
     if self.name == "append":
       return f"append[batch={self.batch},tokens={self.tokens},window={self.window}]"
     probe = "" if self.keep_state else ",probe"

@@ -8,6 +8,7 @@ packing, the fork threshold and the metrics are computed identically everywhere.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from absl import logging
@@ -19,6 +20,7 @@ from bpo_jax import branching
 from bpo_jax import estimators
 from bpo_jax import packing
 from bpo_jax import rollout as rollout_lib
+from bpo_jax import sampling_shapes
 from bpo_jax.training import distributed
 from bpo_jax.training import estimator_registry
 from bpo_jax.training import experiment as experiment_lib
@@ -191,17 +193,31 @@ def grow(engine: rollout_lib.RolloutEngine, params, tasks: list, key: jax.Array,
   return rollout_lib.RolloutBatch.concatenate(distributed.allgather_objects(batch))
 
 
-def estimate_and_pack(settings, batch: rollout_lib.RolloutBatch, num_tasks: int,
-                      placement: placement_lib.Placement):
-  """(packed batch, advantages, weights, stacked trees): the estimator's per-node advantages and
-  path weights, and one row per tree, the rows a multiple of the micro-batches, each split
-  evenly over the devices of the batch axes."""
+def estimator_program(settings) -> tuple[sampling_shapes.ProgramKey, dict]:
+  """The estimator as an iteration runs it: its program's key, `ProgramKey("estimator", T, N,
+  0)` for the iteration's T = tasks x trees per task stacked trees of the rollout's node
+  capacity N, and the static arguments of `estimator_registry.advantages_and_weights`."""
   r = settings.rollout
+  key = sampling_shapes.ProgramKey("estimator", r.tasks_per_iteration * r.trees_per_task,
+                                   translate.rollout_config(settings).node_capacity, 0)
+  return key, dict(estimator=r.estimator, gamma=float(r.gamma), trees_per_task=r.trees_per_task,
+                   trunk=r.trunk_baseline, options=estimator_registry.config_options(r))
+
+
+def estimate_and_pack(settings, batch: rollout_lib.RolloutBatch, num_tasks: int,
+                      placement: placement_lib.Placement, programs=None):
+  """(packed batch, advantages, weights, stacked trees): the estimator's per-node advantages and
+  path weights (from the start-up set's executable where `programs` holds one,
+  `estimator_program`), and one row per tree, the rows a multiple of the micro-batches, each
+  split evenly over the devices of the batch axes."""
   trees = batch.stacked_trees()
-  advantages, weights = estimator_registry.advantages_and_weights(
-      jax.device_put(trees), estimator=r.estimator, gamma=float(r.gamma),
-      trees_per_task=r.trees_per_task, trunk=r.trunk_baseline,
-      options=estimator_registry.config_options(settings.rollout))
+  key, static = estimator_program(settings)
+  estimate = functools.partial(estimator_registry.advantages_and_weights, **static)
+  on_device = jax.device_put(trees)
+  if programs is None:
+    advantages, weights = estimate(on_device)
+  else:
+    advantages, weights = programs.run(key, (on_device,), {}, estimate)
   advantages, weights = np.asarray(advantages), np.asarray(weights)
   num_rows = placement_lib.row_count(num_tasks,
                                      settings.train.micro_batches * placement.row_shards)
@@ -239,7 +255,8 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   times["time/rollout"] = time.perf_counter() - start
 
   start = time.perf_counter()
-  packed, advantages, weights, trees = estimate_and_pack(settings, batch, len(tasks), placement)
+  packed, advantages, weights, trees = estimate_and_pack(settings, batch, len(tasks), placement,
+                                                         exp.programs)
   times["time/estimate_and_pack"] = time.perf_counter() - start
 
   start = time.perf_counter()

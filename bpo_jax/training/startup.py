@@ -9,12 +9,14 @@ of them, for every shape the run's settings allow:
     format allows (`token_bounds`; `sampling_shapes.sampler_program_keys`), shared by rollouts
     and evaluations;
   * the update step (`update.make_train_step`, through `UpdateSetup.train_step`) on the
-    loop's padded row count at every packed row length a tree can fill (`update_row_lengths`).
+    loop's padded row count at every packed row length a tree can fill (`update_row_lengths`);
+  * the estimator on the iteration's stacked trees (`compile_estimator`).
 
 Each program's seconds are logged (absl, one line each) and the total goes into the run's
 metrics as one record of phase "startup". The executables are kept by shape where they are
-called (`Sampler.programs`, `PrecompiledStep`); a shape outside the set still runs, compiled on
-its call, and counts as a miss (`ProgramSet.misses`, `compile_misses` in each training record).
+called (`Sampler.programs`, `PrecompiledStep`, `iteration.estimate_and_pack`); a shape outside
+the set still runs, compiled on its call, and counts as a miss (`ProgramSet.misses`,
+`compile_misses` in each training record).
 
 `scale.startup_compile`: "auto" compiles the set on accelerators, where a program's first call
 would otherwise stall the first iteration (GEMM autotuning per shape), and leaves it off on the
@@ -35,6 +37,9 @@ from bpo_jax import packing
 from bpo_jax import precompiled
 from bpo_jax import rollout as rollout_lib
 from bpo_jax import sampling_shapes
+from bpo_jax import tree as tree_lib
+from bpo_jax.training import estimator_registry
+from bpo_jax.training import iteration as iteration_lib
 from bpo_jax.training import placement as placement_lib
 from bpo_jax.training import translate
 
@@ -141,6 +146,14 @@ def compile_update(programs: precompiled.ProgramSet, exp, setup, ref_params) -> 
                      lambda batch=batch: jitted.lower(state, batch, ref, num_trees, frozen))
 
 
+def compile_estimator(programs: precompiled.ProgramSet, settings) -> None:
+  """Compiles the estimator into `programs` on the iteration's stacked trees
+  (`iteration.estimator_program`): trees of padding nodes give their shapes and dtypes."""
+  key, static = iteration_lib.estimator_program(settings)
+  trees = precompiled.abstract(tree_lib.stack_trees([tree_lib.empty_tree(key.tokens)] * key.batch))
+  programs.compile(key, lambda: estimator_registry.advantages_and_weights.lower(trees, **static))
+
+
 def applies(settings, rollout_config, placement) -> bool:
   """Whether the run compiles its set at start-up: `scale.startup_compile` says so for this
   platform, and the run decodes on one device with the dense cache (what the set covers)."""
@@ -174,6 +187,7 @@ def start(exp, setup, params, compile_set: bool = True) -> tuple[Any, Any, Calla
                              longest_observation)
   precompiled.compile_sampler_programs(programs, engine.sampler, sampling_params, keys)
   compile_update(programs, exp, setup, params if settings.train.kl_coef > 0 else None)
+  compile_estimator(programs, settings)
   logging.info("start-up compile: %d programs in %.1f s", len(programs.seconds),
                programs.total_seconds)
   record = {"phase": "startup", "startup_programs": len(programs.seconds),
