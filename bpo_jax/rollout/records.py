@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -163,8 +164,22 @@ class TaskRollout:
     return total
 
 
-_UPDATE_QUANTILE = jax.jit(branching.update_quantile_threshold,
-                           static_argnames=("quantile", "decay"))
+UPDATE_QUANTILE = jax.jit(branching.update_quantile_threshold,
+                          static_argnames=("quantile", "decay"))
+THRESHOLD_DECAY = 0.9  # the running threshold's weight on its past (`update_threshold`)
+
+
+def threshold_size(decisions: int) -> int:
+  """The length `decisions` state entropies are padded to (masked out) for the threshold's
+  update: the power of two ≥ max(decisions, 16), one compiled program per size bucket rather
+  than per number of decisions. Example: 5 → 16, 17 → 32, 64 → 64."""
+  return 1 << max(decisions - 1, 15).bit_length()
+
+
+def threshold_key(size: int, quantile: float, decay: float) -> tuple:
+  """The threshold update's program in a run's start-up set (`precompiled.ProgramSet`): one per
+  padded size, for the run's quantile and decay (static arguments of its program)."""
+  return ("threshold", size, float(quantile), float(decay))
 
 
 @dataclasses.dataclass
@@ -219,9 +234,11 @@ class RolloutBatch:
     return np.asarray([d.entropy for r in self.rollouts for d in r.decisions], np.float32)
 
   def update_threshold(self, threshold: branching.QuantileThreshold, quantile: float,
-                       decay: float = 0.9) -> branching.QuantileThreshold:
+                       decay: float = THRESHOLD_DECAY,
+                       programs=None) -> branching.QuantileThreshold:
     """The running entropy threshold for the NEXT batch (`branching.update_quantile_threshold`
-    over this batch's state entropies); pass its `.threshold` to the next `rollout` call.
+    over this batch's state entropies); pass its `.threshold` to the next `rollout` call. Run
+    from `programs`' executable (`threshold_key`) where a start-up set holds one.
 
     Example:
       running = branching.init_quantile_threshold(1.0)
@@ -231,13 +248,15 @@ class RolloutBatch:
     entropy = self.state_entropies()
     if not entropy.size:
       return threshold
-    # Padded (masked out) to a power of two: one compiled program per size bucket rather than
-    # per number of decisions (the padding is NaN to the quantile, which skips it).
-    size = 1 << max(entropy.size - 1, 15).bit_length()
+    # Padded (masked out) to a size bucket; the padding is NaN to the quantile, which skips it.
+    size = threshold_size(entropy.size)
     padded = np.zeros((size,), np.float32)
     padded[:entropy.size] = entropy
-    return _UPDATE_QUANTILE(threshold, padded, np.arange(size) < entropy.size,
-                            quantile=float(quantile), decay=float(decay))
+    args = (threshold, jax.device_put(padded), jax.device_put(np.arange(size) < entropy.size))
+    update = functools.partial(UPDATE_QUANTILE, quantile=float(quantile), decay=float(decay))
+    if programs is None:
+      return update(*args)
+    return programs.run(threshold_key(size, quantile, decay), args, {}, update)
 
   def summary(self) -> dict[str, Any]:
     out = self.compute.as_dict()

@@ -94,15 +94,17 @@ def initial_fork_threshold(settings) -> dict:
   return {"threshold": float(settings.rollout.entropy_threshold), "updates": 0}
 
 
-def next_fork_threshold(settings, threshold: dict, batch: rollout_lib.RolloutBatch) -> dict:
+def next_fork_threshold(settings, threshold: dict, batch: rollout_lib.RolloutBatch,
+                        programs=None) -> dict:
   """The threshold for the next iteration: with `rollout.entropy_quantile` > 0, an average of
-  the quantiles of the state entropies seen so far (`branching.update_quantile_threshold`)."""
+  the quantiles of the state entropies seen so far (`branching.update_quantile_threshold`),
+  from the start-up set's executable where `programs` holds one."""
   quantile = settings.rollout.entropy_quantile
   if quantile <= 0:
     return threshold
   running = branching.QuantileThreshold(jnp.float32(threshold["threshold"]),
                                         jnp.int32(threshold["updates"]))
-  running = batch.update_threshold(running, quantile=quantile)
+  running = batch.update_threshold(running, quantile=quantile, programs=programs)
   return {"threshold": float(running.threshold), "updates": int(running.num_updates)}
 
 
@@ -281,5 +283,5 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   if record["skipped"]:
     logging.warning("iteration %d: non-finite loss or gradient (loss %s); update skipped",
                     iteration, record["loss"])
-  return state, record, batch, next_fork_threshold(settings, threshold, batch)
+  return state, record, batch, next_fork_threshold(settings, threshold, batch, exp.programs)
 

@@ -10,7 +10,8 @@ of them, for every shape the run's settings allow:
     and evaluations;
   * the update step (`update.make_train_step`, through `UpdateSetup.train_step`) on the
     loop's padded row count at every packed row length a tree can fill (`update_row_lengths`);
-  * the estimator on the iteration's stacked trees (`compile_estimator`).
+  * the estimator on the iteration's stacked trees (`compile_estimator`), and the fork
+    threshold's update at each padded size of the iteration's decisions (`compile_threshold`).
 
 Each program's seconds are logged (absl, one line each) and the total goes into the run's
 metrics as one record of phase "startup". The executables are kept by shape where they are
@@ -33,11 +34,13 @@ from typing import Any, Callable
 from absl import logging
 import jax
 
+from bpo_jax import branching
 from bpo_jax import packing
 from bpo_jax import precompiled
 from bpo_jax import rollout as rollout_lib
 from bpo_jax import sampling_shapes
 from bpo_jax import tree as tree_lib
+from bpo_jax.rollout import records
 from bpo_jax.training import estimator_registry
 from bpo_jax.training import iteration as iteration_lib
 from bpo_jax.training import placement as placement_lib
@@ -154,6 +157,25 @@ def compile_estimator(programs: precompiled.ProgramSet, settings) -> None:
   programs.compile(key, lambda: estimator_registry.advantages_and_weights.lower(trees, **static))
 
 
+def compile_threshold(programs: precompiled.ProgramSet, settings) -> None:
+  """Compiles the fork threshold's update (with `rollout.entropy_quantile` > 0) into `programs`
+  at every padded size an iteration's decisions can take (`records.threshold_size`): a decision
+  precedes each step and each step is a node, so its T trees of N nodes make at most T x N (a
+  fork whose snapshot failed adds one without a node; a size past the set runs as a miss)."""
+  quantile = settings.rollout.entropy_quantile
+  if quantile <= 0:
+    return
+  key, _ = iteration_lib.estimator_program(settings)
+  running = jax.eval_shape(lambda: branching.init_quantile_threshold(0.0))
+  decay = records.THRESHOLD_DECAY
+  for size in sorted({records.threshold_size(n) for n in range(1, key.batch * key.tokens + 1)}):
+    entropy = jax.ShapeDtypeStruct((size,), jax.numpy.float32)
+    mask = jax.ShapeDtypeStruct((size,), jax.numpy.bool_)
+    programs.compile(records.threshold_key(size, quantile, decay),
+                     lambda entropy=entropy, mask=mask: records.UPDATE_QUANTILE.lower(
+                         running, entropy, mask, quantile=float(quantile), decay=decay))
+
+
 def applies(settings, rollout_config, placement) -> bool:
   """Whether the run compiles its set at start-up: `scale.startup_compile` says so for this
   platform, and the run decodes on one device with the dense cache (what the set covers)."""
@@ -188,6 +210,7 @@ def start(exp, setup, params, compile_set: bool = True) -> tuple[Any, Any, Calla
   precompiled.compile_sampler_programs(programs, engine.sampler, sampling_params, keys)
   compile_update(programs, exp, setup, params if settings.train.kl_coef > 0 else None)
   compile_estimator(programs, settings)
+  compile_threshold(programs, settings)
   logging.info("start-up compile: %d programs in %.1f s", len(programs.seconds),
                programs.total_seconds)
   record = {"phase": "startup", "startup_programs": len(programs.seconds),

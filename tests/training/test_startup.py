@@ -3,12 +3,15 @@
 import types
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bpo_jax import branching
 from bpo_jax import precompiled
 from bpo_jax import sampling_shapes
 from bpo_jax import tree as tree_lib
+from bpo_jax.rollout import records
 from bpo_jax.training import estimator_registry
 from bpo_jax.training import iteration
 from bpo_jax.training import settings as settings_lib
@@ -92,3 +95,27 @@ def test_the_estimator_compiled_at_start_up_gives_the_jitted_estimators_numbers(
   for a, b in zip(ran, jitted):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert np.abs(np.asarray(ran[0])).max() > 0  # the advantages are not all zero
+
+
+def test_the_threshold_update_compiled_at_start_up_gives_the_jitted_numbers():
+  """With `rollout.entropy_quantile` 0.5 the set holds the threshold's update at every padded
+  size of at most 2 trees x N nodes (16 for the tiny run's 2 x 8); on 5 decisions' entropies
+  it gives the jitted update's numbers bit for bit, as a hit. By hand: entropies 0..4, median
+  2, mixed with the running 1.0 as 0.9 x 1.0 + 0.1 x 2 = 1.1."""
+  settings = _settings("bpo", rollout__entropy_quantile=0.5)
+  capacity = translate.rollout_config(settings).node_capacity
+  programs = precompiled.ProgramSet()
+  startup.compile_threshold(programs, settings)
+  sizes = sorted({records.threshold_size(n) for n in range(1, 2 * capacity + 1)})
+  assert (capacity, sizes) == (8, [16])
+  assert list(programs.seconds) == [records.threshold_key(s, 0.5, 0.9) for s in sizes]
+  batch = types.SimpleNamespace(state_entropies=lambda: np.arange(5, dtype=np.float32))
+  running = branching.QuantileThreshold(jnp.float32(1.0), jnp.int32(3))
+  ran = records.RolloutBatch.update_threshold(batch, running, 0.5, programs=programs)
+  jitted = records.RolloutBatch.update_threshold(batch, running, 0.5)
+  assert (programs.hits, programs.misses) == (1, 0)
+  assert (float(ran.threshold), int(ran.num_updates)) == (float(jitted.threshold), 4)
+  assert float(ran.threshold) == pytest.approx(1.1, abs=1e-6)
+  empty = precompiled.ProgramSet()
+  startup.compile_threshold(empty, _settings("bpo", rollout__entropy_quantile=0.0))
+  assert not empty.seconds  # without a quantile the threshold stays as configured
