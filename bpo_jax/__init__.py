@@ -1,22 +1,40 @@
 """bpo_jax: Branching Policy Optimization for LLM agents in snapshot-able sandboxes.
 
-The top-level package re-exports the pure core only (jax, numpy, chex); flax, transformers,
-orbax and the environment packages load when their own modules are imported.
+The top-level package re-exports the pure core only (jax, numpy, chex), each name loaded on its
+first use; flax, transformers, orbax and the environment packages load when their own modules
+are imported.
 """
 
-from bpo_jax.branching import (ForkBudget, QuantileThreshold, init_quantile_threshold,
-                               matched_group_size, online_fork_decision, random_fork_decision,
-                               top_k_fork_steps, tree_env_steps, tree_num_leaves,
-                               update_quantile_threshold)
-from bpo_jax.estimators import (BPOOutput, bpo_advantages, children_counts,
-                                effective_num_samples, gigpo_advantages, grpo_advantages,
-                                leaf_mask, leave_one_out_trunk_baselines, node_values,
-                                path_weights, prefix_explained_variance, rloo_advantages,
-                                root_value, sibling_baselines, sibling_counts)
-from bpo_jax.fork_variance import ReturnMoments, fork_moments
-from bpo_jax.losses import NORMALIZATIONS, broadcast_to_tokens, policy_loss
-from bpo_jax.tree import (RolloutTree, TreeBuilder, empty_tree, from_parents, pad_tree,
-                          stack_trees, validate)
+import importlib
+
+# name -> the module that defines it. The names load on first use (PEP 562), so that what reads
+# only the configuration (experiments/run.py's validation, the schema) does not load JAX.
+_EXPORTS = {
+    **dict.fromkeys(("ForkBudget", "QuantileThreshold", "init_quantile_threshold",
+                     "matched_group_size", "online_fork_decision", "random_fork_decision",
+                     "top_k_fork_steps", "tree_env_steps", "tree_num_leaves",
+                     "update_quantile_threshold"), "bpo_jax.branching"),
+    **dict.fromkeys(("BPOOutput", "bpo_advantages", "children_counts", "effective_num_samples",
+                     "gigpo_advantages", "grpo_advantages", "leaf_mask",
+                     "leave_one_out_trunk_baselines", "node_values", "path_weights",
+                     "prefix_explained_variance", "rloo_advantages", "root_value",
+                     "sibling_baselines", "sibling_counts"), "bpo_jax.estimators"),
+    **dict.fromkeys(("ReturnMoments", "fork_moments"), "bpo_jax.fork_variance"),
+    **dict.fromkeys(("NORMALIZATIONS", "broadcast_to_tokens", "policy_loss"), "bpo_jax.losses"),
+    **dict.fromkeys(("RolloutTree", "TreeBuilder", "empty_tree", "from_parents", "pad_tree",
+                     "stack_trees", "validate"), "bpo_jax.tree"),
+}
+
+
+def __getattr__(name):
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+  raise AttributeError(f"module 'bpo_jax' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted([*globals(), *_EXPORTS])
+
 
 __version__ = "0.1.0"
 

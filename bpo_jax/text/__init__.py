@@ -12,14 +12,24 @@
 
 Actions are free text: each environment's system prompt and parser are in `bpo_jax.sandboxes`
 (`free_text.py`, `registry.get_action_syntax`). Importing this package imports neither
-`tokenizers` nor `transformers`; the functions that need them import them.
+`tokenizers`, `transformers` nor JAX; the functions that need them import them.
 """
 
 from bpo_jax.text.bpe import DEFAULT_VOCAB_SIZE, save_bpe, train_bpe
 from bpo_jax.text.build import (TOKENIZER_DIR, build_text, ensure_bpe_tokenizer, load_format,
                                  load_tokenizer)
 from bpo_jax.text.chat import ChatFormat, TokenizerError
-from bpo_jax.text.episodes import ExpertEpisode, chain_tree_tokens, expert_tree_tokens
+
+# episodes.py packs tokens with JAX: its names load on first use (PEP 562), so that reading a
+# configuration and its tokenizer does not load JAX.
+_EPISODES = ("ExpertEpisode", "chain_tree_tokens", "expert_tree_tokens")
+
+
+def __getattr__(name):
+  if name in _EPISODES:
+    from bpo_jax.text import episodes  # pylint: disable=g-import-not-at-top
+    return getattr(episodes, name)
+  raise AttributeError(f"module 'bpo_jax.text' has no attribute {name!r}")
 
 __all__ = ["ChatFormat", "DEFAULT_VOCAB_SIZE", "ExpertEpisode", "TOKENIZER_DIR", "TokenizerError",
            "build_text", "chain_tree_tokens", "ensure_bpe_tokenizer", "expert_tree_tokens",

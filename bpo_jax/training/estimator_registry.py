@@ -6,10 +6,13 @@ group of independent episodes per task; whether states carry ids). `rollout.esti
 entry; nothing else in the library branches on the name. Adding an estimator is one call:
 
   >>> from bpo_jax import estimators
-  >>> register(Estimator("rloo_copy", with_path_weights(estimators.rloo_advantages),
+  >>> register(Estimator("rloo_copy", with_path_weights(_core("rloo_advantages")),
   ...                    topology="group"))
 
 after which `rollout.estimator = "rloo_copy"` validates and trains.
+
+The table itself loads no JAX (the configuration reads it before any compute); the advantage
+functions import it when they first run.
 """
 
 from __future__ import annotations
@@ -18,17 +21,16 @@ import dataclasses
 import functools
 from typing import Callable
 
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING
 
-from bpo_jax import estimators
-from bpo_jax import tree as tree_lib
+if TYPE_CHECKING:
+  from bpo_jax import tree as tree_lib
 
 # `rollout.TOPOLOGIES`, named here too so that the schema reads the table without the rollout.
 TOPOLOGIES = ("tree", "group")
 
 # (trees, *, gamma, trees_per_task, trunk, **options) -> (advantages [T, N], weights [T, N]).
-AdvantageFn = Callable[..., tuple[jax.Array, jax.Array]]
+AdvantageFn = Callable[..., tuple]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +91,7 @@ def get(name: str) -> Estimator:
   return ESTIMATORS[name]
 
 
-def with_path_weights(per_tree: Callable[..., jax.Array]) -> AdvantageFn:
+def with_path_weights(per_tree: Callable) -> AdvantageFn:
   """An `advantages` function from a per-tree one, `per_tree(tree, gamma=..., **options) -> [N]`.
 
   It is vmapped over the trees, and each node takes its path weight: 1/N per episode of a
@@ -101,11 +103,25 @@ def with_path_weights(per_tree: Callable[..., jax.Array]) -> AdvantageFn:
   def advantages(trees: tree_lib.RolloutTree, *, gamma: float, trees_per_task: int = 1,
                  trunk: str = "zero", **options):
     del trees_per_task, trunk
+    import jax  # pylint: disable=g-import-not-at-top
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    from bpo_jax import estimators  # pylint: disable=g-import-not-at-top
     values = jax.vmap(lambda t: per_tree(t, gamma=gamma, **options))(trees)
     weights = jax.vmap(estimators.path_weights)(trees)
     return values, jnp.where(trees.valid, weights, 0.0)
 
   return advantages
+
+
+def _core(name: str) -> Callable:
+  """`bpo_jax.estimators.<name>`, imported when first called."""
+
+  def call(*args, **kwargs):
+    from bpo_jax import estimators  # pylint: disable=g-import-not-at-top
+    return getattr(estimators, name)(*args, **kwargs)
+
+  call.__name__ = call.__qualname__ = name
+  return call
 
 
 def bpo_batch_advantages(trees: tree_lib.RolloutTree, *, gamma: float, trees_per_task: int = 1,
@@ -118,6 +134,9 @@ def bpo_batch_advantages(trees: tree_lib.RolloutTree, *, gamma: float, trees_per
   included: they are sampled independently of this tree, so the estimate stays unbiased, and
   with tasks of similar difficulty it removes most of the trunk's return variance).
   """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from bpo_jax import estimators  # pylint: disable=g-import-not-at-top
   if trunk == "zero":
     baseline = jnp.zeros(trees.parent.shape[:1], jnp.float32)
   else:
@@ -132,14 +151,14 @@ def bpo_batch_advantages(trees: tree_lib.RolloutTree, *, gamma: float, trees_per
 # The estimators of docs/DESIGN.md §3. GRPO: Shao et al. 2024; RLOO: Ahmadian et al. 2024;
 # GiGPO: Feng et al. 2025 (its step-level groups need the states' ids).
 register(Estimator("bpo", bpo_batch_advantages, topology="tree", trunk_baseline=True))
-register(Estimator("rloo", with_path_weights(estimators.rloo_advantages), topology="group"))
+register(Estimator("rloo", with_path_weights(_core("rloo_advantages")), topology="group"))
 # GRPO's and GiGPO's conventions (std ddof and eps, normalisation, GiGPO's ω and step discount)
 # are config keys: docs/DESIGN.md §3 says which settings match which paper and reference code.
 _GROUP_STD = (("normalize_std", "group_normalize_std"), ("ddof", "group_std_ddof"),
               ("eps", "group_std_eps"))
-register(Estimator("grpo", with_path_weights(estimators.grpo_advantages), topology="group",
+register(Estimator("grpo", with_path_weights(_core("grpo_advantages")), topology="group",
                    options=_GROUP_STD))
-register(Estimator("gigpo", with_path_weights(estimators.gigpo_advantages), topology="group",
+register(Estimator("gigpo", with_path_weights(_core("gigpo_advantages")), topology="group",
                    state_ids="observation",
                    options=_GROUP_STD + (("step_weight", "gigpo_step_weight"),
                                          ("step_gamma", "gigpo_step_gamma"))))
@@ -155,16 +174,26 @@ def config_options(rollout) -> tuple[tuple[str, object], ...]:
   return tuple((keyword, getattr(rollout, key)) for keyword, key in get(rollout.estimator).options)
 
 
-@functools.partial(jax.jit, static_argnames=("estimator", "gamma", "trees_per_task",
-                                             "trunk", "options"))
 def advantages_and_weights(trees: tree_lib.RolloutTree, *, estimator: str, gamma: float,
                            trees_per_task: int = 1, trunk: str = "zero",
                            options: tuple[tuple[str, object], ...] = ()):
   """Per-node advantages and path weights of a stacked batch of trees, by the named estimator
-  (`options`: its keyword settings, `config_options`).
+  (`options`: its keyword settings, `config_options`), under `jax.jit` (all but `trees` static).
 
   Returns:
     (advantages [T, N], weights [T, N]), zero on invalid nodes.
   """
-  return get(estimator).advantages(trees, gamma=gamma, trees_per_task=trees_per_task,
-                                   trunk=trunk, **dict(options))
+  return _jitted_advantages()(trees, estimator=estimator, gamma=gamma,
+                              trees_per_task=trees_per_task, trunk=trunk, options=options)
+
+
+@functools.cache
+def _jitted_advantages():
+  import jax  # pylint: disable=g-import-not-at-top
+
+  def advantages_and_weights(trees, *, estimator, gamma, trees_per_task, trunk, options):
+    return get(estimator).advantages(trees, gamma=gamma, trees_per_task=trees_per_task,
+                                     trunk=trunk, **dict(options))
+
+  return jax.jit(advantages_and_weights,
+                 static_argnames=("estimator", "gamma", "trees_per_task", "trunk", "options"))

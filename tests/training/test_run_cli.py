@@ -55,6 +55,26 @@ def test_unknown_key_or_wrong_type_override(tmp_path, override, expected):
   assert not (tmp_path / "w").exists()  # nothing was started
 
 
+def test_a_configuration_error_is_reported_before_jax_loads(tmp_path):
+  # The validation reads the configuration, the estimator table and the environment registry
+  # only: a typo costs the interpreter's start, not JAX's import.
+  code = textwrap.dedent(f"""
+      import runpy, sys
+      sys.argv = [{RUN!r}, "--config={QUICKSTART}", "--workdir={tmp_path / 'w'}",
+                  "--config.rollout.estimator=ppo"]
+      try:
+        runpy.run_path({RUN!r}, run_name="__main__")
+      except SystemExit as exit:
+        loaded = [m for m in ("jax", "flax", "scipy", "transformers") if m in sys.modules]
+        print(exit.code, loaded)
+      """)
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+  assert result.stdout.split("\n")[0] == "2 []", result.stdout + result.stderr[-2000:]
+  assert "rollout.estimator = 'ppo': must be one of 'bpo', 'rloo', 'grpo', 'gigpo'" in (
+      result.stderr)
+
+
 @pytest.mark.parametrize("overrides, expected_lines", [
     # Values outside the allowed ones.
     (["--config.rollout.k=1", "--config.rollout.estimator=ppo", "--config.env.name=nethack"],
