@@ -48,8 +48,8 @@ def small_config():
   """The tiny quickstart with a model whose matrices the mesh axes divide (embed 32 over fsdp;
   4 heads, 2 KV heads and an MLP of 1024 over tensor), large enough beside the embedding (whose
   vocabulary, the tokenizer's, is odd, so it is not split over tensor) for the state to shard
-  close to 1/(fsdp x tensor), and a warm start long enough for some of the 8 trees of each
-  iteration to succeed (so the update moves the parameters)."""
+  close to 1/(fsdp x tensor), and a warm start (200 steps of 4 episodes) long enough for some
+  of the 8 trees of each iteration to succeed (so the update moves the parameters)."""
   from experiments.configs import base  # pylint: disable=g-import-not-at-top
   config = base.tiny(base.rooms("bpo"), iterations=ITERATIONS)
   m = config.model
@@ -58,7 +58,7 @@ def small_config():
   config.warm_start.steps = 200
   config.warm_start.learning_rate = 1e-2
   config.warm_start.num_trajectories = 16
-  config.warm_start.batch_size = 8
+  config.warm_start.batch_size = 4
   config.rollout.tasks_per_iteration = 8
   config.log.tensorboard = False
   return config
