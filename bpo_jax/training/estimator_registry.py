@@ -174,26 +174,35 @@ def config_options(rollout) -> tuple[tuple[str, object], ...]:
   return tuple((keyword, getattr(rollout, key)) for keyword, key in get(rollout.estimator).options)
 
 
-def advantages_and_weights(trees: tree_lib.RolloutTree, *, estimator: str, gamma: float,
-                           trees_per_task: int = 1, trunk: str = "zero",
-                           options: tuple[tuple[str, object], ...] = ()):
+def _advantages_and_weights(trees: tree_lib.RolloutTree, *, estimator: str, gamma: float,
+                            trees_per_task: int = 1, trunk: str = "zero",
+                            options: tuple[tuple[str, object], ...] = ()):
   """Per-node advantages and path weights of a stacked batch of trees, by the named estimator
-  (`options`: its keyword settings, `config_options`), under `jax.jit` (all but `trees` static).
+  (`options`: its keyword settings, `config_options`).
 
   Returns:
     (advantages [T, N], weights [T, N]), zero on invalid nodes.
   """
-  return _jitted_advantages()(trees, estimator=estimator, gamma=gamma,
-                              trees_per_task=trees_per_task, trunk=trunk, options=options)
+  return get(estimator).advantages(trees, gamma=gamma, trees_per_task=trees_per_task,
+                                   trunk=trunk, **dict(options))
 
 
 @functools.cache
-def _jitted_advantages():
+def _jitted_advantages_and_weights():
   import jax  # pylint: disable=g-import-not-at-top
 
-  def advantages_and_weights(trees, *, estimator, gamma, trees_per_task, trunk, options):
-    return get(estimator).advantages(trees, gamma=gamma, trees_per_task=trees_per_task,
-                                     trunk=trunk, **dict(options))
+  def advantages_and_weights(trees, *, estimator, gamma, trees_per_task=1, trunk="zero",
+                             options=()):  # the name its programs compile under
+    return _advantages_and_weights(trees, estimator=estimator, gamma=gamma,
+                                   trees_per_task=trees_per_task, trunk=trunk, options=options)
 
   return jax.jit(advantages_and_weights,
                  static_argnames=("estimator", "gamma", "trees_per_task", "trunk", "options"))
+
+
+def __getattr__(name):
+  # `advantages_and_weights`: `_advantages_and_weights` under `jax.jit` (all but `trees`
+  # static), made on first use (PEP 562) so that reading the table loads no JAX.
+  if name == "advantages_and_weights":
+    return _jitted_advantages_and_weights()
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
