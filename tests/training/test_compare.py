@@ -274,7 +274,6 @@ def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_pat
     ("--config.rollout.group_std_ddof=3", "error: bpo, seed 0: invalid configuration: "
                                           "rollout.group_std_ddof = 3: must be in [0, 1]"),
 ])
-@pytest.mark.slow
 def test_bad_flags_one_line_exit_2(tmp_path, flag, message):
   result = _compare(f"--config={ROOMS_TINY}", f"--out={tmp_path / 'out'}", flag)
   assert result.returncode == 2

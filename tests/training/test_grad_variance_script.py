@@ -116,7 +116,6 @@ def test_every_method_is_measured_at_one_runs_parameters(trained, tmp_path):
     ("--seeds=0", "error: --seeds=0: must be >= 1"),
     ("--config.rollout.k=two", "error: rollout.k = 'two': must be of type int"),
 ])
-@pytest.mark.slow
 def test_bad_flags_one_line_exit_2(tmp_path, flag, message):
   result = _run(GRAD_VARIANCE, f"--config={ROOMS_TINY}", "--estimators=bpo,grpo",
                 f"--out={tmp_path / 'out'}", flag)
@@ -125,7 +124,6 @@ def test_bad_flags_one_line_exit_2(tmp_path, flag, message):
   assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow
 def test_runs_not_trained_or_a_directory_without_them_exit_2(tmp_path):
   out = tmp_path / "out"
   result = _run(GRAD_VARIANCE, f"--config={ROOMS_TINY}", f"--out={out}", "--estimators=grpo")

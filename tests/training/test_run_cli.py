@@ -48,7 +48,6 @@ def _write(path, text):
     # A wrong type names the key and the type.
     ("--config.rollout.k=two", "error: rollout.k = 'two': must be of type int"),
 ])
-@pytest.mark.slow
 def test_unknown_key_or_wrong_type_override(tmp_path, override, expected):
   _assert_clean_failure([f"--config={QUICKSTART}", f"--workdir={tmp_path / 'w'}", override],
                         expected)
@@ -90,7 +89,6 @@ def test_a_configuration_error_is_reported_before_jax_loads(tmp_path):
      ["rollout.max_leaves = 1: cannot hold one fork of rollout.k = 2 siblings",
       "rollout.max_env_steps = 1: cannot hold one step of each of rollout.k = 2 branches"]),
 ])
-@pytest.mark.slow
 def test_invalid_values_and_budgets_are_all_reported_at_once(tmp_path, overrides,
                                                              expected_lines):
   # The validation reports every problem in one message, one line per key.
@@ -140,14 +138,12 @@ def test_failed_build_in_an_existing_workdir_keeps_its_files(tmp_path):
   assert sorted(os.listdir(workdir)) == ["notes.txt"]
 
 
-@pytest.mark.slow
 def test_eval_without_checkpoint_directory(tmp_path):
   workdir = tmp_path / "never_trained"
   _assert_clean_failure([f"--config={QUICKSTART}", f"--workdir={workdir}", "--mode=eval"],
                         f"workdir = '{workdir}': no checkpoint directory")
 
 
-@pytest.mark.slow
 def test_missing_config_file_and_workdir(tmp_path):
   _assert_clean_failure([f"--config={tmp_path / 'absent.py'}", f"--workdir={tmp_path}"],
                         f"--config={tmp_path / 'absent.py'}: no such file")
@@ -155,7 +151,6 @@ def test_missing_config_file_and_workdir(tmp_path):
   _assert_clean_failure([f"--workdir={tmp_path}"], "error: --config is required")
 
 
-@pytest.mark.slow
 def test_config_file_with_unknown_key_and_wrong_type(tmp_path):
   unknown = _write(tmp_path / "unknown.py", """
       from bpo_jax.training import config as config_lib
@@ -262,7 +257,6 @@ def _one_error_line(stderr: str) -> str:
   return errors[0]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("override,expected", _CONFIG_TABLE,
                          ids=[o.split("=")[0][len("--config."):] for o, _ in _CONFIG_TABLE])
 def test_bad_values_table(tmp_path, override, expected):
@@ -277,7 +271,6 @@ def test_bad_values_table(tmp_path, override, expected):
   assert not workdir.exists()
 
 
-@pytest.mark.slow
 def test_workdir_that_is_a_file(tmp_path):
   (tmp_path / "w").write_text("not a directory")
   code, stderr = _run(f"--config={QUICKSTART}", f"--workdir={tmp_path / 'w'}")
@@ -287,7 +280,6 @@ def test_workdir_that_is_a_file(tmp_path):
   assert (tmp_path / "w").read_text() == "not a directory"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_read_only_workdir(tmp_path, mode):
   # Training writes everything there, an evaluation its eval.json: both are refused before any
