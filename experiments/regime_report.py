@@ -116,12 +116,16 @@ def warm_start(run: dict) -> float:
   return run["summary"]["eval_start"]["success_rate"]
 
 
-def warm_start_steps(run: dict) -> int:
+def warm_start_steps(run: dict) -> str:
   """The warm start's steps: where it stopped (`stopped_at`, a warm start with a validation
-  target) or, with a fixed count, `warm_start.steps`."""
-  stops = [r["stopped_at"] for r in run["records"]
-           if r.get("phase") == "warm_start" and "stopped_at" in r]
-  return stops[-1] if stops else run["config"]["warm_start"]["steps"]
+  target; "(target not reached)" after it where its last check stayed below the target) or,
+  with a fixed count, `warm_start.steps`."""
+  stops = [r for r in run["records"] if r.get("phase") == "warm_start" and "stopped_at" in r]
+  if not stops:
+    return str(run["config"]["warm_start"]["steps"])
+  last = stops[-1]
+  missed = last.get("validation_success", 0.0) < run["config"]["warm_start"]["target_success"]
+  return f"{last['stopped_at']}" + (" (target not reached)" if missed else "")
 
 
 def curves(runs: dict, seeds: list[int]) -> tuple[dict, list[int]]:

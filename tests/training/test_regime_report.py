@@ -126,8 +126,14 @@ def test_a_warm_start_stopped_at_its_target_reports_each_seeds_steps(tmp_path):
                 for k in range(10, stops[s] + 1, 10)]
       checks[-1].update(validation_success=0.3, stopped_at=stops[s])
       _write(str(workdir / "metrics.jsonl"), checks + records)
+  # Seed 2 stops at the maximum, its last check below the target.
+  for m in FINAL:
+    path = tmp_path / "runs" / m / "seed2" / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records[len(range(10, 151, 10)) - 1]["validation_success"] = 0.2
+    _write(str(path), records)
   x = regime_report.summarise(regime_report.load(str(tmp_path)))
-  assert x["per_seed"]["steps"] == [90, 110, 150]
+  assert x["per_seed"]["steps"] == ["90", "110", "150 (target not reached)"]
   assert regime_report.per_seed_lines(x)[3] == "| 1 | 110 | 0.400 | 0.700 | 0.500 | 0.500 |"
   assert ("from a warm start of 32 expert episodes stopped at the first check (every 10 steps, "
           "at most 150) where greedy success on 64 training tasks it did not demonstrate "
