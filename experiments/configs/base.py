@@ -130,9 +130,10 @@ def variant(config: ml_collections.ConfigDict, arg: str | None) -> ml_collection
 
 def tiny(config: ml_collections.ConfigDict, iterations: int = 2) -> ml_collections.ConfigDict:
   """A seconds-long version of `config` for smoke tests and CI: a one-layer model, a handful of
-  warm-start steps, two tasks per iteration, at most four held-out tasks, at most four turns
-  and one fork per tree (a baseline's group as many episodes as that fork's leaves, by the
-  env-step budget); the world's token budgets (observation, action, context) as they are."""
+  warm-start steps (a target, if any, checked on four training tasks), two tasks per iteration,
+  at most four held-out tasks, at most four turns and one fork per tree (a baseline's group as
+  many episodes as that fork's leaves, by the env-step budget); the world's token budgets
+  (observation, action, context) as they are."""
   config.model.hidden_size = 32
   config.model.intermediate_size = 64
   config.model.num_layers = 1
@@ -146,6 +147,9 @@ def tiny(config: ml_collections.ConfigDict, iterations: int = 2) -> ml_collectio
   config.warm_start.num_trajectories = min(config.warm_start.num_trajectories, 8)
   config.warm_start.steps = 4
   config.warm_start.batch_size = 4
+  # A warm start to a target checks it every other step on a few of the 16 training tasks.
+  config.warm_start.validation_tasks = min(config.warm_start.validation_tasks, 4)
+  config.warm_start.check_every = min(config.warm_start.check_every, 2)
   config.rollout.tasks_per_iteration = 2
   # Short trees: a few turns and one fork (the worlds' long contexts would otherwise make the
   # packed rows of a CPU update tens of thousands of tokens long).
