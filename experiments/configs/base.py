@@ -147,9 +147,9 @@ def tiny(config: ml_collections.ConfigDict, iterations: int = 2) -> ml_collectio
   config.warm_start.num_trajectories = min(config.warm_start.num_trajectories, 8)
   config.warm_start.steps = 4
   config.warm_start.batch_size = 4
-  # A warm start to a target checks it every other step on a few of the 16 training tasks.
-  config.warm_start.validation_tasks = min(config.warm_start.validation_tasks, 4)
-  config.warm_start.check_every = min(config.warm_start.check_every, 2)
+  if config.warm_start.target_success > 0:  # checked every other step on 4 of 16 training tasks
+    config.warm_start.validation_tasks = min(config.warm_start.validation_tasks, 4)
+    config.warm_start.check_every = min(config.warm_start.check_every, 2)
   config.rollout.tasks_per_iteration = 2
   # Short trees: a few turns and one fork (the worlds' long contexts would otherwise make the
   # packed rows of a CPU update tens of thousands of tokens long).
