@@ -26,14 +26,20 @@ _EXPORTS = {
 }
 
 
+# The core's modules, attributes of the package as the names they define (`bpo_jax.tree`).
+_MODULES = ("branching", "estimators", "fork_variance", "losses", "tree")
+
+
 def __getattr__(name):
   if name in _EXPORTS:
     return getattr(importlib.import_module(_EXPORTS[name]), name)
+  if name in _MODULES:
+    return importlib.import_module(f"bpo_jax.{name}")
   raise AttributeError(f"module 'bpo_jax' has no attribute {name!r}")
 
 
 def __dir__():
-  return sorted([*globals(), *_EXPORTS])
+  return sorted([*globals(), *_EXPORTS, *_MODULES])
 
 
 __version__ = "0.1.0"

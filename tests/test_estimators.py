@@ -8,6 +8,7 @@ hand-computed trees have dyadic rewards, so their sums are exact and only divisi
 import functools
 import subprocess
 import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -414,6 +415,33 @@ def test_estimators_import_no_heavy_packages():
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
   assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_package_loads_its_names_and_modules_on_first_use():
+  # A fresh interpreter: `import bpo_jax` loads no JAX; each re-exported name is the defining
+  # module's object, and the core's modules are attributes of the package (`bpo_jax.tree`).
+  code = textwrap.dedent("""
+      import sys
+      import bpo_jax
+      from bpo_jax import text
+      assert "jax" not in sys.modules
+      import importlib
+      for name in bpo_jax.__all__:
+        module = importlib.import_module(bpo_jax._EXPORTS[name])
+        assert getattr(bpo_jax, name) is getattr(module, name), name
+      assert bpo_jax.estimators.bpo_advantages is bpo_jax.bpo_advantages
+      assert bpo_jax.tree.RolloutTree is bpo_jax.RolloutTree
+      assert text.episodes.ExpertEpisode is text.ExpertEpisode
+      assert set(bpo_jax.__all__) <= set(dir(bpo_jax))
+      try:
+        bpo_jax.no_such_name
+      except AttributeError as e:
+        print(e)
+      """)
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.strip() == "module 'bpo_jax' has no attribute 'no_such_name'"
 
 
 def test_nested_vmap_and_unbatched_tree():

@@ -15,6 +15,8 @@ Actions are free text: each environment's system prompt and parser are in `bpo_j
 `tokenizers`, `transformers` nor JAX; the functions that need them import them.
 """
 
+import importlib
+
 from bpo_jax.text.bpe import DEFAULT_VOCAB_SIZE, save_bpe, train_bpe
 from bpo_jax.text.build import (TOKENIZER_DIR, build_text, ensure_bpe_tokenizer, load_format,
                                  load_tokenizer)
@@ -26,10 +28,11 @@ _EPISODES = ("ExpertEpisode", "chain_tree_tokens", "expert_tree_tokens")
 
 
 def __getattr__(name):
-  if name in _EPISODES:
-    from bpo_jax.text import episodes  # pylint: disable=g-import-not-at-top
-    return getattr(episodes, name)
+  if name in _EPISODES or name == "episodes":
+    episodes = importlib.import_module("bpo_jax.text.episodes")
+    return episodes if name == "episodes" else getattr(episodes, name)
   raise AttributeError(f"module 'bpo_jax.text' has no attribute {name!r}")
+
 
 __all__ = ["ChatFormat", "DEFAULT_VOCAB_SIZE", "ExpertEpisode", "TOKENIZER_DIR", "TokenizerError",
            "build_text", "chain_tree_tokens", "ensure_bpe_tokenizer", "expert_tree_tokens",
