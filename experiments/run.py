@@ -181,6 +181,10 @@ def main(argv):
     _dry_run(config)
     return
   _refuse_unwired_scale_settings(config)
+  # A workdir another run holds is refused before JAX loads (by process 0, the lock's taker).
+  busy = workdir_lib.in_use(workdir) if config.scale.distributed.process_id == 0 else None
+  if busy:
+    _fail(busy)
   # Before anything computes with JAX: connects the processes of a multi-process run.
   from bpo_jax.training import distributed  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import settings  # pylint: disable=g-import-not-at-top

@@ -207,13 +207,36 @@ def _holder(fd: int) -> str:
           f"{holder.get('since')})")
 
 
+def _in_use(workdir: str, holder: str) -> str:
+  return (f"workdir {workdir!r} is in use by another run "
+          f"({holder or 'its holder has not written its name yet'}); wait until it ends or use "
+          "another workdir")
+
+
+def in_use(workdir: str) -> str | None:
+  """Why `workdir` cannot take a run now (one line), or None: another process holds its lock.
+  A check that takes nothing, for the command line before it loads JAX; the run itself then
+  takes the lock (`lock_run`), which decides."""
+  try:
+    fd = os.open(os.path.join(workdir, LOCK), os.O_RDWR)
+  except OSError:  # no lock file (no run holds it), or one this user cannot take: lock_run says
+    return None
+  try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError as error:
+    if error.errno in (errno.EACCES, errno.EAGAIN):
+      return _in_use(workdir, _holder(fd))
+    return None
+  finally:
+    os.close(fd)  # releases the test lock, if it was taken
+  return None
+
+
 def try_lock(workdir: str, mode: str) -> str | None:
   """Takes `workdir`'s lock for this process; returns None, or why it cannot (one line)."""
   key = os.path.realpath(workdir)
-  refused = (f"workdir {workdir!r} is in use by another run ({{}}); wait until it ends or use "
-             "another workdir")
   if key in _HELD:
-    return refused.format(f"pid {os.getpid()}, this process")
+    return _in_use(workdir, f"pid {os.getpid()}, this process")
   path = os.path.join(workdir, LOCK)
   try:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -225,7 +248,7 @@ def try_lock(workdir: str, mode: str) -> str | None:
     holder = _holder(fd)
     os.close(fd)
     if error.errno in (errno.EACCES, errno.EAGAIN):
-      return refused.format(holder or "its holder has not written its name yet")
+      return _in_use(workdir, holder)
     logging.warning("workdir %s: its filesystem takes no locks (%s); runs on it are not guarded "
                     "from each other", workdir, error.strerror)
     return None

@@ -147,10 +147,11 @@ def test_a_second_run_on_a_locked_workdir_is_refused_in_one_line(tmp_path):
   os.makedirs(workdir)
   holder = _holder(workdir)
   try:
-    line = _one_line_refusal(_run(f"--config={QUICKSTART}:tiny", f"--workdir={workdir}"),
-                             f"workdir {workdir!r} is in use by another run (pid {holder.pid} on "
-                             "host ")
+    result = _run(f"--config={QUICKSTART}:tiny", f"--workdir={workdir}")
+    line = _one_line_refusal(result, f"workdir {workdir!r} is in use by another run (pid "
+                                     f"{holder.pid} on host ")
     assert "(train, since " in line and line.endswith("wait until it ends or use another workdir")
+    assert result.stderr.strip() == line  # refused before anything else logs (JAX is not loaded)
   finally:
     holder.kill()
     holder.wait()
