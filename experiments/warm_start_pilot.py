@@ -27,26 +27,33 @@ if _ROOT not in sys.path:
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-import jax
 from ml_collections import config_flags
 
 from bpo_jax.training import config as config_lib
-from bpo_jax.training import evaluation
-from bpo_jax.training import experiment as experiment_lib
-from bpo_jax.training import iteration as iteration_lib
-from bpo_jax.training import loop
-from bpo_jax.training import placement as placement_lib
-from bpo_jax.training import settings as settings_lib
-from bpo_jax.training import warm_start as warm_start_lib
+from experiments import cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Configuration file.")
-_SEEDS = flags.DEFINE_integer("seeds", 10, "Seeds 0..N-1.")
-_STEPS = flags.DEFINE_integer("steps", 140, "Warm-start steps per seed.")
-_HELDOUT_EVERY = flags.DEFINE_integer("heldout_every", 20, "Held-out evaluation interval.")
-_HELDOUT_TASKS = flags.DEFINE_integer("heldout_tasks", 128, "Held-out tasks evaluated.")
-_FROM_STEP = flags.DEFINE_integer("from_step", 0, "No check before this step (success is 0 "
-                                  "while the loss is high; the checks cost time).")
-_OUT = flags.DEFINE_string("out", None, "JSON-lines file the checks are appended to.")
+# The flags, defined when run as a command (importing the module for its functions defines none).
+_FLAGS = {}
+
+
+def _define_flags():
+  _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "Configuration file.")
+  _FLAGS["seeds"] = flags.DEFINE_integer("seeds", 10, "Seeds 0..N-1.")
+  _FLAGS["steps"] = flags.DEFINE_integer("steps", 140, "Warm-start steps per seed.")
+  _FLAGS["heldout_every"] = flags.DEFINE_integer("heldout_every", 20,
+                                                 "Held-out evaluation interval.")
+  _FLAGS["heldout_tasks"] = flags.DEFINE_integer("heldout_tasks", 128,
+                                                 "Held-out tasks evaluated.")
+  _FLAGS["from_step"] = flags.DEFINE_integer(
+      "from_step", 0, "No check before this step (success is 0 while the loss is high; the "
+      "checks cost time).")
+  _FLAGS["out"] = flags.DEFINE_string("out", None, "JSON-lines file the checks are appended to.")
+
+
+def parse_flags(argv):
+  """absl flag parsing that reports a bad flag, config file or override in one line."""
+  return cli.parse_config_flags(argv, _FLAGS["config"],
+                                example="experiments/configs/rooms_regime.py")
 
 
 def done_seeds(path: str) -> set[int]:
@@ -58,8 +65,18 @@ def done_seeds(path: str) -> set[int]:
   return {r["seed"] for r in rows if r["step"] == r["steps"]}
 
 
-def pilot_seed(config, seed: int, out) -> None:
+def pilot_seed(config, seed: int, out, steps: int, from_step: int, heldout_every: int,
+               heldout_tasks: int) -> None:
   """One seed's warm start with its checks written to `out` as they are measured."""
+  # JAX and the library's training modules load once the flags are known good.
+  import jax  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import evaluation  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import experiment as experiment_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import iteration as iteration_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import placement as placement_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import settings as settings_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import warm_start as warm_start_lib  # pylint: disable=g-import-not-at-top
   config = config.copy_and_resolve_references()
   config.seed = seed
   settings = settings_lib.from_config(config)
@@ -68,18 +85,18 @@ def pilot_seed(config, seed: int, out) -> None:
     exp, state = experiment_lib.build_experiment(settings, workdir)
     placement = placement_lib.Placement()
     validation = loop._validation(exp, placement)  # pylint: disable=protected-access
-    heldout = exp.eval_tasks[:_HELDOUT_TASKS.value]
+    heldout = exp.eval_tasks[:heldout_tasks]
     key = jax.random.key(seed + 1)
-    steps = iter(range(ws.check_every, _STEPS.value + 1, ws.check_every))
+    check_steps = iter(range(ws.check_every, steps + 1, ws.check_every))
 
     def check(params) -> float:
-      step = next(steps)
-      if step < _FROM_STEP.value:
+      step = next(check_steps)
+      if step < from_step:
         return -1.0
-      row = {"seed": seed, "step": step, "steps": _STEPS.value,
+      row = {"seed": seed, "step": step, "steps": steps,
              "validation_success": validation(params),
              "validation_tasks": ws.validation_tasks}
-      if step % _HELDOUT_EVERY.value == 0:
+      if step % heldout_every == 0:
         policy = iteration_lib.policy_for_sampling(exp, placement, params)
         row["heldout_success"] = evaluation.evaluate_policy(
             exp, policy, heldout, key, settings.eval.confidence)["success_rate"]
@@ -96,28 +113,29 @@ def pilot_seed(config, seed: int, out) -> None:
 
 
 def main(argv):
-  del argv
-  config = _CONFIG.value
-  if _OUT.value is None or config is None:
-    sys.exit("--config and --out are required")
-  config.warm_start.steps = _STEPS.value
+  cli.refuse_arguments(argv)
+  config = _FLAGS["config"].value
+  steps, heldout_every, out_path = (_FLAGS[k].value for k in ("steps", "heldout_every", "out"))
+  if out_path is None:
+    cli.fail("--out is required, e.g. --out=results/rooms_regime/warm_start_pilot.jsonl")
+  config.warm_start.steps = steps
   config.warm_start.target_success = 1.0  # checks on; `check` never reaches it
   every = config.warm_start.check_every
-  if _STEPS.value % every or _HELDOUT_EVERY.value % every:
-    print(f"--steps = {_STEPS.value} and --heldout_every = {_HELDOUT_EVERY.value}: must be "
-          f"multiples of warm_start.check_every = {every}", file=sys.stderr)
-    sys.exit(2)
+  if steps % every or heldout_every % every:
+    cli.fail(f"--steps = {steps} and --heldout_every = {heldout_every}: must be multiples of "
+             f"warm_start.check_every = {every}")
   try:
     config_lib.validate(config, "train", None)
   except config_lib.ConfigError as error:
-    print(error, file=sys.stderr)
-    sys.exit(2)
-  done = done_seeds(_OUT.value)
-  with open(_OUT.value, "a") as out:
-    for seed in range(_SEEDS.value):
+    cli.fail(str(error))
+  done = done_seeds(out_path)
+  with open(out_path, "a") as out:
+    for seed in range(_FLAGS["seeds"].value):
       if seed not in done:
-        pilot_seed(config, seed, out)
+        pilot_seed(config, seed, out, steps, _FLAGS["from_step"].value, heldout_every,
+                   _FLAGS["heldout_tasks"].value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _define_flags()
+  app.run(main, flags_parser=parse_flags)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -188,3 +189,32 @@ def test_the_warm_start_pilot_resumes_after_each_finished_seed(tmp_path):
   _write(str(path), [dict(seed=0, step=s, steps=20) for s in (10, 20)]
          + [dict(seed=1, step=10, steps=20)])
   assert warm_start_pilot.done_seeds(str(path)) == {0}
+
+
+def test_every_experiments_script_imports_beside_the_others():
+  # A script that defined its flags at import would clash with run.py's in one process (a
+  # test worker imports several): each defines them only when run as a command.
+  names = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "experiments"))
+                 if f.endswith(".py") and f != "__init__.py")
+  code = "; ".join(f"import experiments.{n}" for n in names) + "; print('ok')"
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+  assert result.stdout == "ok\n", result.stderr[-2000:]
+  assert {"run", "warm_start_pilot", "compare", "grad_variance"} <= set(names)
+
+
+@pytest.mark.parametrize("flags_, expected", [
+    (["--steps=15", "--out=OUT"], "error: --steps = 15 and --heldout_every = 20: must be "
+                                  "multiples of warm_start.check_every = 10\n"),
+    ([], "error: --out is required, e.g. --out=results/rooms_regime/warm_start_pilot.jsonl\n"),
+    (["--config.warm_start.target=0.3", "--out=OUT"], "error: warm_start.target: unknown key;"),
+])
+def test_the_warm_start_pilot_refuses_bad_flags_in_one_line(tmp_path, flags_, expected):
+  out = tmp_path / "pilot.jsonl"
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", "warm_start_pilot.py"),
+       f"--config={os.path.join(ROOT, 'experiments', 'configs', 'rooms_regime.py')}",
+       *(f.replace("OUT", str(out)) for f in flags_)],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2 and result.stderr.startswith(expected), result.stderr
+  assert result.stderr.count("\n") == 1 and not out.exists()
