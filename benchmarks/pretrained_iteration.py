@@ -216,6 +216,21 @@ def run_one(args) -> dict:
       **_set_figures(kept))
 
 
+def _check_configs(parser, args):
+  """Every estimator's run configuration validated before the checkpoint is written: a bad
+  `--config` or `--tasks` is one line (exit status 2), not a traceback minutes later."""
+  from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  if not os.path.isfile(os.path.join(ROOT, "experiments", "configs", f"{args.config}.py")):
+    parser.error(f"--config={args.config}: no experiments/configs/{args.config}.py")
+  for estimator in ESTIMATORS:
+    config = world_config(args.config, estimator, "", args.iterations, args.tasks)
+    try:
+      config_lib.validate(config, "train", None)
+    except config_lib.ConfigError as error:
+      parser.error(f"--config={args.config} --tasks={args.tasks} for {estimator}: "
+                   f"{' '.join(str(error).split())}")
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--json", action="store_true", help="print one JSON object with the figures")
@@ -235,6 +250,8 @@ def main():
   args = p.parse_args()
   if args.iterations < 2:
     p.error(f"--iterations={args.iterations}: must be >= 2 (the first iteration compiles)")
+  if not args.estimator:
+    _check_configs(p, args)
   from bpo_jax.models import ModelConfig  # pylint: disable=g-import-not-at-top
   args.preset = args.preset.replace("-", "_").replace(".", "_")  # qwen2.5-0.5b = qwen2_5_0_5b
   if not callable(getattr(ModelConfig, args.preset, None)) or args.preset.startswith("_"):
