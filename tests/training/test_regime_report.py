@@ -166,7 +166,7 @@ def test_config_is_the_rooms_comparison_from_a_warm_start_stopped_at_a_target():
   assert c.rollout.max_env_steps == r.rollout.max_env_steps  # the same matched budget
   assert c.eval.num_tasks == c.env.num_eval_tasks == 512
   assert c.rollout.task_offset == c.warm_start.num_trajectories
-  # The validation tasks lie past every position the iterations draw: [32, 32 + 16 · 8).
+  # The validation tasks lie past every position the iterations draw: [32, 32 + 64 · 8).
   start, _ = warm_start.validation_positions(c.env.num_train_tasks, c.warm_start.validation_tasks)
   assert c.rollout.task_offset + c.train.iterations * c.rollout.tasks_per_iteration <= start
 
