@@ -8,8 +8,10 @@ For each seed the configuration's warm start runs `--steps` steps with no stop (
 `--from_step`, logs the greedy
 success on the warm start's validation tasks (training tasks, `warm_start.validation_positions`)
 and, every `--heldout_every` steps, on the first `--heldout_tasks` held-out tasks. One line per
-check goes to `--out` (JSON: seed, step, the success rates and their task counts), appended as it is measured;
-a seed already in the file is skipped, so the pilot resumes. No RL iteration runs, and no
+check goes to `--out` (JSON: seed, step, the success rates and their task counts), appended as
+it is measured; a seed already in the file is skipped, so the pilot resumes (a last line cut
+short by a kill or a full disk is dropped first). A write that fails is one line, exit status
+1, and leaves the checks already written. No RL iteration runs, and no
 checkpoint is written (the tokenizer goes to a temporary directory).
 
 Bad flags (an unknown key, a step count that is not a multiple of the check interval): one
@@ -57,11 +59,17 @@ def parse_flags(argv):
 
 
 def done_seeds(path: str) -> set[int]:
-  """The seeds whose last check (step == their steps) the file holds."""
+  """The seeds whose last check (step == their steps) the file holds. A last line cut short (a
+  run killed or out of disk while writing it) is dropped from the file, so appends resume on a
+  line of their own."""
   if not os.path.exists(path):
     return set()
-  with open(path) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
+  with open(path, "rb") as f:
+    data = f.read()
+  whole = data[:data.rfind(b"\n") + 1]
+  if len(whole) < len(data):
+    os.truncate(path, len(whole))
+  rows = [json.loads(line) for line in whole.decode().splitlines() if line.strip()]
   return {r["seed"] for r in rows if r["step"] == r["steps"]}
 
 
@@ -128,12 +136,16 @@ def main(argv):
     config_lib.validate(config, "train", None)
   except config_lib.ConfigError as error:
     cli.fail(str(error))
-  done = done_seeds(out_path)
-  with open(out_path, "a") as out:
-    for seed in range(_FLAGS["seeds"].value):
-      if seed not in done:
-        pilot_seed(config, seed, out, steps, _FLAGS["from_step"].value, heldout_every,
-                   _FLAGS["heldout_tasks"].value)
+  try:
+    done = done_seeds(out_path)
+    with open(out_path, "a") as out:
+      for seed in range(_FLAGS["seeds"].value):
+        if seed not in done:
+          pilot_seed(config, seed, out, steps, _FLAGS["from_step"].value, heldout_every,
+                     _FLAGS["heldout_tasks"].value)
+  except OSError as error:  # a full disk, an unwritable --out: the checks so far stay
+    print(f"error: --out={out_path}: {error.strerror or error}", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   config.warm_start.target_success = TARGET_SUCCESS
   config.warm_start.check_every = 10
   config.warm_start.validation_tasks = 64
-  config.env.num_train_tasks = 1024  # the validation tasks, [960, 1024), past the 32 + 64 · 8 drawn
+  # The validation tasks, [960, 1024), lie past the 32 + 64 · 8 positions the iterations draw.
+  config.env.num_train_tasks = 1024
   config.rollout.task_offset = config.warm_start.num_trajectories
   config.env.num_eval_tasks = EVAL_TASKS
   config.eval.num_tasks = EVAL_TASKS

@@ -189,6 +189,22 @@ def test_the_warm_start_pilot_resumes_after_each_finished_seed(tmp_path):
   _write(str(path), [dict(seed=0, step=s, steps=20) for s in (10, 20)]
          + [dict(seed=1, step=10, steps=20)])
   assert warm_start_pilot.done_seeds(str(path)) == {0}
+  # A run killed while writing seed 1's last check: the cut line is dropped from the file.
+  whole = path.read_bytes()
+  with open(path, "ab") as f:
+    f.write(b'{"seed": 1, "step": 2')
+  assert warm_start_pilot.done_seeds(str(path)) == {0} and path.read_bytes() == whole
+
+
+def test_the_warm_start_pilot_names_an_out_it_cannot_write_in_one_line(tmp_path):
+  (tmp_path / "file").write_text("")
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", "warm_start_pilot.py"),
+       f"--config={os.path.join(ROOT, 'experiments', 'configs', 'rooms_regime.py')}",
+       f"--out={tmp_path / 'file' / 'pilot.jsonl'}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1, result.stderr
+  assert result.stderr == f"error: --out={tmp_path / 'file' / 'pilot.jsonl'}: Not a directory\n"
 
 
 def test_every_experiments_script_imports_beside_the_others():
