@@ -157,10 +157,15 @@ def test_too_few_paired_seeds_is_one_line(tmp_path, capsys):
   assert len(err.splitlines()) == 1 and "0 seed(s) finished by every method" in err
 
 
-def test_config_is_the_rooms_comparison_from_a_warm_start_stopped_at_a_target():
+@pytest.mark.parametrize("regime, world", [("rooms_regime", "rooms"),
+                                           ("rooms_d2_regime", "rooms_d2")])
+def test_config_is_the_rooms_comparison_from_a_warm_start_stopped_at_a_target(regime, world):
+  import importlib
   from bpo_jax.training import warm_start
-  from experiments.configs import rooms
-  c, r = rooms_regime.get_config(), rooms.get_config()
+  c = importlib.import_module(f"experiments.configs.{regime}").get_config()
+  r = importlib.import_module(f"experiments.configs.{world}").get_config()
+  assert c.env.options.difficulty == r.env.options.difficulty
+  assert (c.env.max_turns, c.model.max_length) == (r.env.max_turns, r.model.max_length)
   assert c.warm_start.target_success == rooms_regime.TARGET_SUCCESS > 0
   assert c.warm_start.steps == rooms_regime.MAX_WARM_START_STEPS > r.warm_start.steps
   assert c.rollout.max_env_steps == r.rollout.max_env_steps  # the same matched budget
@@ -169,6 +174,26 @@ def test_config_is_the_rooms_comparison_from_a_warm_start_stopped_at_a_target():
   # The validation tasks lie past every position the iterations draw: [32, 32 + 64 · 8).
   start, _ = warm_start.validation_positions(c.env.num_train_tasks, c.warm_start.validation_tasks)
   assert c.rollout.task_offset + c.train.iterations * c.rollout.tasks_per_iteration <= start
+
+
+def test_the_difficulty_2_regime_differs_from_the_first_in_its_world_alone():
+  """`rooms_d2_regime.py` is `rooms_regime.py` with `rooms_d2.world`'s settings: the same warm
+  start, target, tasks, held-out set, schedule and learning rate."""
+  from bpo_jax.training import config as config_lib
+  from experiments.configs import rooms_d2_regime
+  flat = lambda c: dict(_flatten(config_lib.to_plain(c)))
+  one, two = flat(rooms_regime.get_config()), flat(rooms_d2_regime.get_config())
+  assert {k for k in one if one[k] != two.get(k)} == {
+      "env.options.difficulty", "env.max_turns", "model.max_length", "rollout.max_env_steps"}
+  assert two["env.options.difficulty"] == 2 and two["rollout.max_env_steps"] == 4 * 7
+
+
+def _flatten(tree, prefix=""):
+  for key, value in tree.items():
+    if isinstance(value, dict) and value:
+      yield from _flatten(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
 
 
 def test_claim2_against_rloo_alone(tmp_path):
