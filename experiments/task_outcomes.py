@@ -11,7 +11,7 @@ evaluated it (the same tasks, key and decoding), and writes
 The replay is held to the run's own records: its number of successes must be the logged one,
 and where the record has `task_successes`, the same string. A run whose replay differs is
 reported (exit status 1) and gets no file. Runs that have the file are skipped, so the script
-resumes. No finished run under `--results`: one line, exit status 2.
+resumes. A bad flag, or no finished run under `--results`: one line, exit status 2.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ def _commit() -> str:
 
 def main(argv) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.error = cli.fail  # a bad flag: one line, exit status 2
   p.add_argument("--results", required=True, help="a comparison's directory (compare.py --out)")
   args = p.parse_args(argv)
   runs = run_dirs(args.results)

@@ -315,3 +315,16 @@ def test_the_differences_paired_by_task_and_seed(tmp_path):
   assert "| GRPO − warm start | 5 | 0 | 0.167 [" in lines  # (2 + 1 + 2) / 30
   for d in x["by_task"].values():
     assert 0 <= d["low"] <= d["mean"] <= d["high"] <= 1
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "error: the following arguments are required: --results"),
+    (["--results=RESULTS", "--seeds=3"], "error: unrecognized arguments: --seeds=3"),
+    (["--results=RESULTS"], "error: --results=RESULTS: no finished run (runs/EST/seedS/summary.json)"),
+])
+def test_task_outcomes_refuses_bad_flags_in_one_line(tmp_path, capsys, args, message):
+  from experiments import task_outcomes
+  with pytest.raises(SystemExit) as exit_:
+    task_outcomes.main([a.replace("RESULTS", str(tmp_path)) for a in args])
+  assert exit_.value.code == 2
+  assert capsys.readouterr().err == message.replace("RESULTS", str(tmp_path)) + "\n"
