@@ -407,7 +407,8 @@ def section(x: dict) -> str:
       "are 95% Student-t over seeds, a proportion's cut to [0, 1]; differences are paired by "
       "seed.", "",
       f"Warm start: {_ci(x['start'])}.", "", "Claim 1, final held-out success at matched "
-      "compute:", "", *claim1_lines(x), "", *by_task_lines(x), "", "Per seed:", "", *per_seed_lines(x), "",
+      "compute:", "", *claim1_lines(x), "", *by_task_lines(x), "", "Per seed:", "",
+      *per_seed_lines(x), "",
       "Claim 3, mean held-out success per evaluation:",
       "", *claim3_lines(x), "", "Claim 2, the gradient estimator's variance at fixed "
       "parameters, every method at BPO's checkpoint of the same seed (draws: independent "

@@ -320,7 +320,8 @@ def test_the_differences_paired_by_task_and_seed(tmp_path):
 @pytest.mark.parametrize("args, message", [
     ([], "error: the following arguments are required: --results"),
     (["--results=RESULTS", "--seeds=3"], "error: unrecognized arguments: --seeds=3"),
-    (["--results=RESULTS"], "error: --results=RESULTS: no finished run (runs/EST/seedS/summary.json)"),
+    (["--results=RESULTS"],
+     "error: --results=RESULTS: no finished run (runs/EST/seedS/summary.json)"),
 ])
 def test_task_outcomes_refuses_bad_flags_in_one_line(tmp_path, capsys, args, message):
   from experiments import task_outcomes
