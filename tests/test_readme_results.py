@@ -28,12 +28,12 @@ def test_the_table_is_computed_from_the_files(tmp_path):
                                                                            "below"]
   # The testbed world (share 0.25, 3 seeds): BPO 0.6 ± 4.302653 · 0.1 / √3, GRPO 0.5 ± the same,
   # paired 0.1 on every seed; equal variances; both reach 0.25 + 0.9 · 0.25 after update 2.
-  assert lines[5] == ("| testbed, prefix share 0.25 | 3 | 0.600 [0.352, 0.848] | GRPO 0.500 "
+  assert lines[5] == ("| testbed, share 0.25 | 3 | 0.600 [0.352, 0.848] | GRPO 0.500 "
                       "[0.252, 0.748] | 0.100 [0.100, 0.100] | 1.00 [1.00, 1.00] | 2, 2 |")
   # The regime (3 seeds): GRPO (0.5, 0.5, 0.6) the best baseline; BPO − GRPO 0.1, 0.2, 0.2;
   # BPO's variance half RLOO's; BPO stays above GRPO's final 0.533 from update 1, GRPO from 2.
-  assert lines[6] == ("| rooms from a weak warm start, 512 held-out tasks | 3 | 0.700 [0.452, "
-                      "0.948] | GRPO 0.533 [0.390, 0.677] | 0.167 [0.023, 0.310] | 0.50 [0.50, "
+  assert lines[6] == ("| rooms, weak warm start, 512 tasks | 3 | 0.700 [0.452, 0.948] "
+                      "| GRPO 0.533 [0.390, 0.677] | 0.167 [0.023, 0.310] | 0.50 [0.50, "
                       "0.50] | 1, 2 |")
 
 
