@@ -16,6 +16,10 @@ held-out tasks, so a seed's figures are paired. Every figure of the section is c
   with its t-interval;
 * BPO − each baseline, per seed: mean, sd s, t-interval, and the smallest difference the design
   detects at 80% power and two-sided alpha 0.05, MDD = (t_{0.975, n−1} + t_{0.80, n−1}) · s / √n;
+* the same differences paired by task and seed, where every run's final (and the warm start's)
+  per-task outcomes are known (the records' `task_successes`, or task_outcomes.py's replay of
+  the checkpoints): the tasks only one method solves, summed over seeds, and a 95% interval of
+  the mean difference from a bootstrap that resamples seeds and tasks independently (`by_task`);
 * claim 3: on the mean curves over seeds, the policy updates after which each method stays at or
   above the best baseline's mean final success (`bpo_jax.testbed.analysis.claim3`, a percentile
   bootstrap over seeds), at the evaluated iterations only;
@@ -55,6 +59,8 @@ BASELINES = ("grpo", "rloo")
 NAMES = dict(bpo="BPO", grpo="GRPO", rloo="RLOO")
 PROVENANCE = "provenance.json"
 POWER, ALPHA = 0.80, 0.05
+REPLAYED = "task_outcomes.json"  # experiments/task_outcomes.py's replay of the checkpoints
+BOOTSTRAP_DRAWS = 2000
 PLANNED_SEEDS = 10  # paired seeds the comparison asks for (at least 10)
 
 
@@ -73,6 +79,37 @@ def paired(a, b) -> dict:
   d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
   sd = float(d.std(ddof=1)) if d.size > 1 else None
   return dict(analysis.t_interval(d), sd=sd, mdd=mdd(sd, d.size) if sd is not None else None)
+
+
+def by_task(a: np.ndarray, b: np.ndarray, draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> dict:
+  """a − b over outcomes [seeds, tasks] (0 or 1) of the same held-out tasks: the pairs only a
+  solves (`a_only`) and only b solves (`b_only`), the mean difference (a_only − b_only) / (S·T),
+  and its 95% percentile interval from the pigeonhole bootstrap (Owen, 2007): each draw
+  resamples the S seeds and the T tasks independently with replacement, since every seed plays
+  the same tasks and both vary.
+
+  Example: a = [[1, 0], [1, 1]], b = [[0, 0], [1, 0]]: a_only 2, b_only 0, mean 0.5.
+  """
+  d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+  rng = np.random.default_rng(seed)
+  means = np.empty(draws)
+  for i in range(draws):
+    rows = rng.integers(0, d.shape[0], d.shape[0])
+    cols = rng.integers(0, d.shape[1], d.shape[1])
+    means[i] = d[np.ix_(rows, cols)].mean()
+  low, high = np.quantile(means, [0.025, 0.975])
+  return dict(a_only=int((d > 0).sum()), b_only=int((d < 0).sum()), mean=float(d.mean()),
+              low=float(low), high=float(high), seeds=d.shape[0], tasks=d.shape[1])
+
+
+def task_outcomes(run: dict, iteration: int) -> np.ndarray | None:
+  """Each held-out task's outcome (0 or 1) of `run`'s evaluation at `iteration` (at 0, the warm
+  start's): its record's `task_successes`, else the replay of its checkpoint (`REPLAYED`);
+  None where neither holds it."""
+  records = [r for r in run["records"] if r.get("phase") == "eval" and r["iteration"] == iteration]
+  text = records[-1].get("task_successes") if records else None
+  text = text or run.get("replayed", {}).get(str(iteration))
+  return None if text is None else np.frombuffer(text.encode(), np.uint8) - ord("0")
 
 
 def unit_interval(x: dict) -> dict:
@@ -100,6 +137,9 @@ def load(results: str) -> dict:
         continue
       path = os.path.join(workdir, PROVENANCE)
       run["provenance"] = _read_json(path) if os.path.exists(path) else None
+      path = os.path.join(workdir, REPLAYED)
+      replay = _read_json(path) if os.path.exists(path) else {}
+      run["replayed"], run["replay_commit"] = replay.get("outcomes", {}), replay.get("commit")
       runs.setdefault(method, {})[int(os.path.basename(workdir)[4:])] = run
   return runs
 
@@ -188,6 +228,15 @@ def summarise(runs: dict) -> dict:
   metrics = {m: [aggregate.run_metrics(runs[m][s]) for s in seeds] for m in METHODS}
   curve, updates = curves(runs, seeds)
   c3 = analysis.claim3(curve, BASELINES, fraction=1.0)
+  end = max(r["iteration"] for r in runs["bpo"][seeds[0]]["records"] if r.get("phase") == "eval")
+  outcomes = {m: [task_outcomes(runs[m][s], end) for s in seeds] for m in METHODS}
+  outcomes["start"] = [task_outcomes(runs["bpo"][s], 0) for s in seeds]
+  known = [i for i in range(len(seeds)) if all(outcomes[m][i] is not None for m in outcomes)]
+  tasks = None
+  if len(known) == len(seeds):
+    stacked = {m: np.stack(v) for m, v in outcomes.items()}
+    tasks = {b: by_task(stacked["bpo"], stacked[b]) for b in BASELINES}
+    tasks["gain"] = by_task(stacked[best], stacked["start"])
   return dict(
       seeds=seeds, shared_warm_start=shared, start=unit_interval(analysis.t_interval(start)),
       per_seed=dict(start=start.tolist(), **{m: v.tolist() for m, v in final.items()},
@@ -201,6 +250,9 @@ def summarise(runs: dict) -> dict:
       curve={m: [unit_interval(analysis.t_interval(c[:, i])) for i in range(c.shape[1])]
              for m, c in curve.items()},
       updates=updates, claim3=c3, claim2=claim_two(runs, seeds),
+      by_task=tasks, tasks_known=len(known),
+      replay_commits=sorted({runs[m][s]["replay_commit"][:7] for m in METHODS for s in seeds
+                             if runs[m][s]["replay_commit"]}),
       eval_tasks=runs["bpo"][seeds[0]]["summary"]["eval_end"]["num_tasks"],
       config=runs["bpo"][seeds[0]]["config"],
       provenance=[runs[m][s]["provenance"] for m in METHODS for s in seeds])
@@ -239,6 +291,28 @@ def claim1_lines(x: dict) -> list[str]:
   g = x["gain"]
   lines.append(f"| {NAMES[x['best']]} − warm start (the best baseline's gain) | {_ci(g)} | "
                f"{g['sd']:.3f} | {g['mdd']:.3f} |")
+  return lines
+
+
+def by_task_lines(x: dict) -> list[str]:
+  """The differences paired by task and seed (`by_task`), or why they are not given."""
+  n = len(x["seeds"])
+  if x["by_task"] is None:
+    return [f"Paired by task: the per-task outcomes are known for {x['tasks_known']} of {n} "
+            "seeds (`python experiments/task_outcomes.py` replays them from the checkpoints)."]
+  replayed = (f"; outcomes of runs logged before `task_successes` replayed from their "
+              f"checkpoints by `experiments/task_outcomes.py` (code "
+              f"{', '.join(x['replay_commits'])}), each replay's count equal to the logged one"
+              if x["replay_commits"] else "")
+  lines = [f"Paired by task and seed ({n} seeds × {x['by_task']['gain']['tasks']} tasks; 95% "
+           "interval from a "
+           f"bootstrap over seeds and tasks{replayed}):", "",
+           "| difference | (seed, task) pairs only the first solves | only the second | mean "
+           "[95% interval] |", "|---|---|---|---|"]
+  rows = [(f"BPO − {NAMES[b]}", x["by_task"][b]) for b in BASELINES]
+  rows.append((f"{NAMES[x['best']]} − warm start", x["by_task"]["gain"]))
+  for name, d in rows:
+    lines.append(f"| {name} | {d['a_only']} | {d['b_only']} | {_ci(d)} |")
   return lines
 
 
@@ -333,7 +407,8 @@ def section(x: dict) -> str:
       "are 95% Student-t over seeds, a proportion's cut to [0, 1]; differences are paired by "
       "seed.", "",
       f"Warm start: {_ci(x['start'])}.", "", "Claim 1, final held-out success at matched "
-      "compute:", "", *claim1_lines(x), "", "Per seed:", "", *per_seed_lines(x), "",
+      "compute:", "", *claim1_lines(x), "", *by_task_lines(x), "", "Per seed:", "",
+      *per_seed_lines(x), "",
       "Claim 3, mean held-out success per evaluation:",
       "", *claim3_lines(x), "", "Claim 2, the gradient estimator's variance at fixed "
       "parameters, every method at BPO's checkpoint of the same seed (draws: independent "

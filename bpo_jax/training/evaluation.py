@@ -17,9 +17,11 @@ from bpo_jax.training import translate
 def evaluate_policy(exp: experiment_lib.Experiment, params, tasks: Sequence[Any],
                     key: jax.Array, confidence: float) -> dict:
   """Success rate on `tasks`, one episode each at `eval.temperature` (0: greedy), with its
-  Wilson interval; also the mean return and episode length. `params`: the whole policy (a LoRA
-  run's adapters merged into the base, `Experiment.sampling_params`), laid out where it is to
-  decode.
+  Wilson interval; also the mean return and episode length, and each task's outcome in the
+  order of `tasks` (`task_successes`, a string of "1" and "0": the paired analyses of
+  experiments/ compare methods task by task on the same held-out set). `params`: the whole
+  policy (a LoRA run's adapters merged into the base, `Experiment.sampling_params`), laid out
+  where it is to decode.
 
   With several processes each plays its share of the tasks (under their global indices) and
   the outcomes are gathered, so every process returns the same record.
@@ -38,6 +40,7 @@ def evaluate_policy(exp: experiment_lib.Experiment, params, tasks: Sequence[Any]
   low, high = metrics_lib.wilson_interval(successes, len(tasks), confidence)
   return {"success_rate": successes / len(tasks), "success_low": low, "success_high": high,
           "successes": successes, "num_tasks": len(tasks), "confidence": confidence,
+          "task_successes": "".join("1" if success else "0" for success, _, _ in outcomes),
           "return": metrics_lib.mean_or_zero(r for _, r, _ in outcomes),
           "episode_length": metrics_lib.mean_or_zero(n for _, _, n in outcomes),
           "failed_branches": sum(failed for _, failed in parts),

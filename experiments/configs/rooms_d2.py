@@ -17,14 +17,20 @@ from experiments.configs import base
 TURNS = 7
 
 
-def get_config(arg=None) -> ml_collections.ConfigDict:
-  config = base.compared(base.rooms("bpo"))
+def world(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Difficulty 2 on a rooms `config`: `TURNS` turns, the context they need, and the env-step
+  budget of four whole episodes."""
   config.env.options.difficulty = 2
   config.env.max_turns = TURNS
   config.model.max_length = 448
   # Four whole episodes and no slack: here most episodes run to the turn limit, so a group
   # spends nearly all of its budget and the slack would be BPO's alone (docs/RESULTS.md).
   config.rollout.max_env_steps = 4 * TURNS
+  return config
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+  config = world(base.compared(base.rooms("bpo")))
   config.warm_start.num_trajectories, config.warm_start.steps = 32, 200
   config.train.iterations = 20
   config.eval.every = 5

@@ -33,8 +33,9 @@ MAX_WARM_START_STEPS = 300
 EVAL_TASKS = 512
 
 
-def get_config(arg=None) -> ml_collections.ConfigDict:
-  config = base.compared(base.rooms("bpo"))
+def regime(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The regime's warm start (stopped at `TARGET_SUCCESS` on the validation tasks), training
+  tasks, held-out set and schedule, on a rooms comparison `config` of any difficulty."""
   config.warm_start.steps = MAX_WARM_START_STEPS
   config.warm_start.target_success = TARGET_SUCCESS
   config.warm_start.check_every = 10
@@ -50,4 +51,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   config.eval.every = 16
   config.checkpoint.every = 32
   config.log.progress_bar = False
-  return base.variant(config, arg)
+  return config
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+  return base.variant(regime(base.compared(base.rooms("bpo"))), arg)

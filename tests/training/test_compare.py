@@ -9,6 +9,7 @@ import importlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 from experiments import aggregate  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments import compare  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments import task_outcomes  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bpo_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bpo_jax.training import metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -217,7 +219,7 @@ def _check_the_shared_warm_start(tmp_path, run):
 
 
 @pytest.mark.slow
-def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_path):
+def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_path, capsys):
   out = str(tmp_path / "out")
   # One held-out task: four runs of two iterations, two at a time; each seed's warm start is
   # trained by BPO's run, GRPO's starts from its checkpoint 0.
@@ -262,6 +264,38 @@ def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_pat
   assert other.returncode == 2
   assert other.stderr.strip().endswith("holds a finished run with other settings "
                                        "(train.learning_rate); use another --out")
+  _check_task_outcomes(out, capsys)
+
+
+def _check_task_outcomes(out: str, capsys):
+  """task_outcomes.py replays each run's evaluations at its kept checkpoints into the logged
+  per-task outcomes; a replay that is not the record is reported and written nowhere. (On
+  BPO's two runs, copied: a replay costs an experiment's build per run.)"""
+  shutil.copytree(os.path.join(out, "runs", "bpo"), os.path.join(out + "_bpo", "runs", "bpo"))
+  out += "_bpo"
+  assert task_outcomes.main([f"--results={out}"]) == 0
+  for seed in (0, 1):
+    workdir = os.path.join(out, "runs", "bpo", f"seed{seed}")
+    logged = task_outcomes.logged_evaluations(workdir)
+    with open(os.path.join(workdir, task_outcomes.OUTCOMES), encoding="utf-8") as f:
+      saved = json.load(f)
+    assert sorted(saved["outcomes"]) == ["0", "2"]  # the checkpoints with an evaluation
+    assert saved["outcomes"] == {k: logged[int(k)]["task_successes"] for k in saved["outcomes"]}
+    assert saved["commit"] and saved["command"].startswith("python experiments/task_outcomes.py")
+  # A logged count the replay does not give: one line, exit status 1, no file for that run.
+  workdir = os.path.join(out, "runs", "bpo", "seed1")
+  os.remove(os.path.join(workdir, task_outcomes.OUTCOMES))
+  path = os.path.join(workdir, "metrics.jsonl")
+  records = [json.loads(line) for line in open(path, encoding="utf-8")]
+  records[-1]["successes"] += 1
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  capsys.readouterr()
+  assert task_outcomes.main([f"--results={out}"]) == 1
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: runs/bpo/seed1: the replay is not the run's record: checkpoint 2:")
+  assert len(err.splitlines()) == 1
+  assert not os.path.exists(os.path.join(workdir, task_outcomes.OUTCOMES))
 
 
 @pytest.mark.parametrize("flag, message", [

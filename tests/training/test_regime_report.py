@@ -157,10 +157,15 @@ def test_too_few_paired_seeds_is_one_line(tmp_path, capsys):
   assert len(err.splitlines()) == 1 and "0 seed(s) finished by every method" in err
 
 
-def test_config_is_the_rooms_comparison_from_a_warm_start_stopped_at_a_target():
+@pytest.mark.parametrize("regime, world", [("rooms_regime", "rooms"),
+                                           ("rooms_d2_regime", "rooms_d2")])
+def test_config_is_the_rooms_comparison_from_a_warm_start_stopped_at_a_target(regime, world):
+  import importlib
   from bpo_jax.training import warm_start
-  from experiments.configs import rooms
-  c, r = rooms_regime.get_config(), rooms.get_config()
+  c = importlib.import_module(f"experiments.configs.{regime}").get_config()
+  r = importlib.import_module(f"experiments.configs.{world}").get_config()
+  assert c.env.options.difficulty == r.env.options.difficulty
+  assert (c.env.max_turns, c.model.max_length) == (r.env.max_turns, r.model.max_length)
   assert c.warm_start.target_success == rooms_regime.TARGET_SUCCESS > 0
   assert c.warm_start.steps == rooms_regime.MAX_WARM_START_STEPS > r.warm_start.steps
   assert c.rollout.max_env_steps == r.rollout.max_env_steps  # the same matched budget
@@ -169,6 +174,26 @@ def test_config_is_the_rooms_comparison_from_a_warm_start_stopped_at_a_target():
   # The validation tasks lie past every position the iterations draw: [32, 32 + 64 · 8).
   start, _ = warm_start.validation_positions(c.env.num_train_tasks, c.warm_start.validation_tasks)
   assert c.rollout.task_offset + c.train.iterations * c.rollout.tasks_per_iteration <= start
+
+
+def test_the_difficulty_2_regime_differs_from_the_first_in_its_world_alone():
+  """`rooms_d2_regime.py` is `rooms_regime.py` with `rooms_d2.world`'s settings: the same warm
+  start, target, tasks, held-out set, schedule and learning rate."""
+  from bpo_jax.training import config as config_lib
+  from experiments.configs import rooms_d2_regime
+  flat = lambda c: dict(_flatten(config_lib.to_plain(c)))
+  one, two = flat(rooms_regime.get_config()), flat(rooms_d2_regime.get_config())
+  assert {k for k in one if one[k] != two.get(k)} == {
+      "env.options.difficulty", "env.max_turns", "model.max_length", "rollout.max_env_steps"}
+  assert two["env.options.difficulty"] == 2 and two["rollout.max_env_steps"] == 4 * 7
+
+
+def _flatten(tree, prefix=""):
+  for key, value in tree.items():
+    if isinstance(value, dict) and value:
+      yield from _flatten(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
 
 
 def test_claim2_against_rloo_alone(tmp_path):
@@ -234,3 +259,73 @@ def test_the_warm_start_pilot_refuses_bad_flags_in_one_line(tmp_path, flags_, ex
       cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert result.returncode == 2 and result.stderr.startswith(expected), result.stderr
   assert result.stderr.count("\n") == 1 and not out.exists()
+
+
+def test_by_task_by_hand():
+  d = regime_report.by_task(np.array([[1, 0], [1, 1]]), np.array([[0, 0], [1, 0]]))
+  assert (d["a_only"], d["b_only"], d["mean"], d["seeds"], d["tasks"]) == (2, 0, 0.5, 2, 2)
+  # Every resample of a constant difference is that constant.
+  d = regime_report.by_task(np.ones((3, 5)), np.zeros((3, 5)))
+  assert (d["mean"], d["low"], d["high"]) == (1.0, 1.0, 1.0)
+  # The mean is the mean over seeds of each seed's difference of success rates.
+  rng = np.random.default_rng(0)
+  a, b = rng.integers(0, 2, (4, 64)), rng.integers(0, 2, (4, 64))
+  d = regime_report.by_task(a, b, draws=200)
+  assert d["mean"] == pytest.approx(np.mean(a.mean(1) - b.mean(1)), abs=1e-15)
+  assert d["a_only"] - d["b_only"] == int((a - b).sum()) and d["low"] < d["mean"] < d["high"]
+
+
+def _with_task_outcomes(root, replay_seed=None):
+  """The fixture's runs with 10 held-out tasks each, the first round(10 · success) solved: in
+  the records' `task_successes`, or for `replay_seed` in task_outcomes.json (a replay)."""
+  for m in FINAL:
+    for s in SEEDS:
+      workdir = os.path.join(root, "runs", m, f"seed{s}")
+      path = os.path.join(workdir, "metrics.jsonl")
+      records = [json.loads(line) for line in open(path, encoding="utf-8")]
+      replayed = {}
+      for r in records:
+        if r["phase"] == "eval":
+          solved = round(10 * r["success_rate"])
+          text = "1" * solved + "0" * (10 - solved)
+          if s == replay_seed:
+            replayed[str(r["iteration"])] = text
+          else:
+            r["task_successes"] = text
+      _write(path, records)
+      if replayed:
+        _write(os.path.join(workdir, regime_report.REPLAYED),
+               dict(outcomes=replayed, commit="0123456789", command="replay"))
+
+
+def test_the_differences_paired_by_task_and_seed(tmp_path):
+  _fixture(str(tmp_path))
+  # Without per-task outcomes the section says how many seeds have them.
+  x = regime_report.summarise(regime_report.load(str(tmp_path)))
+  assert x["by_task"] is None and regime_report.by_task_lines(x) == [
+      "Paired by task: the per-task outcomes are known for 0 of 3 seeds (`python "
+      "experiments/task_outcomes.py` replays them from the checkpoints)."]
+  _with_task_outcomes(str(tmp_path), replay_seed=1)
+  x = regime_report.summarise(regime_report.load(str(tmp_path)))
+  lines = "\n".join(regime_report.by_task_lines(x))
+  # Solved per seed: BPO 6, 7, 8; GRPO 5, 5, 6; RLOO 3, 5, 7; the warm start 3, 4, 4.
+  assert "(3 seeds × 10 tasks;" in lines and "(code 0123456)" in lines
+  assert "| BPO − GRPO | 5 | 0 | 0.167 [" in lines  # (1 + 2 + 2) / 30
+  assert "| BPO − RLOO | 6 | 0 | 0.200 [" in lines  # (3 + 2 + 1) / 30
+  assert "| GRPO − warm start | 5 | 0 | 0.167 [" in lines  # (2 + 1 + 2) / 30
+  for d in x["by_task"].values():
+    assert 0 <= d["low"] <= d["mean"] <= d["high"] <= 1
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "error: the following arguments are required: --results"),
+    (["--results=RESULTS", "--seeds=3"], "error: unrecognized arguments: --seeds=3"),
+    (["--results=RESULTS"],
+     "error: --results=RESULTS: no finished run (runs/EST/seedS/summary.json)"),
+])
+def test_task_outcomes_refuses_bad_flags_in_one_line(tmp_path, capsys, args, message):
+  from experiments import task_outcomes
+  with pytest.raises(SystemExit) as exit_:
+    task_outcomes.main([a.replace("RESULTS", str(tmp_path)) for a in args])
+  assert exit_.value.code == 2
+  assert capsys.readouterr().err == message.replace("RESULTS", str(tmp_path)) + "\n"

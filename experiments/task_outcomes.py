@@ -1,0 +1,128 @@
+r"""Each held-out task's outcome at a comparison's kept checkpoints, replayed from the checkpoints.
+
+    python experiments/task_outcomes.py --results=results/rooms_regime
+
+A run's held-out records carry each task's outcome (`task_successes`) since that field exists;
+for runs written before, this replays the evaluation at every kept checkpoint the run evaluated
+(`runs/EST/seedS/checkpoints/N` with an eval record of iteration N), exactly as the run's loop
+evaluated it (the same tasks, key and decoding), and writes
+`runs/EST/seedS/task_outcomes.json`: {"outcomes": {"N": "1001…"}, "commit", "command"}.
+
+The replay is held to the run's own records: its number of successes must be the logged one,
+and where the record has `task_successes`, the same string. A run whose replay differs is
+reported (exit status 1) and gets no file. Runs that have the file are skipped, so the script
+resumes. A bad flag, or no finished run under `--results`: one line, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)
+
+from experiments import cli  # noqa: E402
+
+OUTCOMES = "task_outcomes.json"
+
+
+def logged_evaluations(workdir: str) -> dict[int, dict]:
+  """The last held-out record of each iteration in `workdir`'s metrics.jsonl (at iteration 0,
+  the one after the warm start rather than the untrained model's)."""
+  records = {}
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    for line in f:
+      record = json.loads(line)
+      if record.get("phase") == "eval":
+        records[record["iteration"]] = record
+  return records
+
+
+def replay(workdir: str, steps: list[int]) -> dict[int, dict]:
+  """The held-out record of each checkpoint `steps` of the run in `workdir` (its configuration
+  the one compare.py saved beside it, `workdir`.json), evaluated as the run's loop evaluated it
+  (one device); the experiment is built once."""
+  from bpo_jax.training import evaluation  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import experiment as experiment_lib  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import settings as settings_lib  # pylint: disable=g-import-not-at-top
+  from experiments import json_config  # pylint: disable=g-import-not-at-top
+  settings = settings_lib.from_config(json_config.get_config(workdir + ".json"))
+  exp, state = experiment_lib.build_experiment(settings, workdir)
+  try:
+    out = {}
+    for step in steps:
+      restored, _, _ = loop.restore_checkpoint(exp, state, step)
+      out[step] = evaluation.eval_record(exp, exp.sampling_params(restored.params), step)
+    return out
+  finally:
+    exp.close()
+
+
+def check(logged: dict, replayed: dict) -> str | None:
+  """Why a replayed record is not the logged one (None when it is)."""
+  if replayed["successes"] != logged["successes"]:
+    return f"{replayed['successes']} successes against the logged {logged['successes']}"
+  if "task_successes" in logged and logged["task_successes"] != replayed["task_successes"]:
+    return "the same count but other tasks than the logged task_successes"
+  return None
+
+
+def run_dirs(results: str) -> list[str]:
+  """The finished runs under `results` (runs/EST/seedS with a summary.json and compare.py's
+  seedS.json beside it), in order."""
+  found = [p for p in glob.glob(os.path.join(results, "runs", "*", "seed*", "summary.json"))
+           if os.path.exists(os.path.dirname(p) + ".json")]
+  key = lambda p: (p.split(os.sep)[-3], int(re.sub(r"\D", "", p.split(os.sep)[-2])))
+  return [os.path.dirname(p) for p in sorted(found, key=key)]
+
+
+def _commit() -> str:
+  return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                        text=True, check=False).stdout.strip()
+
+
+def main(argv) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.error = cli.fail  # a bad flag: one line, exit status 2
+  p.add_argument("--results", required=True, help="a comparison's directory (compare.py --out)")
+  args = p.parse_args(argv)
+  runs = run_dirs(args.results)
+  if not runs:
+    cli.fail(f"--results={args.results}: no finished run (runs/EST/seedS/summary.json)")
+  command = "python experiments/task_outcomes.py " + " ".join(argv)
+  failed = 0
+  for workdir in runs:
+    name = os.path.relpath(workdir, args.results)
+    if os.path.exists(os.path.join(workdir, OUTCOMES)):
+      print(f"{name}: done, skipped")
+      continue
+    from bpo_jax.training import gradient_variance  # pylint: disable=g-import-not-at-top
+    logged = logged_evaluations(workdir)
+    steps = [s for s in gradient_variance.kept_steps(workdir) if s in logged]
+    replayed = replay(workdir, steps)
+    problems = [f"checkpoint {s}: {why}" for s in steps
+                if (why := check(logged[s], replayed[s])) is not None]
+    if problems:
+      failed += 1
+      print(f"error: {name}: the replay is not the run's record: {'; '.join(problems)}",
+            file=sys.stderr)
+      continue
+    from bpo_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+    workdir_lib.write_json(os.path.join(workdir, OUTCOMES), {
+        "outcomes": {str(s): replayed[s]["task_successes"] for s in steps},
+        "commit": _commit(), "command": command})
+    print(f"{name}: checkpoints {steps} replayed, "
+          f"{[replayed[s]['successes'] for s in steps]} successes as logged")
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
