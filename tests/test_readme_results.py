@@ -44,3 +44,10 @@ def test_missing_files_are_one_line_exit_2(tmp_path, capsys):
   err = capsys.readouterr().err
   assert err.startswith("error: readme_results.py: ValueError:") and err.count("\n") == 1
   assert doc.read_text() == f"{readme_results.BEGIN}\n{readme_results.END}\n"
+
+
+@pytest.mark.slow
+def test_the_committed_docs_are_what_the_committed_files_give():
+  """README's Results and RESULTS.md's rooms-regime section, regenerated from results/."""
+  assert readme_results.main(["--check"]) == 0
+  assert regime.regime_report.main(["--check"]) == 0
