@@ -106,8 +106,11 @@ def variance_ratio(num: tuple, den: tuple, *, relative: bool, seed: int = 0) -> 
     return dict(ratio=None, low=None, high=None)  # no variance (or no mean gradient) to compare
   n = len(num[0])
   rng = np.random.default_rng(seed)
+  rows = np.stack([rng.integers(0, n, n) for _ in range(BOOTSTRAP)])  # one resample per row
   with np.errstate(divide="ignore", invalid="ignore"):  # a resample may hold no variance
-    boot = np.array([ratio(rng.integers(0, n, n)) for _ in range(BOOTSTRAP)])
+    a = np.asarray(num[0])[rows].mean(1) / (np.asarray(num[1])[rows].mean(1) if relative else 1.0)
+    b = np.asarray(den[0])[rows].mean(1) / (np.asarray(den[1])[rows].mean(1) if relative else 1.0)
+    boot = a / b
   boot = boot[np.isfinite(boot)]
   return dict(ratio=ratio(np.arange(n)), low=float(np.percentile(boot, 100 * (1 - LEVEL) / 2)),
               high=float(np.percentile(boot, 100 * (1 + LEVEL) / 2)))
