@@ -23,6 +23,7 @@ the same checkpoint, and the two iterations from the two-process run's warm-star
 checkpoint 0) with the loop's own update and iteration. The same equalities and bounds hold.
 """
 
+import functools
 import json
 import os
 import signal
@@ -39,11 +40,13 @@ import pytest
 
 from bpo_jax import rollout
 from bpo_jax.testing import tolerance
+from bpo_jax.training import config as config_lib
 from bpo_jax.training import evaluation
 from bpo_jax.training import experiment as experiment_lib
 from bpo_jax.training import iteration as iteration_lib
 from bpo_jax.training import loop
 from bpo_jax.training import metrics
+from bpo_jax.training import placement as placement_lib
 from bpo_jax.training import translate
 from bpo_jax.training import warm_start as warm_start_lib
 from bpo_jax.training.settings import from_config
@@ -145,30 +148,54 @@ def test_a_mesh_trains_like_one_device(runs, name):
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    (["--config.scale.mesh.data=-1", "--config.scale.mesh.fsdp=3"],
-     "error: invalid configuration: scale.mesh: 8 devices do not divide by the fixed axes"),
-    (["--config.scale.mesh.fsdp=2", "--config.scale.mesh.tensor=2"],
+    ({"scale.mesh.data": -1, "scale.mesh.fsdp": 3},
+     "invalid configuration: scale.mesh: 8 devices do not divide by the fixed axes"),
+    ({"scale.mesh.fsdp": 2, "scale.mesh.tensor": 2},
      "scale.mesh: mesh {'data': 1, 'fsdp': 2, 'tensor': 2} needs 4 devices, have 8"),
-    (["--config.scale.num_devices=16", "--config.scale.mesh.fsdp=16"],
+    ({"scale.num_devices": 16, "scale.mesh.fsdp": 16},
      "scale.num_devices = 16: this run has 8 device(s)"),
-    (["--config.model.kv_page_size=16"],
+    ({"model.kv_page_size": 16},
      "model.kv_page_size = 16: a paged KV cache decodes on one device, this run's mesh has 8"),
-    (["--config.scale.model_preset=qwen2_5_7b"],
-     "error: scale.model_preset = 'qwen2_5_7b': training a preset needs its pretrained"),
 ])
+def test_a_mesh_the_devices_cannot_form_is_refused_by_the_placement(tmp_path, overrides,
+                                                                     expected):
+  """`placement.run_devices` on this process's eight devices, which run.py calls before any
+  work and answers in one line (that path is the next test's)."""
+  from experiments.configs import quickstart  # pylint: disable=g-import-not-at-top
+  config = quickstart.get_config("tiny")
+  for key, value in overrides.items():
+    section, name = key.rsplit(".", 1)
+    setattr(functools.reduce(getattr, section.split("."), config), name, value)
+  config_lib.validate(config, "train", str(tmp_path / "w"))  # each key alone is valid
+  with pytest.raises(config_lib.ConfigError) as error:
+    placement_lib.run_devices(from_config(config))
+  assert expected in str(error.value)
+
+
 @pytest.mark.slow
-def test_a_mesh_the_devices_cannot_form_is_refused_before_any_work(tmp_path, overrides,
-                                                                    expected):
+def test_a_preset_without_its_checkpoint_is_refused_before_any_work(tmp_path):
   env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_PLATFORMS": "cpu"}
   result = subprocess.run(
       [sys.executable, os.path.join(ROOT, "experiments", "run.py"),
        f"--config={os.path.join(ROOT, 'experiments', 'configs', 'quickstart.py')}:tiny",
-       f"--workdir={tmp_path / 'w'}", *overrides], cwd=ROOT, env=env, capture_output=True,
-      text=True, timeout=120)
+       f"--workdir={tmp_path / 'w'}", "--config.scale.mesh.fsdp=2",
+       "--config.scale.mesh.tensor=2"], cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=120)
   assert result.returncode == 2, result.stderr[-2000:]
   assert "Traceback" not in result.stderr
-  assert expected in result.stderr, result.stderr[-2000:]
+  assert result.stderr == ("error: invalid configuration: scale.mesh: mesh {'data': 1, 'fsdp': "
+                           "2, 'tensor': 2} needs 4 devices, have 8\n"), result.stderr
   assert not (tmp_path / "w").exists()  # nothing was started
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", "run.py"),
+       f"--config={os.path.join(ROOT, 'experiments', 'configs', 'quickstart.py')}:tiny",
+       f"--workdir={tmp_path / 'w'}", "--config.scale.model_preset=qwen2_5_7b"], cwd=ROOT,
+      env=env, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+  assert result.stderr.startswith("error: scale.model_preset = 'qwen2_5_7b': training a preset "
+                                  "needs its pretrained")
+  assert not (tmp_path / "w").exists()
 
 
 # Two processes of four devices each.
