@@ -9,8 +9,9 @@ evaluated it (the same tasks, key and decoding), and writes
 `runs/EST/seedS/task_outcomes.json`: {"outcomes": {"N": "1001…"}, "commit", "command"}.
 
 The replay is held to the run's own records: its number of successes must be the logged one,
-and where the record has `task_successes`, the same string. A run whose replay differs is
-reported (exit status 1) and gets no file. Runs that have the file are skipped, so the script
+and where the record has `task_successes`, the same string. A run whose replay differs or
+fails (a missing or unreadable checkpoint, say) is reported in one line and gets no file; the
+others are still replayed, and the exit status is 1. Runs that have the file are skipped, so the script
 resumes. A bad flag, or no finished run under `--results`: one line, exit status 2.
 """
 
@@ -105,9 +106,15 @@ def main(argv) -> int:
       print(f"{name}: done, skipped")
       continue
     from bpo_jax.training import gradient_variance  # pylint: disable=g-import-not-at-top
-    logged = logged_evaluations(workdir)
-    steps = [s for s in gradient_variance.kept_steps(workdir) if s in logged]
-    replayed = replay(workdir, steps)
+    try:
+      logged = logged_evaluations(workdir)
+      steps = [s for s in gradient_variance.kept_steps(workdir) if s in logged]
+      replayed = replay(workdir, steps)
+    except Exception as error:  # pylint: disable=broad-except
+      failed += 1
+      print(f"error: {name}: the replay failed: {type(error).__name__}: "
+            f"{' '.join(str(error).split())[:300]}", file=sys.stderr)
+      continue
     problems = [f"checkpoint {s}: {why}" for s in steps
                 if (why := check(logged[s], replayed[s])) is not None]
     if problems:

@@ -329,3 +329,19 @@ def test_task_outcomes_refuses_bad_flags_in_one_line(tmp_path, capsys, args, mes
     task_outcomes.main([a.replace("RESULTS", str(tmp_path)) for a in args])
   assert exit_.value.code == 2
   assert capsys.readouterr().err == message.replace("RESULTS", str(tmp_path)) + "\n"
+
+
+def test_a_replay_that_fails_is_one_line_and_no_file(tmp_path, capsys):
+  """A run without its checkpoints (or with unreadable ones): reported, exit status 1, and the
+  other runs still replayed (here: none can be)."""
+  from experiments import task_outcomes
+  _fixture(str(tmp_path))
+  for m in FINAL:
+    for s in SEEDS:
+      _write(str(tmp_path / "runs" / m / f"seed{s}.json"), {})
+  assert task_outcomes.main([f"--results={tmp_path}"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 9  # every method and seed
+  assert err[0].startswith("error: runs/bpo/seed0: the replay failed: FileNotFoundError: no "
+                           "checkpoint directory")
+  assert not list(tmp_path.glob("runs/*/*/task_outcomes.json"))
