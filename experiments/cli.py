@@ -7,8 +7,10 @@ with one line, `error: ...`, and exit status 2, before any compute (`parse_flags
 script's own settings).
 """
 
+import datetime
 import importlib.util
 import os
+import subprocess
 import sys
 
 from absl import flags
@@ -16,6 +18,7 @@ from absl import flags
 from bpo_jax.training import config as config_lib
 
 EXIT_INVALID = 2
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def fail(message: str):
@@ -96,3 +99,15 @@ def parse_flags_over(argv, config) -> list[str]:
 def _fail_flags(argv, config, error: Exception):
   # Not a config override: absl's own message, without its traceback.
   fail(config_lib.describe_override_error(argv, config) or " ".join(str(error).split()))
+
+
+def provenance(script: str, argv) -> dict:
+  """What a result file records of how it was made: the code commit (and whether the package's
+  or the experiments' files differed from it, untracked ones included), the command
+  (`python experiments/<script> ARGV`), the time."""
+  def git(*cmd):
+    return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True).stdout.strip()
+  return dict(commit=git("rev-parse", "HEAD"),
+              code_changes=bool(git("status", "--porcelain", "--", "bpo_jax", "experiments")),
+              command=f"python experiments/{script} " + " ".join(argv),
+              created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))

@@ -1,9 +1,23 @@
 """A generated section of a document: the text between two marker lines, replaced by a report
-script or checked against what its result files give (`--check`)."""
+script or checked against what its result files give (`--check`); and the figures' formats the
+reports share."""
 
 from __future__ import annotations
 
 import sys
+
+
+def ci(x: dict, digits: int = 3) -> str:
+  """A mean with its interval, "0.600 [0.352, 0.848]" (the mean alone where there is none)."""
+  f = lambda v: f"{v:.{digits}f}"
+  return f(x["mean"]) if x.get("low") is None else f"{f(x['mean'])} [{f(x['low'])}, {f(x['high'])}]"
+
+
+def ratio(x: dict) -> str:
+  """A ratio with its interval, "0.43 [0.26, 0.70]" ("–" where there is none)."""
+  if x["ratio"] is None:
+    return "–"
+  return f"{x['ratio']:.2f} [{x['low']:.2f}, {x['high']:.2f}]"
 
 
 def splice(doc: str, body: str, begin: str, end: str) -> str:

@@ -22,7 +22,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
+from experiments import cli  # noqa: E402
 from experiments import doc_section  # noqa: E402
+from experiments.doc_section import ci, ratio  # noqa: E402
 from experiments import regime_report  # noqa: E402
 from experiments import testbed_report  # noqa: E402
 
@@ -32,12 +34,10 @@ HEAD = ["| setting | seeds | BPO | best baseline | BPO − best | variance: BPO 
         "| updates: BPO, best |", "|---|---|---|---|---|---|---|"]
 
 
-def _ci(x: dict, digits: int = 3) -> str:
-  return regime_report._ci(x, digits)  # pylint: disable=protected-access
-
-
-def _reached(x: dict, last: int) -> str:
-  return f">{last}" if x["updates"] is None or x["updates"] > last else f"{x['updates']:g}"
+def _reached(c3: dict, last: int) -> str:
+  """Claim 3's updates for BPO and the best baseline, ">last" where not reached."""
+  f = lambda u: f">{last}" if u is None or u > last else f"{u:g}"
+  return f"{f(c3['methods']['bpo']['updates'])}, {f(c3['methods'][c3['best']]['updates'])}"
 
 
 def testbed_rows(worlds: list[dict]) -> list[str]:
@@ -51,10 +51,10 @@ def testbed_rows(worlds: list[dict]) -> list[str]:
     c3 = x["claim3"][testbed_report.FRACTION]
     claim2 = x["claim2"][max(x["claim2"])]["rloo_raw"]
     rows.append(
-        f"| testbed, share {x['share']:.2f} | {seeds} | {_ci(x['success'][last]['bpo'])} "
-        f"| {testbed_report.NAMES[best]} {_ci(x['success'][last][best])} "
-        f"| {_ci(x['difference'][last])} | {testbed_report._ratio(claim2)} "  # pylint: disable=protected-access
-        f"| {_reached(c3['methods']['bpo'], last)}, {_reached(c3['methods'][c3['best']], last)} |")
+        f"| testbed, share {x['share']:.2f} | {seeds} | {ci(x['success'][last]['bpo'])} "
+        f"| {testbed_report.NAMES[best]} {ci(x['success'][last][best])} "
+        f"| {ci(x['difference'][last])} | {ratio(claim2)} "
+        f"| {_reached(c3, last)} |")
   return rows
 
 
@@ -64,12 +64,11 @@ def regime_row(x: dict) -> str:
   # Claim 3 counts evaluations; each is `every` updates.
   c3 = dict(c3, methods={m: dict(v, updates=None if v["updates"] is None else v["updates"] * every)
                          for m, v in c3["methods"].items()})
-  claim2 = (regime_report._ratio(x["claim2"][max(x["claim2"])]["rloo_raw"])  # pylint: disable=protected-access
-            if x["claim2"] else "–")
+  claim2 = (ratio(x["claim2"][max(x["claim2"])]["rloo_raw"]) if x["claim2"]
+            else "–")
   return (f"| rooms, weak warm start, {x['eval_tasks']} tasks | {len(x['seeds'])} "
-          f"| {_ci(x['final']['bpo'])} | {regime_report.NAMES[best]} {_ci(x['final'][best])} "
-          f"| {_ci(x['difference'][best])} | {claim2} "
-          f"| {_reached(c3['methods']['bpo'], last)}, {_reached(c3['methods'][c3['best']], last)} |")
+          f"| {ci(x['final']['bpo'])} | {regime_report.NAMES[best]} {ci(x['final'][best])} "
+          f"| {ci(x['difference'][best])} | {claim2} | {_reached(c3, last)} |")
 
 
 def table(testbed_dir: str, regime_dir: str) -> str:
@@ -82,7 +81,7 @@ def table(testbed_dir: str, regime_dir: str) -> str:
 
 def main(argv) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.error = lambda message: (print(f"error: {message}", file=sys.stderr), sys.exit(2))
+  p.error = cli.fail  # a bad flag: one line, exit status 2
   p.add_argument("--testbed", default=os.path.join(REPO, "results", "testbed"))
   p.add_argument("--regime", default=os.path.join(REPO, "results", "rooms_regime"))
   p.add_argument("--doc", default=os.path.join(REPO, "README.md"))

@@ -6,23 +6,22 @@ A run's held-out records carry each task's outcome (`task_successes`) since that
 for runs written before, this replays the evaluation at every kept checkpoint the run evaluated
 (`runs/EST/seedS/checkpoints/N` with an eval record of iteration N), exactly as the run's loop
 evaluated it (the same tasks, key and decoding), and writes
-`runs/EST/seedS/task_outcomes.json`: {"outcomes": {"N": "1001…"}, "commit", "command"}.
+`runs/EST/seedS/task_outcomes.json`: {"outcomes": {"N": "1001…"}} and how it was made
+(`cli.provenance`: the commit, whether the code differed from it, the command, the time).
 
 The replay is held to the run's own records: its number of successes must be the logged one,
 and where the record has `task_successes`, the same string. A run whose replay differs or
 fails (a missing or unreadable checkpoint, say) is reported in one line and gets no file; the
-others are still replayed, and the exit status is 1. Runs that have the file are skipped, so the script
-resumes. A bad flag, or no finished run under `--results`: one line, exit status 2.
+others are still replayed, and the exit status is 1. Runs that have the file are skipped, so
+the script resumes. A bad flag, or no finished run under `--results`: one line, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import re
-import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,13 +36,9 @@ OUTCOMES = "task_outcomes.json"
 def logged_evaluations(workdir: str) -> dict[int, dict]:
   """The last held-out record of each iteration in `workdir`'s metrics.jsonl (at iteration 0,
   the one after the warm start rather than the untrained model's)."""
-  records = {}
-  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-    for line in f:
-      record = json.loads(line)
-      if record.get("phase") == "eval":
-        records[record["iteration"]] = record
-  return records
+  from bpo_jax.training import metrics  # pylint: disable=g-import-not-at-top
+  return {r["iteration"]: r for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+          if r.get("phase") == "eval"}
 
 
 def replay(workdir: str, steps: list[int]) -> dict[int, dict]:
@@ -85,11 +80,6 @@ def run_dirs(results: str) -> list[str]:
   return [os.path.dirname(p) for p in sorted(found, key=key)]
 
 
-def _commit() -> str:
-  return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                        text=True, check=False).stdout.strip()
-
-
 def main(argv) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.error = cli.fail  # a bad flag: one line, exit status 2
@@ -98,14 +88,15 @@ def main(argv) -> int:
   runs = run_dirs(args.results)
   if not runs:
     cli.fail(f"--results={args.results}: no finished run (runs/EST/seedS/summary.json)")
-  command = "python experiments/task_outcomes.py " + " ".join(argv)
+  from bpo_jax.training import gradient_variance  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  made = cli.provenance("task_outcomes.py", argv)
   failed = 0
   for workdir in runs:
     name = os.path.relpath(workdir, args.results)
     if os.path.exists(os.path.join(workdir, OUTCOMES)):
       print(f"{name}: done, skipped")
       continue
-    from bpo_jax.training import gradient_variance  # pylint: disable=g-import-not-at-top
     try:
       logged = logged_evaluations(workdir)
       steps = [s for s in gradient_variance.kept_steps(workdir) if s in logged]
@@ -122,10 +113,8 @@ def main(argv) -> int:
       print(f"error: {name}: the replay is not the run's record: {'; '.join(problems)}",
             file=sys.stderr)
       continue
-    from bpo_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
     workdir_lib.write_json(os.path.join(workdir, OUTCOMES), {
-        "outcomes": {str(s): replayed[s]["task_successes"] for s in steps},
-        "commit": _commit(), "command": command})
+        "outcomes": {str(s): replayed[s]["task_successes"] for s in steps}, **made})
     print(f"{name}: checkpoints {steps} replayed, "
           f"{[replayed[s]['successes'] for s in steps]} successes as logged")
   return 1 if failed else 0

@@ -22,10 +22,8 @@ table and the plot from them.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -90,17 +88,6 @@ def settings(args) -> dict:
               draws=args.draws, checkpoints=[int(c) for c in args.checkpoints.split(",")])
 
 
-def provenance(argv) -> dict:
-  """The code commit (and whether the package's or the experiments' files differed from it,
-  untracked ones included), the command, the time."""
-  def git(*cmd):
-    return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True).stdout.strip()
-  return dict(commit=git("rev-parse", "HEAD"),
-              code_changes=bool(git("status", "--porcelain", "--", "bpo_jax", "experiments")),
-              command="python experiments/testbed.py " + " ".join(argv),
-              created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-
-
 def world_dir(out: str, weight: float) -> str:
   return os.path.join(out, f"w{weight:g}")
 
@@ -132,8 +119,9 @@ def main(argv) -> int:
   if problem:
     print(f"testbed.py: {problem}", file=sys.stderr)
     return 2
+  from experiments import cli
   from experiments import testbed_runs
-  record = dict(settings=s, provenance=provenance(argv))
+  record = dict(settings=s, provenance=cli.provenance("testbed.py", argv))
   for weight in s["weights"]:
     testbed_runs.run_world(s, weight, world_dir(args.out, weight), record)
   return 0
