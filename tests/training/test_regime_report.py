@@ -345,3 +345,15 @@ def test_a_replay_that_fails_is_one_line_and_no_file(tmp_path, capsys):
   assert err[0].startswith("error: runs/bpo/seed0: the replay failed: FileNotFoundError: no "
                            "checkpoint directory")
   assert not list(tmp_path.glob("runs/*/*/task_outcomes.json"))
+
+
+def test_a_replay_file_cut_short_is_named_in_one_line(tmp_path, capsys):
+  _fixture(str(tmp_path / "results"))
+  path = tmp_path / "results" / "runs" / "grpo" / "seed1" / regime_report.REPLAYED
+  path.write_text('{"outcomes": {"2": "10')
+  doc = tmp_path / "RESULTS.md"
+  doc.write_text(f"{regime_report.BEGIN}\n{regime_report.END}\n")
+  assert regime_report.main([f"--results={tmp_path / 'results'}", f"--doc={doc}"]) == 2
+  err = capsys.readouterr().err
+  assert f"{path} does not read:" in err and err.count("\n") == 1
+  assert doc.read_text() == f"{regime_report.BEGIN}\n{regime_report.END}\n"
