@@ -16,7 +16,7 @@ from bpo_jax.training import display
 from bpo_jax.training import loop
 from bpo_jax.training.settings import from_config
 from experiments.configs import base
-from tests.training import mesh_worker
+from tests.training import mesh_setup
 
 
 def small_config():
@@ -37,7 +37,7 @@ def _warm_start_optimised(workdir):
   code = ("import runpy, sys; from bpo_jax.training import loop; "
           "loop.train(runpy.run_path(sys.argv[1])['small_config'](), sys.argv[2], stop_after=0)")
   done = subprocess.run([sys.executable, "-c", code, os.path.abspath(__file__), workdir],
-                        env=mesh_worker.optimised_environment(),
+                        env=mesh_setup.optimised_environment(),
                         capture_output=True, text=True, timeout=900, check=False)
   if done.returncode != 0:
     raise RuntimeError(f"the warm start failed:\n{done.stderr[-4000:]}")

@@ -245,7 +245,7 @@ _CONFIG_TABLE = [
     ("--config.model.max_length=1073741824",
      "model.max_length = 1073741824: a KV cache of 64 rows x 1073741824 slots x 1536 bytes"),
     (f"--config.env.num_train_tasks={_task_count_over_the_bounds()}",
-     f"env.num_train_tasks"),
+     "env.num_train_tasks"),
 ]
 
 

@@ -1,46 +1,24 @@
-"""One process of eight CPU devices trains on several meshes (run by test_mesh_loop.py).
+"""The small quickstart the mesh test (test_mesh_loop.py) trains, its warm-started checkpoint,
+and the roundings by which a mesh may differ from one device.
 
-    JAX_NUM_CPU_DEVICES=8 python tests/training/mesh_worker.py WORKDIR OUT.npz CHECKPOINT
-    python tests/training/mesh_worker.py --warm-start ROOT  # builds ROOT/hf (CHECKPOINT)
+    python tests/training/mesh_setup.py ROOT  # builds ROOT/hf, the warm-started checkpoint
 
-CHECKPOINT is a small quickstart's warm start on one device, exported as a Hugging Face
-directory (`warm_started_checkpoint`, which the two-process test starts from too). From it, a
-few more warm-start steps run on one device (`from_checkpoint`), and then, from that same
-state, two iterations on each mesh of `MESHES` with the loop's own placement and update
-(`loop.build_update`, `iteration.run_iteration`). OUT.npz holds, per mesh, the final train
-state (gathered to the host), the iterations' metrics records and trees (JSON), and the bytes
-of the train state, whole and on the device that holds the most of it.
+The checkpoint is `small_config`'s warm start on one device, exported as a Hugging Face directory
+(`warm_started_checkpoint`); a run from it continues its warm start for a few steps
+(`from_checkpoint`) before the iterations.
 """
 
-import dataclasses
 import fcntl
-import json
 import os
 import subprocess
 import sys
-import time
 
 if __name__ == "__main__":
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import jax  # pylint: disable=g-import-not-at-top
-import jax.numpy as jnp
-import numpy as np
-
-from bpo_jax import rollout as rollout_lib
-from bpo_jax.testing import model_rounding
-from bpo_jax.training import config as config_lib
-from bpo_jax.training import experiment as experiment_lib
-from bpo_jax.training import iteration as iteration_lib
+from bpo_jax.testing import model_rounding  # pylint: disable=g-import-not-at-top
 from bpo_jax.training import loop
-from bpo_jax.training import translate
-from bpo_jax.training import update as update_lib
-from bpo_jax.training import warm_start as warm_start_lib
-from bpo_jax.training.settings import from_config
 
-# name -> (scale.mesh data, fsdp, tensor; scale.num_devices). "one": the unsharded reference.
-# (fsdp 4 x tensor 2 is the two-process test's mesh, over two processes' devices.)
-MESHES = {"one": (1, -1, 1, 1), "data2_fsdp2_tensor2": (2, 2, 2, 0)}
 ITERATIONS = 2
 
 
@@ -83,7 +61,7 @@ def warm_started_checkpoint(root: str) -> str:
     if not os.path.isdir(hf):
       # In a process of its own with XLA's optimisations on: the tests' processes compile
       # unoptimised (tests/conftest.py), which costs more than it saves over 200 steps.
-      done = subprocess.run([sys.executable, os.path.abspath(__file__), "--warm-start", root],
+      done = subprocess.run([sys.executable, os.path.abspath(__file__), root],
                             env=optimised_environment(),
                             capture_output=True, text=True, timeout=900, check=False)
       if done.returncode != 0:
@@ -139,69 +117,5 @@ def from_checkpoint(config, checkpoint: str):
   return config
 
 
-def tree_record(batch) -> list:
-  """What decides the trees: their parents, rewards, validity and distinct tokens."""
-  trees = batch.stacked_trees()
-  return [np.asarray(x).tolist() for x in (trees.parent, trees.reward, trees.valid)] + [
-      [r.tokens.num_unique_tokens() for r in batch.rollouts]]
-
-
-def warm_started(exp, params, tx) -> update_lib.TrainState:
-  """The train state after the warm start, as `loop` builds it (Adam moments continued)."""
-  params, sft_opt_state, _ = warm_start_lib.warm_start(exp, params)
-  opt_state = tx.init(params)
-  if jax.tree.structure(sft_opt_state) == jax.tree.structure(opt_state):
-    opt_state = sft_opt_state
-  return update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
-
-
-def with_mesh(config, data: int, fsdp: int, tensor: int, num_devices: int):
-  config = config.copy_and_resolve_references()
-  config.scale.mesh.data, config.scale.mesh.fsdp, config.scale.mesh.tensor = data, fsdp, tensor
-  config.scale.num_devices = num_devices
-  return config
-
-
-def main(workdir: str, out_path: str, checkpoint: str):
-  clock = time.perf_counter()
-  config = from_checkpoint(small_config(), checkpoint)
-  config_lib.validate(config, "train", workdir)
-  exp, state = experiment_lib.build_experiment(from_config(config), workdir)
-  engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
-                                     translate.rollout_config(from_config(config)))
-  out = {}
-  try:
-    start = warm_started(exp, state.params, translate.rl_optimizer(from_config(config)))
-    start = jax.tree.map(np.asarray, start)
-    print(f"warm start done at {time.perf_counter() - clock:.1f} s", file=sys.stderr)
-    out.update({f"start/leaf{j}": leaf for j, leaf in enumerate(jax.tree.leaves(start))})
-    for name, sizes in MESHES.items():
-      mesh_exp = dataclasses.replace(exp, settings=from_config(with_mesh(config, *sizes)))
-      setup = loop.build_update(mesh_exp, start.params)
-      state = setup.placement.place(start)
-      threshold = iteration_lib.initial_fork_threshold(from_config(config))
-      records, trees = [], []
-      for i in range(1, ITERATIONS + 1):
-        state, record, batch, threshold = iteration_lib.run_iteration(
-            mesh_exp, engine, setup.train_step, state, i, jax.random.key(config.seed),
-            threshold, setup.placement)
-        records.append({k: v for k, v in record.items() if not k.startswith("time/")})
-        trees.append(tree_record(batch))
-      for j, leaf in enumerate(jax.tree.leaves(setup.placement.host(state))):
-        out[f"{name}/leaf{j}"] = np.asarray(leaf)
-      print(f"{name} done at {time.perf_counter() - clock:.1f} s", file=sys.stderr)
-      out[f"{name}/records"] = np.asarray(json.dumps(records))
-      out[f"{name}/trees"] = np.asarray(json.dumps(trees))
-      out[f"{name}/roundings"] = np.asarray(update_roundings(exp.model_config, records))
-      out[f"{name}/mesh"] = np.asarray(json.dumps(
-          None if setup.placement.mesh is None else dict(setup.placement.mesh.shape)))
-  finally:
-    exp.close()
-  np.savez(out_path, **out)
-
-
 if __name__ == "__main__":
-  if sys.argv[1] == "--warm-start":
-    _warm_start(sys.argv[2])
-  else:
-    main(sys.argv[1], sys.argv[2], sys.argv[3])
+  _warm_start(sys.argv[1])
