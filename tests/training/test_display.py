@@ -2,10 +2,6 @@
 fork whose siblings differ and the advantages the estimator gives it; drawn with its root
 observation wrapped at word boundaries."""
 
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,35 +15,23 @@ from experiments.configs import base
 from tests.training import mesh_setup
 
 
-def small_config():
-  """The notebook's BPO configuration at its tiny size, with five turns (the world's) and a warm
-  start long enough that the policy's branches sometimes succeed and sometimes fail."""
+def small_config(checkpoint: str):
+  """The notebook's BPO configuration at its tiny size, with five turns (the world's), from the
+  mesh test's warm-started checkpoint (`small_checkpoint`, whose branches sometimes succeed and
+  sometimes fail), its warm start continued for a few steps (`mesh_setup.from_checkpoint`)."""
   config = base.tiny(base.compared(base.rooms("bpo")))
   config.rollout.tasks_per_iteration = 4
   config.env.max_turns = 5
   config.rollout.max_env_steps = config.rollout.k * config.env.max_turns
-  config.warm_start.steps = 300
-  return config
-
-
-def _warm_start_optimised(workdir):
-  """`small_config`'s warm start and checkpoint 0 (`loop.train(..., stop_after=0)`) in a process
-  of its own with XLA's optimisations on: the tests' processes compile unoptimised
-  (tests/conftest.py), which costs more than it saves over 300 steps."""
-  code = ("import runpy, sys; from bpo_jax.training import loop; "
-          "loop.train(runpy.run_path(sys.argv[1])['small_config'](), sys.argv[2], stop_after=0)")
-  done = subprocess.run([sys.executable, "-c", code, os.path.abspath(__file__), workdir],
-                        env=mesh_setup.optimised_environment(),
-                        capture_output=True, text=True, timeout=900, check=False)
-  if done.returncode != 0:
-    raise RuntimeError(f"the warm start failed:\n{done.stderr[-4000:]}")
+  config.scale.num_devices = 1  # not this process's eight
+  return mesh_setup.from_checkpoint(config, checkpoint)
 
 
 @pytest.fixture(scope="module")
-def drawn(tmp_path_factory):
-  config = small_config()
+def drawn(tmp_path_factory, small_checkpoint):
+  config = small_config(small_checkpoint)
   workdir = str(tmp_path_factory.mktemp("display") / "bpo")
-  _warm_start_optimised(workdir)  # the warm start and checkpoint 0
+  loop.train(config, workdir, stop_after=0)  # the warm start and checkpoint 0
   # The fork threshold comes from the checkpoint, not from the configuration it is given
   # (one that would fork nowhere here).
   drawing = config.copy_and_resolve_references()

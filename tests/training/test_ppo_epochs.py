@@ -27,6 +27,7 @@ from experiments.configs import base  # pylint: disable=g-import-not-at-top,wron
 def _run(workdir, epochs):
   config = base.tiny(base.rooms("bpo"), iterations=1)
   config.train.epochs = epochs
+  config.scale.num_devices = 1  # not this process's eight
   config.log.tensorboard = False
   loop.train(config, str(workdir))
   records = [r for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
