@@ -7,7 +7,8 @@
   stopped after iteration 1 and resumed ends with the uninterrupted run's arrays exactly.
 * `--mode=export` writes an HF directory that transformers loads as it is, whose logits equal
   the library's (adapters unmerged) on the same tokens.
-* A run from a tiny random HF checkpoint; each malformed checkpoint is refused with one line
+* A run from a tiny random Llama 3.2 checkpoint exported with the checkpoint's shape and logits
+  (Qwen2's is test_workdir.py's run, through the command line); each malformed checkpoint is refused with one line
   naming what is wrong before anything is written (run.py prints it and exits with status 2:
   one case through the command line, the others through the loop it calls).
 """
@@ -221,11 +222,15 @@ def _export_roundings(model_config, length: int) -> int:
   return forward_roundings(model_config, length) + model_config.num_layers * merge
 
 
-def _library_and_hf_logits(config_path, workdir, export_dir, tokens):
+def _library_and_hf_logits(config, workdir, export_dir, tokens):
+  """The library's logits from `workdir`'s latest checkpoint (`config`, a configuration or the
+  file of one) and transformers' from `export_dir`, on `tokens`."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
-  exp, state, _ = loop.load_checkpoint(from_config(_load_config(config_path)), workdir)
+  if isinstance(config, str):
+    config = _load_config(config)
+  exp, state, _ = loop.load_checkpoint(from_config(config), workdir)
   exp.close()
   ours, _ = forward(exp.graphdef, exp.full_params(state.params), jnp.asarray(tokens))
   model = transformers.AutoModelForCausalLM.from_pretrained(export_dir).eval()
@@ -270,11 +275,32 @@ def _hf_checkpoint(path, variant="qwen2", family="qwen2", template="qwen2_5.jinj
   return str(path)
 
 
-@pytest.mark.parametrize("variant,family,template", [
-    ("qwen2", "qwen2", "qwen2_5.jinja"), ("llama3.2", "llama3", "llama3_1.jinja")])
+def check_export(config, workdir, checkpoint, export_dir):
+  """An export of a run from an HF checkpoint: the checkpoint's shape and eos ids (the config's
+  tiny model has another hidden size and one layer), and transformers' logits on it the
+  library's (`_library_and_hf_logits`) within their roundings."""
+  with open(os.path.join(export_dir, "config.json"), encoding="utf-8") as f:
+    exported = json.load(f)
+  with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as f:
+    source = json.load(f)
+  for key in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size",
+              "tie_word_embeddings"):
+    assert exported[key] == source[key], key
+  assert exported["num_hidden_layers"] == 2
+  with open(os.path.join(export_dir, "generation_config.json"), encoding="utf-8") as f:
+    generation = json.load(f)
+  with open(os.path.join(checkpoint, "generation_config.json"), encoding="utf-8") as f:
+    assert generation["eos_token_id"] == json.load(f)["eos_token_id"]
+  tokens = np.random.default_rng(1).integers(0, source["vocab_size"], (2, 10))
+  ours, theirs, _, exp = _library_and_hf_logits(config, workdir, export_dir, tokens)
+  assert_close(theirs, ours, steps=_export_roundings(exp.model_config, tokens.shape[1]))
+
+
 @pytest.mark.slow
-def test_run_from_a_tiny_hf_checkpoint_trains_and_exports(tmp_path, variant, family, template):
-  checkpoint = _hf_checkpoint(tmp_path / "hf", variant, family, template)
+def test_run_from_a_tiny_llama3_checkpoint_trains_and_exports(tmp_path):
+  """Llama 3.2 (tied, Llama 3 RoPE scaling) through the loop's own export; Qwen2 through the
+  command line's, after a resume (test_workdir.py's run from an HF checkpoint)."""
+  checkpoint = _hf_checkpoint(tmp_path / "hf", "llama3.2", "llama3", "llama3_1.jinja")
   config_path = _config_file(tmp_path, f"""
       config.model.checkpoint = {checkpoint!r}
       config.model.max_length = 640  # the family's chat template takes more tokens per path
@@ -283,26 +309,10 @@ def test_run_from_a_tiny_hf_checkpoint_trains_and_exports(tmp_path, variant, fam
   workdir = str(tmp_path / "run")
   result = _run(config_path, workdir)
   assert result.returncode == 0, result.stderr[-3000:]
-  # Exported by the loop's own export (the command line's is tested on the LoRA run above).
   from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
   config = _load_config(config_path)
   config.scale.num_devices = 1
-  export_dir = loop.export(config, workdir, str(tmp_path / "export"))
-  with open(os.path.join(export_dir, "config.json"), encoding="utf-8") as f:
-    exported = json.load(f)
-  with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as f:
-    source = json.load(f)
-  # The checkpoint decided the shape (the config's tiny model has another hidden size).
-  for key in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size",
-              "tie_word_embeddings"):
-    assert exported[key] == source[key], key
-  with open(os.path.join(export_dir, "generation_config.json"), encoding="utf-8") as f:
-    generation = json.load(f)
-  with open(os.path.join(checkpoint, "generation_config.json"), encoding="utf-8") as f:
-    assert generation["eos_token_id"] == json.load(f)["eos_token_id"]
-  tokens = np.random.default_rng(1).integers(0, source["vocab_size"], (2, 10))
-  ours, theirs, _, exp = _library_and_hf_logits(config_path, workdir, export_dir, tokens)
-  assert_close(theirs, ours, steps=_export_roundings(exp.model_config, tokens.shape[1]))
+  check_export(config, workdir, checkpoint, loop.export(config, workdir, str(tmp_path / "export")))
 
 
 def _refusal(config_path, workdir) -> str:

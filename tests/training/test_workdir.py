@@ -273,11 +273,10 @@ def test_train_from_an_hf_checkpoint_then_resume_export_and_eval_without_the_fla
   result = _run(f"--config={config}", f"--workdir={workdir}", "--mode=export",
                 f"--export_dir={export_dir}")
   assert result.returncode == 0, result.stderr[-3000:]
-  with open(os.path.join(export_dir, "config.json"), encoding="utf-8") as f:
-    exported = json.load(f)
-  with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as f:
-    # The checkpoint's two layers, not the configuration's one (a from-scratch model).
-    assert exported["num_hidden_layers"] == json.load(f)["num_hidden_layers"] == 2
+  # The checkpoint's shape, eos ids and logits: the record's checkpoint was exported.
+  recorded = hf._load_config(config)  # pylint: disable=protected-access
+  recorded.model.checkpoint = checkpoint
+  hf.check_export(recorded, workdir, checkpoint, export_dir)
   result = _run(f"--config={config}", f"--workdir={workdir}", "--mode=eval",
                 "--config.eval.num_tasks=2")  # an evaluation setting may differ
   assert result.returncode == 0, result.stderr[-3000:]
