@@ -256,14 +256,19 @@ def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_pat
   del saved["rollout"]["root_k"]
   with open(path, "w", encoding="utf-8") as f:
     json.dump(saved, f)
-  third = _compare(*args)
-  assert third.returncode == 0, third.stderr[-2000:]
-  assert third.stdout.count("finished, skipped") == 4
+  # (compare.py's plan of the same command line, in this process.)
+  config = importlib.import_module("experiments.configs.rooms").get_config("tiny")
+  config.eval.num_tasks = 1
+  third = compare.plan(config, ["bpo", "grpo"], 2, out)
+  assert len(third) == 4 and all(compare.finished(run, c.train.iterations) for run, c in third)
   # Finished runs of other settings are not reused.
-  other = _compare(*args, "--config.train.learning_rate=0.001")
-  assert other.returncode == 2
-  assert other.stderr.strip().endswith("holds a finished run with other settings "
-                                       "(train.learning_rate); use another --out")
+  config.train.learning_rate = 0.001
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as other:
+    compare.plan(config, ["bpo", "grpo"], 2, out)
+  assert other.value.code == 2
+  assert capsys.readouterr().err.strip().endswith("holds a finished run with other settings "
+                                                  "(train.learning_rate); use another --out")
   _check_task_outcomes(out, capsys)
 
 
