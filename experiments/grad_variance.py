@@ -9,8 +9,8 @@ Each finished run of `compare.py`'s OUT (the same `--config`, `--estimators`, `-
 `--first_seed` and `--out`) is measured (`training.gradient_variance`: `--draws` independent
 draws, at least 16 for a measurement) at `--checkpoints` of its kept checkpoints (first, middle,
 last; compare.py's runs keep every checkpoint they write), and the result saved as
-OUT/runs/EST/seedS/gradient_variance.json, which a later call with the same draws and
-checkpoints reuses. OUT's results.json, results.md and plots are then written again with
+OUT/runs/EST/seedS/gradient_variance.json with the code's commit and the command, which a later
+call with the same draws and checkpoints reuses. OUT's results.json, results.md and plots are then written again with
 E||g - mean g||^2 per method, its ratio to GRPO's and RLOO's, and the env steps per task the
 draws spent. The runs are measured one after another in this process.
 
@@ -107,11 +107,11 @@ def _reusable(path: str, draws: int, steps: list[int], params_of, params_from) -
 
 
 def measure(runs, draws: int, count: int, params_of: str | None = None, sources=None,
-            params_from: str | None = None) -> list:
+            params_from: str | None = None, provenance: dict | None = None) -> list:
   """Each run's gradient variance at `count` of its checkpoints (module docstring), saved
-  beside its metrics; with `params_of`, every run's method at the checkpoints of `params_of`'s
-  run of the same seed, among `sources` (default `runs`; the runs of `params_from` with
-  --params_from). Returns the runs it failed for."""
+  beside its metrics with `provenance` (`cli.provenance`); with `params_of`, every run's method
+  at the checkpoints of `params_of`'s run of the same seed, among `sources` (default `runs`;
+  the runs of `params_from` with --params_from). Returns the runs it failed for."""
   from bpo_jax.training import gradient_variance  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import settings  # pylint: disable=g-import-not-at-top
   sources = {(r.estimator, r.seed): (r, c) for r, c in (sources or runs)}
@@ -134,7 +134,8 @@ def measure(runs, draws: int, count: int, params_of: str | None = None, sources=
             f"{type(error).__name__}: {' '.join(str(error).split())}", file=sys.stderr)
       continue
     workdir_lib.write_json(path, {"draws": draws, "checkpoints": results,
-                                  "params_of": params_of, "params_from": params_from})
+                                  "params_of": params_of, "params_from": params_from,
+                                  "provenance": provenance})
     print(f"{run.estimator} seed {run.seed}: gradient variance at checkpoints {steps} "
           f"({draws} draws) in {time.perf_counter() - start:.0f} s")
     for r in results:
@@ -170,7 +171,8 @@ def main(argv):
   else:
     sources = None
   os.makedirs(out, exist_ok=True)
-  failed = measure(runs, draws, count, params_of, sources, params_from)
+  failed = measure(runs, draws, count, params_of, sources, params_from,
+                   cli.provenance("grad_variance.py", sys.argv[1:]))
   compare.write_results(runs, out, spec, params_of, trained=sources)
   if failed:
     sys.exit(1)

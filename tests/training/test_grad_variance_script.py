@@ -59,6 +59,10 @@ def test_the_variance_is_measured_at_each_runs_kept_checkpoints(trained, tmp_pat
   measured = json.load(open(os.path.join(out, "runs", "bpo", "seed0", "gradient_variance.json"),
                             encoding="utf-8"))
   assert measured["draws"] == 4 and [p["step"] for p in measured["checkpoints"]] == [0, 1, 2]
+  # What made it: the code's commit and the command.
+  assert len(measured["provenance"]["commit"]) == 40
+  assert measured["provenance"]["command"] == "python experiments/grad_variance.py " + " ".join(
+      [*args, "--draws=4"])
   for p in measured["checkpoints"]:
     assert p["draws"] == 4 and p["variance"] >= 0 and p["env_steps_per_task"] > 0
   results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
