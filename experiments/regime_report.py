@@ -2,6 +2,7 @@ r"""Rooms from a weak warm start: claims 1-3 over paired seeds, generated from t
 
   python experiments/regime_report.py            # rewrite the section of docs/RESULTS.md, the plot
   python experiments/regime_report.py --check    # exit 1 if the section is not what the files give
+  python experiments/regime_report.py --claim2=results/rooms_regime_claim2_64  # claim 2 from there
 
 The files are compare.py's runs under `--results` (default results/rooms_regime):
 runs/EST/seedS/{config.json, metrics.jsonl, summary.json}, each run's provenance.json (the code
@@ -128,9 +129,12 @@ def _read_json(path: str) -> dict:
       raise ValueError(f"{path} does not read: {error}") from None
 
 
-def load(results: str) -> dict:
+def load(results: str, claim2: str | None = None) -> dict:
   """{method: {seed: run}} of the finished runs under `results`/runs, each run
-  `aggregate.read_run`'s dict with its "provenance" (None where the file is missing)."""
+  `aggregate.read_run`'s dict with its "provenance" (None where the file is missing). With
+  `claim2`, a grad_variance.py output directory measured at these runs' checkpoints
+  (`--params_from`, e.g. with more draws), each run's gradient variance is the one in
+  `claim2`/runs/EST/seedS (none where that file is missing), not the run's own."""
   runs = {}
   for method in METHODS:
     for workdir in glob.glob(os.path.join(results, "runs", method, "seed*")):
@@ -144,6 +148,10 @@ def load(results: str) -> dict:
       path = os.path.join(workdir, REPLAYED)
       replay = _read_json(path) if os.path.exists(path) else {}
       run["replayed"], run["replay_commit"] = replay.get("outcomes", {}), replay.get("commit")
+      if claim2 is not None:
+        path = os.path.join(claim2, "runs", method, os.path.basename(workdir),
+                            aggregate.GRADIENT_VARIANCE_JSON)
+        run["gradient_variance"] = _read_json(path) if os.path.exists(path) else None
       runs.setdefault(method, {})[int(os.path.basename(workdir)[4:])] = run
   return runs
 
@@ -442,9 +450,14 @@ def main(argv) -> int:
   p.add_argument("--results", default=os.path.join(REPO, "results", "rooms_regime"))
   p.add_argument("--doc", default=os.path.join(REPO, "docs", "RESULTS.md"))
   p.add_argument("--check", action="store_true")
+  p.add_argument("--claim2", default=None,
+                 help="grad_variance.py's --out of a measurement at these runs' checkpoints "
+                      "(--params_from=RESULTS), read for claim 2 instead of the runs' own")
   args = p.parse_args(argv)
   try:
-    x = summarise(load(args.results))
+    if args.claim2 is not None and not os.path.isdir(os.path.join(args.claim2, "runs")):
+      raise OSError(f"--claim2={args.claim2}: no runs/ directory in it")
+    x = summarise(load(args.results, args.claim2))
     with open(args.doc, encoding="utf-8") as f:
       doc = f.read()
     new = splice(doc, section(x))

@@ -206,6 +206,36 @@ def test_claim2_against_rloo_alone(tmp_path):
   assert regime_report.claim2_lines(x)[-1].endswith("| not measured |")
 
 
+def test_claim2_from_another_measurement_of_the_same_checkpoints(tmp_path, capsys):
+  """`--claim2=DIR`: the gradient variances of DIR/runs/EST/seedS (grad_variance.py's
+  `--params_from` output, e.g. at more draws) replace the runs' own; a run DIR has not measured
+  counts as unmeasured; a DIR without runs/ is one line, exit 2."""
+  _fixture(str(tmp_path / "results"))
+  other = tmp_path / "more_draws"
+  for m, variance in (("bpo", 3.0), ("rloo", 4.0), ("grpo", 12.0)):
+    for s in SEEDS[:2]:  # seed 2 not measured there
+      os.makedirs(other / "runs" / m / f"seed{s}")
+      _write(str(other / "runs" / m / f"seed{s}" / "gradient_variance.json"), dict(
+          draws=64, params_of="bpo", checkpoints=[dict(
+              step=64, variance=variance, mean_sq_norm=1.0 + variance / 64, draws=64,
+              env_steps_per_task=20.0, tokens_per_task=100.0)]))
+  x = regime_report.summarise(regime_report.load(str(tmp_path / "results"), str(other)))
+  c = x["claim2"]
+  assert list(c) == [64] and c[64]["seeds"] == 2 and c[64]["draws"] == 64
+  assert c[64]["rloo_raw"]["ratio"] == pytest.approx(0.75)
+  assert c[64]["grpo_raw"]["ratio"] == pytest.approx(0.25)
+  assert c[64]["variance"] == dict(bpo=3.0, grpo=12.0, rloo=4.0)
+  # The rest of the report is the runs' own.
+  assert x == {**regime_report.summarise(regime_report.load(str(tmp_path / "results"))),
+               "claim2": c}
+  doc = tmp_path / "RESULTS.md"
+  doc.write_text(f"{regime_report.BEGIN}\n{regime_report.END}\n")
+  assert regime_report.main([f"--results={tmp_path / 'results'}", f"--doc={doc}",
+                             f"--claim2={tmp_path / 'none'}"]) == 2
+  err = capsys.readouterr().err
+  assert "--claim2=" in err and "no runs/ directory" in err and len(err.splitlines()) == 1
+
+
 def test_the_warm_start_pilot_resumes_after_each_finished_seed(tmp_path):
   """A seed counts as done once its last check (step == steps) is in the file."""
   from experiments import warm_start_pilot
