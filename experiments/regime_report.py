@@ -152,6 +152,11 @@ def load(results: str, claim2: str | None = None) -> dict:
         path = os.path.join(claim2, "runs", method, os.path.basename(workdir),
                             aggregate.GRADIENT_VARIANCE_JSON)
         run["gradient_variance"] = _read_json(path) if os.path.exists(path) else None
+      measured = (run["gradient_variance"] or {}).get("provenance")
+      if measured and run["provenance"] is not None:  # the measurement's own commit and command
+        run["provenance"] = dict(
+            run["provenance"], claim2_commit=measured["commit"],
+            commands=dict(run["provenance"]["commands"], gradient_variance=measured["command"]))
       runs.setdefault(method, {})[int(os.path.basename(workdir)[4:])] = run
   return runs
 
@@ -378,10 +383,12 @@ def claim2_lines(x: dict) -> list[str]:
 
 def provenance_line(x: dict) -> str:
   """The code commits and commands of the runs' provenance.json files; a warm start taken
-  from an earlier run of the same warm-start settings (`warm_start_commit`) is named."""
+  from an earlier run of the same warm-start settings (`warm_start_commit`) is named, and so
+  is a gradient_variance.json that records its own commit and command (`load`)."""
   known = [p for p in x["provenance"] if p]
   commits = sorted({p["commit"][:7] for p in known})
   warm = sorted({p["warm_start_commit"][:7] for p in known if "warm_start_commit" in p})
+  measured = sorted({p["claim2_commit"][:7] for p in known if "claim2_commit" in p})
   # One command per seed, the same but for --first_seed: written once, with S for the seed.
   commands = sorted({re.sub(r"--first_seed=\d+", "--first_seed=S", c)
                      for p in known for c in p["commands"].values()})
@@ -389,6 +396,8 @@ def provenance_line(x: dict) -> str:
   text = f"Code {', '.join(commits) or 'not recorded'}"
   if warm:
     text += f" (some seeds' warm starts, checkpoint 0, from runs at {', '.join(warm)})"
+  if measured:
+    text += f", claim 2 measured at {', '.join(measured)}"
   text += f"; commands (S: each seed): `{'`, `'.join(commands)}`"
   return text + (f"; {missing} runs without a provenance.json." if missing else ".")
 

@@ -230,6 +230,14 @@ def test_claim2_from_another_measurement_of_the_same_checkpoints(tmp_path, capsy
                "claim2": c}
   doc = tmp_path / "RESULTS.md"
   doc.write_text(f"{regime_report.BEGIN}\n{regime_report.END}\n")
+  # A measurement that records its commit and command is named in the provenance line.
+  path = other / "runs" / "bpo" / "seed0" / "gradient_variance.json"
+  saved = json.loads(path.read_text())
+  _write(str(path), dict(saved, provenance=dict(commit="123456789a", command="gv --first_seed=0")))
+  line = regime_report.provenance_line(regime_report.summarise(
+      regime_report.load(str(tmp_path / "results"), str(other))))
+  assert line == ("Code abcdef0, claim 2 measured at 1234567; commands (S: each seed): "
+                  "`fixture`, `gv --first_seed=S`.")
   assert regime_report.main([f"--results={tmp_path / 'results'}", f"--doc={doc}",
                              f"--claim2={tmp_path / 'none'}"]) == 2
   err = capsys.readouterr().err
