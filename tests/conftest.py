@@ -34,7 +34,7 @@ if "JAX_NUM_CPU_DEVICES" not in os.environ:
   jax.config.update("jax_num_cpu_devices", 8)
 
 
-# The longest file (a warm start, a run on a mesh and a run over two processes) starts first,
+# The longest file (a warm start, then a run over two processes on a mesh) starts first,
 # so that the other worker runs the other long files beside it.
 LONGEST_FILE = os.path.join("training", "test_mesh_loop.py")
 
