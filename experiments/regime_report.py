@@ -371,13 +371,14 @@ def claim2_lines(x: dict) -> list[str]:
   if not x["claim2"]:
     return ["Claim 2: not measured on these runs."]
   lines = ["| at BPO's checkpoint | seeds | draws | E‖g − ḡ‖² (mean over seeds) | BPO × RLOO "
-           "| seeds where BPO < RLOO | BPO × RLOO, relative | BPO × GRPO, relative |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| seeds where BPO < RLOO | BPO × RLOO, relative | BPO × GRPO, relative "
+           "| BPO × GRPO |", "|---|---|---|---|---|---|---|---|---|"]
   for step, c in x["claim2"].items():
     v = ", ".join(f"{NAMES[m]} {c['variance'][m]:.4g}" for m in c["variance"])
-    grpo = ratio(c["grpo_relative"]) if "grpo_relative" in c else "not measured"
+    grpo = [ratio(c[f"grpo_{k}"]) if f"grpo_{k}" in c else "not measured"
+            for k in ("relative", "raw")]
     lines.append(f"| {step} | {c['seeds']} | {c['draws']} | {v} | {ratio(c['rloo_raw'])} | "
-                 f"{c['below']} | {ratio(c['rloo_relative'])} | {grpo} |")
+                 f"{c['below']} | {ratio(c['rloo_relative'])} | {grpo[0]} | {grpo[1]} |")
   return lines
 
 

@@ -99,7 +99,9 @@ def test_report_reproduces_the_figures(tmp_path):
   # BPO's final success 0.7 ± 0.248414, inside [0, 1].
   assert "| BPO | 0.700 [0.452, 0.948] | 20.0 | 100 |" in text
   # Claim 2 at the shared checkpoint: variances 1, 4, 2 on every seed.
-  assert "| 0 | 3 | 16 | BPO 1, GRPO 4, RLOO 2 | 0.50 [0.50, 0.50] | 3 |" in text
+  # (‖E g‖² = 1 on every seed: the relative ratios equal the raw ones.)
+  assert ("| 0 | 3 | 16 | BPO 1, GRPO 4, RLOO 2 | 0.50 [0.50, 0.50] | 3 | 0.50 [0.50, 0.50] "
+          "| 0.25 [0.25, 0.25] | 0.25 [0.25, 0.25] |\n") in text
   # Claim 3: GRPO's mean final 0.533; BPO's mean curve (0.367, 0.617, 0.7) stays above it from
   # update 1, GRPO's own (0.367, 0.492, 0.533) from update 2.
   assert "GRPO) mean final success, 0.533" in text
