@@ -10,9 +10,9 @@ Each finished run of `compare.py`'s OUT (the same `--config`, `--estimators`, `-
 draws, at least 16 for a measurement) at `--checkpoints` of its kept checkpoints (first, middle,
 last; compare.py's runs keep every checkpoint they write), and the result saved as
 OUT/runs/EST/seedS/gradient_variance.json with the code's commit and the command, which a later
-call with the same draws and checkpoints reuses. OUT's results.json, results.md and plots are then written again with
-E||g - mean g||^2 per method, its ratio to GRPO's and RLOO's, and the env steps per task the
-draws spent. The runs are measured one after another in this process.
+call with the same draws and checkpoints reuses. OUT's results.json, results.md and plots are
+then written again with E||g - mean g||^2 per method, its ratio to GRPO's and RLOO's, and the
+env steps per task the draws spent. The runs are measured one after another in this process.
 
 With `--params=EST`, every method of `--estimators` is measured at the checkpoints of EST's run
 of the same seed, so the variances compare estimators at identical parameters rather than each

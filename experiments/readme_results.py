@@ -64,8 +64,7 @@ def regime_row(x: dict) -> str:
   # Claim 3 counts evaluations; each is `every` updates.
   c3 = dict(c3, methods={m: dict(v, updates=None if v["updates"] is None else v["updates"] * every)
                          for m, v in c3["methods"].items()})
-  claim2 = (ratio(x["claim2"][max(x["claim2"])]["rloo_raw"]) if x["claim2"]
-            else "–")
+  claim2 = ratio(x["claim2"][max(x["claim2"])]["rloo_raw"]) if x["claim2"] else "–"
   return (f"| rooms, weak warm start, {x['eval_tasks']} tasks | {len(x['seeds'])} "
           f"| {ci(x['final']['bpo'])} | {regime_report.NAMES[best]} {ci(x['final'][best])} "
           f"| {ci(x['difference'][best])} | {claim2} | {_reached(c3, last)} |")

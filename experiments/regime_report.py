@@ -2,7 +2,7 @@ r"""Rooms from a weak warm start: claims 1-3 over paired seeds, generated from t
 
   python experiments/regime_report.py            # rewrite the section of docs/RESULTS.md, the plot
   python experiments/regime_report.py --check    # exit 1 if the section is not what the files give
-  python experiments/regime_report.py --claim2=results/rooms_regime_claim2_64  # claim 2 from there
+  python experiments/regime_report.py --claim2=DIR  # claim 2 from grad_variance.py's --out DIR
 
 The files are compare.py's runs under `--results` (default results/rooms_regime):
 runs/EST/seedS/{config.json, metrics.jsonl, summary.json}, each run's provenance.json (the code

@@ -97,10 +97,10 @@ def variance_moments(draws_sq_dev, mean_sq_norm, draws: int) -> tuple[np.ndarray
 def variance_ratio(num: tuple, den: tuple, *, relative: bool, seed: int = 0) -> dict:
   """Ratio of two methods' mean variances over seeds (raw, or each over its mean ‖E g‖²), with
   a 95% percentile bootstrap interval over seeds. `num`, `den`: (var[seeds], sq_norm[seeds])."""
-  def ratio(index):
-    a = num[0][index].mean() / (num[1][index].mean() if relative else 1.0)
-    b = den[0][index].mean() / (den[1][index].mean() if relative else 1.0)
-    return float(a / b)
+  def ratios(rows):  # the ratio of the means over each row's seeds
+    a = np.asarray(num[0])[rows].mean(-1) / (np.asarray(num[1])[rows].mean(-1) if relative else 1.0)
+    b = np.asarray(den[0])[rows].mean(-1) / (np.asarray(den[1])[rows].mean(-1) if relative else 1.0)
+    return a / b
   if not (np.any(np.asarray(den[0]) > 0) and (not relative or np.mean(den[1]) > 0)
           and (not relative or np.mean(num[1]) > 0)):
     return dict(ratio=None, low=None, high=None)  # no variance (or no mean gradient) to compare
@@ -108,9 +108,8 @@ def variance_ratio(num: tuple, den: tuple, *, relative: bool, seed: int = 0) -> 
   rng = np.random.default_rng(seed)
   rows = np.stack([rng.integers(0, n, n) for _ in range(BOOTSTRAP)])  # one resample per row
   with np.errstate(divide="ignore", invalid="ignore"):  # a resample may hold no variance
-    a = np.asarray(num[0])[rows].mean(1) / (np.asarray(num[1])[rows].mean(1) if relative else 1.0)
-    b = np.asarray(den[0])[rows].mean(1) / (np.asarray(den[1])[rows].mean(1) if relative else 1.0)
-    boot = a / b
+    boot = ratios(rows)
   boot = boot[np.isfinite(boot)]
-  return dict(ratio=ratio(np.arange(n)), low=float(np.percentile(boot, 100 * (1 - LEVEL) / 2)),
+  return dict(ratio=float(ratios(np.arange(n))),
+              low=float(np.percentile(boot, 100 * (1 - LEVEL) / 2)),
               high=float(np.percentile(boot, 100 * (1 + LEVEL) / 2)))
