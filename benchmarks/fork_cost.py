@@ -64,7 +64,7 @@ def _filled_state(sampler: sampling.Sampler, prefix: int) -> sampling.DecodeStat
     cache = paged.with_room(cache, lengths)
     cache.book.trim(lengths)
   fill = lambda x: jnp.full(x.shape, 0.5, x.dtype)
-  cache = cache.replace(keys=tuple(map(fill, cache.keys)), values=tuple(map(fill, cache.values)),
+  cache = cache.replace(keys=jax.tree.map(fill, cache.keys), values=jax.tree.map(fill, cache.values),
                         lengths=jnp.asarray(lengths))
   return ds.replace(cache=cache)
 

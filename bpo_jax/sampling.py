@@ -84,8 +84,8 @@ from bpo_jax.models.config import ModelConfig
 from bpo_jax.models.decoder import check_attend_length
 from bpo_jax.models.decoder import forward
 from bpo_jax.models.decoder import ForwardOptions
-from bpo_jax.models.decoder import KVCache
 from bpo_jax.models.decoder import logprobs_and_entropy_from_logits, stacked_layer_state
+from bpo_jax.models.kv_cache import KVCache
 from bpo_jax.models import paged
 # The bucket rules live beside the enumeration of the shapes they give; callers find them here.
 from bpo_jax.sampling_shapes import MIN_ATTEND_LENGTH  # pylint: disable=unused-import
@@ -400,11 +400,9 @@ def write_cache_window(cache: KVCache, window_cache: KVCache) -> KVCache:
 
 def _loop_cache(graphdef, state, cache, window: int):
   """(the cache `generate`'s loop works on, the stacked layers or None): a dense cache cut to
-  the window and, if the model scans its layers, the cache's and the model's layers stacked once
-  rather than at every step (`ForwardOptions.layer_stack`); a paged cache as it is."""
-  if isinstance(cache, paged.PagedKVCache):
-    return cache, None
-  if window < cache.max_length:
+  the window (a paged cache as it is) and, if the model scans its layers, the model's layers and
+  the cache's stacked once rather than at every step (`ForwardOptions.layer_stack`)."""
+  if window < cache.max_length and not isinstance(cache, paged.PagedKVCache):
     cache = cache_window(cache, window)
   layer_stack = stacked_layer_state(graphdef, state)
   return (cache, None) if layer_stack is None else (cache.to_stacked(), layer_stack)

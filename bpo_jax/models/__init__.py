@@ -22,10 +22,10 @@ from bpo_jax.models.config import ModelConfig
 from bpo_jax.models.decoder import Decoder
 from bpo_jax.models.decoder import forward
 from bpo_jax.models.decoder import ForwardOptions
-from bpo_jax.models.decoder import KVCache
 from bpo_jax.models.decoder import logprobs_and_entropy_from_logits
 from bpo_jax.models.decoder import rope_inverse_frequencies
 from bpo_jax.models.decoder import token_logprobs_and_entropy
+from bpo_jax.models.kv_cache import KVCache
 from bpo_jax.models.lora import BASE_PARAMS
 from bpo_jax.models.lora import LoRAParam
 from bpo_jax.models.lora import merge_lora

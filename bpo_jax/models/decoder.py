@@ -24,15 +24,16 @@ A caller that knows more about its shapes than the model does (the sampler) may 
 `options=ForwardOptions(...)`, keyword only, to skip work the plain call would do; the numbers
 stay those of the plain call (see `ForwardOptions`).
 
-The cache is a pytree passed in and out (`KVCache`), with a fixed number of slots so shapes stay
-static; forking rows is a gather on the batch axis (`KVCache.take_rows`). A
-`paged.PagedKVCache` (pools of pages and a page table per row, forks sharing pages) is taken
-the same way and gives the same numbers up to the summation order of attention.
+The cache is a pytree passed in and out: the dense `kv_cache.KVCache` (a fixed number of slots
+per row, so shapes stay static; forking rows is a gather on the batch axis), or a
+`paged.PagedKVCache` (pools of pages and a page table per row, forks sharing pages), which is
+taken the same way and gives the same numbers up to the summation order of attention. With
+`scan_layers` either cache rides in the carry of one `lax.scan` over the layers.
 """
 
 import functools
 import math
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import flax.struct
 import jax
@@ -43,79 +44,7 @@ from flax import nnx
 from bpo_jax.models import lora
 from bpo_jax.models import paged
 from bpo_jax.models.config import Llama3RopeScaling, ModelConfig
-
-
-@flax.struct.dataclass
-class KVCache:
-  """Per-layer keys and values for B rows of at most `max_length` tokens each.
-
-  Attributes:
-    keys: one [B, num_kv_heads, head_dim, S] array per layer (keys after RoPE), stored
-      transposed so that a decoding step's scores `q · K` are a plain batched matmul over the
-      slots (with [S, head_dim] keys XLA CPU's batched matmul is ~3x slower at decode sizes).
-    values: one [B, num_kv_heads, S, head_dim] array per layer.
-    lengths: [B] int32, number of valid slots of each row (slots `0..lengths[b]-1`).
-  """
-  keys: tuple
-  values: tuple
-  lengths: jax.Array
-
-  @classmethod
-  def init(cls, config: ModelConfig, batch_size: int, max_length: int,
-           dtype=None) -> "KVCache":
-    """An empty cache of `batch_size` rows and `max_length` slots per row."""
-    if batch_size <= 0 or max_length <= 0:
-      raise ValueError(f"batch_size and max_length must be positive, got {batch_size}, "
-                       f"{max_length}")
-    dtype = dtype or config.compute_dtype
-    shape = (batch_size, config.num_kv_heads, max_length, config.head_dim)
-    key_shape = (batch_size, config.num_kv_heads, config.head_dim, max_length)
-    zeros = lambda s: tuple(jnp.zeros(s, dtype) for _ in range(config.num_layers))
-    return cls(keys=zeros(key_shape), values=zeros(shape),
-               lengths=jnp.zeros((batch_size,), jnp.int32))
-
-  @property
-  def batch_size(self) -> int:
-    return self.lengths.shape[0]
-
-  @property
-  def max_length(self) -> int:
-    return self.values[0].shape[2]
-
-  def take_rows(self, rows) -> "KVCache":
-    """The cache of rows `rows` (a gather on the batch axis; rows may repeat)."""
-    rows = jnp.asarray(rows, jnp.int32)
-    return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), self)
-
-  def attend_span(self, attend_length: int) -> int:
-    """Slots attention reads for a window of `attend_length` slots (all of them)."""
-    return attend_length
-
-  def layer(self, i: int, write_slots, input_lengths, span: int) -> tuple:
-    """Layer i's (keys, values); a `paged.PagedKVCache` gives a `paged.PagedLayer`."""
-    del write_slots, input_lengths, span
-    return self.keys[i], self.values[i]
-
-  def to_stacked(self) -> "KVCache":
-    """The same cache with keys and values each one array of a leading layer axis ([L, B,
-    ...], one copy; `keys[i]` is still layer i): what a scanned layer stack carries."""
-    if not isinstance(self.keys, tuple):
-      return self
-    return self.replace(keys=jnp.stack(self.keys), values=jnp.stack(self.values))
-
-  def to_layers(self) -> "KVCache":
-    """The same cache as tuples of per-layer arrays (one copy), its layout between calls."""
-    if isinstance(self.keys, tuple):
-      return self
-    return self.replace(keys=tuple(self.keys), values=tuple(self.values))
-
-
-class StackedLayer(NamedTuple):
-  """Layer `index` (a traced int32) of a stacked cache's keys [L, B, Hkv, D, S] and values
-  [L, B, Hkv, S, D]: what a scanned layer reads and writes, in place in the scan's carry."""
-  keys: jax.Array
-  values: jax.Array
-  index: jax.Array
+from bpo_jax.models.kv_cache import KVCache, StackedLayer, write_stacked
 
 
 @flax.struct.dataclass
@@ -142,7 +71,7 @@ class ForwardOptions:
       that runs many steps with the same weights passes a tied embedding transposed once (see
       `sampling.Sampler.unembedding`). The logits are the same up to the matmul's summation
       order.
-    layer_stack: (`scan_layers`, a dense cache) the layers' state stacked (`stacked_layer_state`)
+    layer_stack: (`scan_layers`) the layers' state stacked (`stacked_layer_state`)
       by a caller that runs many steps with the same weights (`sampling.generate`, once before
       its loop), in place of stacking it in every call. Unused when the last layer works at
       `logits_at` alone.
@@ -263,18 +192,6 @@ def attend_pages(q: jax.Array, layer: paged.PagedLayer, mask: jax.Array, dtype) 
   return attend(q, k.astype(dtype), v.astype(dtype), mask, dtype)
 
 
-def _write_stacked(layer: StackedLayer, k: jax.Array, v: jax.Array, write_slots) -> tuple:
-  """The stacked (keys, values) with the new tokens k, v [B, T, Hkv, D] written into layer
-  `layer.index` at slots `write_slots` [B, T] (a scatter into the whole stack, done in place
-  in a scan's carry; slots past the end are dropped, as for a per-layer cache)."""
-  rows = jnp.arange(k.shape[0])[:, None]
-  i = layer.index
-  keys = layer.keys.at[i, rows, :, :, write_slots].set(k.astype(layer.keys.dtype), mode="drop")
-  values = layer.values.at[i, rows, :, write_slots].set(v.astype(layer.values.dtype),
-                                                        mode="drop")
-  return keys, values
-
-
 def _normal(rngs: nnx.Rngs, shape, dtype, stddev=0.02):
   return nnx.Param(stddev * jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype))
 
@@ -385,7 +302,7 @@ class Attention(nnx.Module):
       layer_cache = paged.write(layer_cache, k, v)
       new_cache = (layer_cache.keys, layer_cache.values)
     elif isinstance(layer_cache, StackedLayer):
-      new_cache = _write_stacked(layer_cache, k, v, write_slots)
+      new_cache = write_stacked(layer_cache, k, v, write_slots)
       k, v = new_cache[0][layer_cache.index], new_cache[1][layer_cache.index]
     elif layer_cache is not None:
       cached_k, cached_v = layer_cache
@@ -515,15 +432,17 @@ class Decoder(nnx.Module):
         x = step(layer_state, x)
     return x
 
-  def _scanned_layers_with_cache(self, x, cos, sin, mask, cache: KVCache, write_slots,
+  def _scanned_layers_with_cache(self, x, cos, sin, mask, cache, write_slots, input_lengths,
                                  last_query_at=None, layer_stack=None):
-    """The layer stack of a dense-cache forward as one `lax.scan` (`scan_layers`): (output,
-    the cache with the new keys and values, in the layout it came in).
+    """The layer stack of a cached forward as one `lax.scan` (`scan_layers`): (output, the
+    cache with the new keys and values, in the layout it came in).
 
-    The layers' weights are stacked as in `_layers_without_cache`, and the per-layer caches
-    too (`KVCache.to_stacked`, unless they are already, as in `sampling.generate`'s loop); the
-    stacked cache rides in the scan's carry, and step i writes its new tokens into layer i's
-    slice and attends over it, so XLA compiles one layer body whatever the depth.
+    The layers' weights are stacked as in `_layers_without_cache`. A dense cache's per-layer
+    arrays are stacked too (`KVCache.to_stacked`, unless they are already, as in
+    `sampling.generate`'s loop); a paged cache's pools already hold every layer. The cache's
+    arrays ride in the scan's carry, and step i writes its new tokens into layer i's part
+    (`layer_in_scan`: a dense cache's slice, a paged cache's pages offset by i·P) and attends
+    over it, so XLA compiles one layer body whatever the depth.
     `last_query_at` [B, K]: the last layer runs its queries at those steps only (see
     `ForwardOptions.logits_at`), as one more layer body after the scan over the others.
     `layer_stack`: the layers' state already stacked (`ForwardOptions.layer_stack`).
@@ -539,19 +458,23 @@ class Decoder(nnx.Module):
       else:
         graphdef, states = _stack_layers(layers)
 
+      span = mask.shape[-1]
+
       def body(carry, xs):
         h, keys, values = carry
         layer_state, index = xs
-        h, (keys, values) = nnx.merge(graphdef, layer_state)(
-            h, cos, sin, mask, StackedLayer(keys, values, index), write_slots)
+        view = stacked.layer_in_scan(keys, values, index, write_slots, input_lengths, span)
+        h, (keys, values) = nnx.merge(graphdef, layer_state)(h, cos, sin, mask, view,
+                                                             write_slots)
         return (h, keys, values), None
 
       (x, keys, values), _ = jax.lax.scan(
           body, (x, keys, values), (states, jnp.arange(len(layers), dtype=jnp.int32)))
     if last_query_at is not None:
       index = jnp.asarray(len(layers), jnp.int32)
-      x, (keys, values) = last(x, cos, sin, mask, StackedLayer(keys, values, index),
-                               write_slots, last_query_at)
+      view = stacked.layer_in_scan(keys, values, index, write_slots, input_lengths,
+                                   mask.shape[-1])
+      x, (keys, values) = last(x, cos, sin, mask, view, write_slots, last_query_at)
     new_cache = stacked.replace(keys=keys, values=values)
     return x, new_cache.to_layers() if isinstance(cache.keys, tuple) else new_cache
 
@@ -590,26 +513,24 @@ class Decoder(nnx.Module):
     b, t = tokens.shape
     logits_at, unembedding = options.logits_at, options.unembedding
     x, cos, sin = self._embed_and_rope(tokens, positions)
-    new_keys, new_values = [], []
     # With a cache, the last layer's output is read only where logits are wanted: it runs its
     # queries and MLP there alone, unless that is every step anyway (a decoding step).
     narrow = cache is not None and logits_at is not None and logits_at.shape[1] < t
+    new_cache = cache
     if cache is None:
       x = self._layers_without_cache(x, cos, sin, mask)
-    elif self.config.scan_layers and isinstance(cache, KVCache):
+    elif self.config.scan_layers:
       x, new_cache = self._scanned_layers_with_cache(x, cos, sin, mask, cache, write_slots,
+                                                     input_lengths,
                                                      logits_at if narrow else None,
                                                      options.layer_stack)
-      new_keys, new_values = new_cache.keys, new_cache.values
     else:
       last = len(self.layers) - 1
       for i, layer in enumerate(self.layers):
-        layer_cache = cache.layer(i, write_slots, input_lengths, mask.shape[-1])
-        x, (keys, values) = layer(x, cos, sin, mask, layer_cache, write_slots,
-                                  logits_at if narrow and i == last else None)
-        new_keys.append(keys)
-        new_values.append(values)
-      new_keys, new_values = tuple(new_keys), tuple(new_values)
+        layer_cache = new_cache.layer(i, write_slots, input_lengths, mask.shape[-1])
+        x, keys_values = layer(x, cos, sin, mask, layer_cache, write_slots,
+                               logits_at if narrow and i == last else None)
+        new_cache = new_cache.with_layer(i, keys_values)
     if logits_at is not None and not narrow:
       x = _at_steps(x, logits_at)
     x = self.final_norm(x)
@@ -625,9 +546,7 @@ class Decoder(nnx.Module):
       return logits, None
     if input_lengths is None:
       input_lengths = jnp.full((b,), t, jnp.int32)
-    new_cache = cache.replace(keys=new_keys, values=new_values,
-                              lengths=cache.lengths + input_lengths.astype(jnp.int32))
-    return logits, new_cache
+    return logits, new_cache.replace(lengths=cache.lengths + input_lengths.astype(jnp.int32))
 
   def _positions_and_mask(self, tokens, positions, attention_mask, cache, input_lengths,
                           options: ForwardOptions):

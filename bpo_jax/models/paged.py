@@ -1,10 +1,16 @@
 """A paged KV cache: per-layer pools of fixed-size pages and a page table per row.
 
-Layout. Each layer's keys and values live in a pool of P pages of `page_size` slots,
-[num_kv_heads, P, page_size, head_dim] (the layout of the Pallas paged-attention ops). Row b's
-slot s (token position s) is slot `s % page_size` of page `page_table[b, s // page_size]`. Page 0
-is the null page: it is never allocated, unallocated table entries point at it, nothing is ever
-written to it, and the attention mask hides whatever a row reads there.
+Layout. Keys live in one pool of L·P pages of `page_size` slots, [num_kv_heads, L·P,
+page_size, head_dim] (the layout of the Pallas paged-attention ops), values in another: layer
+i's page p is pool page `i·P + p`, so a page id names the same P pages in every layer and one
+page table serves them all. Row b's slot s (token position s) is slot `s % page_size` of page
+`page_table[b, s // page_size]`. Page 0 is the null page: it is never allocated, unallocated
+table entries point at it, nothing is ever written to it, and the attention mask hides whatever
+a row reads there.
+
+One pool for all layers is what lets a scanned layer stack (`ModelConfig.scan_layers`) carry
+the cache: step i reads and writes its layer's pages by offsetting the table by i·P (a traced
+offset), with no slice or copy of a layer's pool, and the Pallas op takes the whole pool too.
 
 Bookkeeping (`PageBook`, on the host, numpy): the page table, how many pages each row holds
 (always `ceil(length / page_size)` after a sampler call), each row's length, a reference count
@@ -220,20 +226,23 @@ class PagedKVCache:
   """Keys and values of B rows in per-layer page pools (see the module docstring).
 
   Attributes:
-    keys: one [num_kv_heads, P, page_size, head_dim] pool per layer (keys after RoPE).
-    values: one pool of the same shape per layer.
+    keys: [num_kv_heads, L·P, page_size, head_dim], the pool of every layer's keys (after
+      RoPE): layer i's page p is page `i·P + p`.
+    values: the values' pool, of the same shape.
     page_table: [B, pages_per_row] int32, the device copy of `book.table`.
     lengths: [B] int32, number of valid slots of each row.
     max_length: (static) slots per row, at most `pages_per_row * page_size`.
+    num_layers: (static) L.
     kernel: (static) the attention of one-token steps: one of `KERNELS`.
     dtype: (static) the keys' and values' dtype; the pools hold `storage_dtype(dtype)`.
     book: (static) the host `PageBook`; None inside compiled calls (`without_book`).
   """
-  keys: tuple
-  values: tuple
+  keys: jax.Array
+  values: jax.Array
   page_table: jax.Array
   lengths: jax.Array
   max_length: int = flax.struct.field(pytree_node=False, default=0)
+  num_layers: int = flax.struct.field(pytree_node=False, default=1)
   kernel: str = flax.struct.field(pytree_node=False, default="portable")
   dtype: str = flax.struct.field(pytree_node=False, default="float32")
   book: Optional[PageBook] = flax.struct.field(pytree_node=False, default=None)
@@ -253,12 +262,11 @@ class PagedKVCache:
     num_pages = batch_size * pages_per_row + 1
     page_bytes = 2 * config.num_layers * config.num_kv_heads * page_size * config.head_dim
     book = PageBook(batch_size, pages_per_row, page_size, num_pages, page_bytes * dtype.itemsize)
-    shape = (config.num_kv_heads, num_pages, page_size, config.head_dim)
-    zeros = lambda: tuple(jnp.zeros(shape, storage_dtype(dtype))
-                          for _ in range(config.num_layers))
+    shape = (config.num_kv_heads, config.num_layers * num_pages, page_size, config.head_dim)
+    zeros = lambda: jnp.zeros(shape, storage_dtype(dtype))
     return cls(keys=zeros(), values=zeros(), page_table=jnp.asarray(book.table),
                lengths=jnp.zeros((batch_size,), jnp.int32), max_length=max_length,
-               kernel=kernel, dtype=dtype.name, book=book)
+               num_layers=config.num_layers, kernel=kernel, dtype=dtype.name, book=book)
 
   @property
   def batch_size(self) -> int:
@@ -266,11 +274,12 @@ class PagedKVCache:
 
   @property
   def page_size(self) -> int:
-    return self.keys[0].shape[2]
+    return self.keys.shape[2]
 
   @property
   def num_pages(self) -> int:
-    return self.keys[0].shape[1]
+    """P, the pages of one layer (the pool holds L·P)."""
+    return self.keys.shape[1] // self.num_layers
 
   def attend_span(self, attend_length: int) -> int:
     """Slots attention reads for a window of `attend_length`: whole pages."""
@@ -279,30 +288,46 @@ class PagedKVCache:
   def without_book(self) -> "PagedKVCache":
     return self.replace(book=None)
 
-  def layer(self, i: int, write_slots: jax.Array, input_lengths: Optional[jax.Array],
+  def layer(self, i, write_slots: jax.Array, input_lengths: Optional[jax.Array],
             span: int) -> "PagedLayer":
-    """Layer i's pools, where its new tokens go and the pages a window of `span` slots reads.
+    """Layer i's view (i an int or a traced int32): the pools, the pool pages its new tokens
+    go to and the pool pages a window of `span` slots reads (the table offset by i·P).
 
     Tokens past a row's `input_lengths` and slots past `max_length` are not written (their page
-    is P, out of range, and the write drops them).
+    is L·P, out of range, and the write drops them).
     """
     ps, (b, t) = self.page_size, write_slots.shape
+    offset = i * self.num_pages
     index = jnp.minimum(write_slots // ps, self.page_table.shape[1] - 1)
-    pages = jnp.take_along_axis(self.page_table, index, axis=1)
+    pages = jnp.take_along_axis(self.page_table, index, axis=1) + offset
     real = write_slots < self.max_length
     if input_lengths is not None:
       real &= jnp.arange(t)[None, :] < input_lengths[:, None]
-    pages = jnp.where(real, pages, self.num_pages)
-    return PagedLayer(keys=self.keys[i], values=self.values[i],
-                      table=self.page_table[:, :span // ps], write_pages=pages,
+    pages = jnp.where(real, pages, self.keys.shape[1])
+    return PagedLayer(keys=self.keys, values=self.values,
+                      table=self.page_table[:, :span // ps] + offset, write_pages=pages,
                       write_offsets=write_slots % ps, kernel=self.kernel, dtype=self.dtype)
+
+  def layer_in_scan(self, keys, values, i, write_slots, input_lengths, span) -> "PagedLayer":
+    """Layer i's view of the pools `keys`, `values` that a scan over the layers carries."""
+    return self.replace(keys=keys, values=values).layer(i, write_slots, input_lengths, span)
+
+  def to_stacked(self) -> "PagedKVCache":
+    """Itself: its pools already hold every layer (what a scanned layer stack carries)."""
+    return self
+
+  def with_layer(self, i: int, keys_values: tuple) -> "PagedKVCache":
+    """The cache after layer i wrote its tokens: the pools that layer returned."""
+    del i
+    return self.replace(keys=keys_values[0], values=keys_values[1])
 
 
 class PagedLayer(NamedTuple):
   """One layer's view of a `PagedKVCache` during a forward call.
 
-  keys, values: the layer's pools; table: [B, n] the pages attention reads, in slot order;
-  write_pages, write_offsets: [B, T] where each new token's key and value go (page P: dropped);
+  keys, values: the pools (every layer's); table: [B, n] the pool pages attention reads, in slot
+  order; write_pages, write_offsets: [B, T] where each new token's key and value go (a page
+  past the pool: dropped);
   kernel: one of `KERNELS`; dtype: the values' dtype (the pools may store their bits,
   `storage_dtype`).
   """
@@ -394,26 +419,35 @@ def kernel_attend(q: jax.Array, layer: PagedLayer, lengths: jax.Array) -> jax.Ar
   return out.reshape(b, hkv, g, 1, d)
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
-def _grow_pools(pools, extra: int):
-  """The pools with `extra` zero pages after their pages (a new, larger buffer: nothing to
-  donate)."""
-  grow = lambda p: jnp.concatenate([p, jnp.zeros(p.shape[:1] + (extra,) + p.shape[2:], p.dtype)],
-                                   axis=1)
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _grow_pools(pools, extra: int, num_layers: int):
+  """The pools with `extra` zero pages after each layer's P pages (a new, larger buffer:
+  nothing to donate)."""
+  def grow(p):
+    h, total, ps, d = p.shape
+    p = p.reshape(h, num_layers, total // num_layers, ps, d)
+    return jnp.pad(p, ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))).reshape(h, -1, ps, d)
   return jax.tree.map(grow, pools)
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def _copy_pages(pools, source: jax.Array, destination: jax.Array):
-  """Pages `source` copied onto pages `destination` in every pool (destination P: no copy)."""
-  return jax.tree.map(lambda p: p.at[:, destination].set(p[:, source], mode="drop"), pools)
+@functools.partial(jax.jit, static_argnums=(3,), donate_argnums=(0,))
+def _copy_pages(pools, source: jax.Array, destination: jax.Array, num_layers: int):
+  """Pages `source` copied onto pages `destination` in every layer of every pool (destination
+  P: no copy)."""
+  def copy(p):
+    per_layer = p.shape[1] // num_layers
+    shift = (jnp.arange(num_layers, dtype=jnp.int32) * per_layer)[:, None]
+    src = (source[None, :] + shift).reshape(-1)
+    dst = jnp.where(destination[None, :] < per_layer, destination[None, :] + shift, p.shape[1])
+    return p.at[:, dst.reshape(-1)].set(p[:, src], mode="drop")
+  return jax.tree.map(copy, pools)
 
 
 def _grown(cache: PagedKVCache, short: int) -> PagedKVCache:
   """The cache with at least `short` more free pages: the pool doubles (or grows by `short`),
   a copy of the pool counted in `stats`; the input's pools are left intact."""
   extra = max(short, cache.num_pages)
-  keys, values = _grow_pools((cache.keys, cache.values), extra)
+  keys, values = _grow_pools((cache.keys, cache.values), extra, cache.num_layers)
   book = cache.book
   book.add_pages(extra)
   book.stats["pool_growths"] += 1
@@ -448,7 +482,7 @@ def _with_copies(cache: PagedKVCache, source: list[int], destination: list[int])
     pad = (1 << (len(source) - 1).bit_length()) - len(source)
     keys, values = _copy_pages(
         (keys, values), jnp.asarray(source + [NULL_PAGE] * pad, jnp.int32),
-        jnp.asarray(destination + [cache.num_pages] * pad, jnp.int32))
+        jnp.asarray(destination + [cache.num_pages] * pad, jnp.int32), cache.num_layers)
   return cache.replace(keys=keys, values=values, page_table=jnp.asarray(cache.book.table),
                        lengths=jnp.asarray(cache.book.lengths, jnp.int32))
 

@@ -44,9 +44,17 @@ def _filled(lengths, page_size=16, max_length=4160):
                                   kernel="portable")
   cache = paged.with_room(cache, lengths)
   cache.book.trim(np.asarray(lengths))
-  ids = jnp.arange(cache.num_pages, dtype=jnp.float32)[None, :, None, None]
-  keys = tuple(jnp.broadcast_to(ids, k.shape) for k in cache.keys)
+  ids = jnp.tile(jnp.arange(cache.num_pages, dtype=jnp.float32), cache.num_layers)
+  keys = jnp.broadcast_to(ids[None, :, None, None], cache.keys.shape)
   return cache.replace(keys=keys, lengths=jnp.asarray(lengths, jnp.int32))
+
+
+def _pages(cache, pages):
+  """Pages `pages` of every layer of the keys' pool (its first head): pool pages l·P + page,
+  [L, len(pages), page_size, head_dim]."""
+  pages = np.atleast_1d(np.asarray(pages))
+  shift = np.arange(cache.num_layers)[:, None] * cache.num_pages
+  return np.asarray(cache.keys[0, shift + pages[None, :]])
 
 
 @pytest.mark.parametrize("offset", [0, 5])
@@ -69,7 +77,7 @@ def test_a_forks_work_does_not_depend_on_the_prefix_length(offset):
       last = table[:4, full]
       assert len(set(last.tolist())) == 4 and (book.counts[last] == 1).all()
       # A copy holds its source page's contents: the source's id in every slot.
-      copied = np.asarray(forked.keys[0][0, last[1:]])
+      copied = _pages(forked, last[1:])  # in every layer
       assert (copied == last[0]).all()
     assert book.pages_in_use() == full + (4 if offset else 0) + 1  # row 1: one page
   assert work[0] == work[1]
@@ -102,7 +110,7 @@ def test_cutting_a_row_back_copies_its_shared_last_page():
   assert table[1, 1] != shared[1] and table[1, 2] == paged.NULL_PAGE
   assert counts[shared[1]] == 1 and counts[table[1, 1]] == 1 and counts[shared[2]] == 1
   assert np.asarray(cache.lengths).tolist() == [24, 10]
-  assert (np.asarray(cache.keys[0][0, table[1, 1]]) == shared[1]).all()
+  assert (_pages(cache, table[1, 1]) == shared[1]).all()
   with pytest.raises(ValueError, match="cannot cut it to 30"):
     paged.truncate(cache, {1: 30})
 
@@ -235,7 +243,7 @@ def test_placing_a_row_in_a_free_slot_shares_its_pages():
   assert (counts[table[0, :2]] == 3).all() and len({table[0, 2], table[2, 2], table[3, 2]}) == 3
   assert (table[1] == row1).all() and cache.book.stats["pages_copied"] == 2
   assert np.asarray(cache.lengths).tolist() == [21, 9, 21, 21]
-  assert (np.asarray(cache.keys[1][0, table[3, 2]]) == table[0, 2]).all()  # the copy's contents
+  assert (_pages(cache, table[3, 2]) == table[0, 2]).all()  # the copy's contents
   cache = paged.release(cache, [2])
   assert (counts[table[0, :2]] == 2).all() and cache.book.pages_in_use() == 3 + 2 + 1
   assert np.asarray(cache.lengths).tolist() == [21, 9, 0, 21]

@@ -104,8 +104,9 @@ def _decode(config, params, page_size=0):
 @pytest.mark.parametrize("page_size", [0, 8])
 def test_scanned_decode_samples_the_unrolled_tokens(page_size):
   """The sampler's programs with the layers scanned (the dense cache's layers stacked in the
-  scan's carry; a paged cache runs the layer loop) draw the same tokens for the same keys, and
-  their logprobs and entropies agree within a cached forward's roundings."""
+  scan's carry, or the paged cache's pools, each layer at its pages' offset) draw the same
+  tokens for the same keys, and their logprobs and entropies agree within a cached forward's
+  roundings."""
   _, params = nnx.split(Decoder(BASE, rngs=nnx.Rngs(3)))
   unrolled = _decode(BASE, params, page_size)
   scanned = _decode(BASE.replace(scan_layers=True), params, page_size)
@@ -117,12 +118,17 @@ def test_scanned_decode_samples_the_unrolled_tokens(page_size):
       assert_close(a, b, steps=steps, magnitude=max(1.0, float(np.abs(b).max())))
 
 
-def _decode_program(config):
+def _decode_program(config, page_size=0):
   """The text of the sampler's decode loop (`generate`) lowered for 2 rows of 32 slots, and
-  of a continued prefill (`append`)."""
+  of a continued prefill (`append`), on the dense cache or a paged one (pages of
+  `page_size`)."""
   graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))))
-  sampler = sampling.Sampler(graphdef, config, 32)
-  ds = jax.eval_shape(lambda: sampling.init_decode_state(config, 2, 32))
+  sampler = sampling.Sampler(graphdef, config, 32, page_size=page_size)
+  if page_size:  # as a compiled call takes it: the host's bookkeeping left out
+    ds = sampler.init_state(2)
+    ds = ds.replace(cache=ds.cache.without_book())
+  else:
+    ds = jax.eval_shape(lambda: sampling.init_decode_state(config, 2, 32))
   generate = sampler.lower_generate(state, ds, jax.random.key(0),
                                     sampling.SamplingParams(max_new_tokens=4),
                                     jnp.ones((2,), bool)).as_text()
@@ -132,13 +138,14 @@ def _decode_program(config):
 
 
 @pytest.mark.slow
-def test_the_scanned_decode_program_does_not_grow_with_depth():
+@pytest.mark.parametrize("page_size", [0, 8])
+def test_the_scanned_decode_program_does_not_grow_with_depth(page_size):
   """From 2 to 8 layers the scanned decode loop keeps its matmuls (one layer body) and its
-  text grows by under 10% (the stacking of each layer's weights and cache: a line or two per
-  layer); the layer loop's doubles."""
+  text grows by under 10% (the stacking of each layer's weights, and of a dense cache: a line
+  or two per layer); the layer loop's doubles. The same with a paged cache."""
   shallow, deep = (BASE.replace(num_layers=n) for n in (2, 8))
   for scan in (True, False):
-    (gen2, app2), (gen8, app8) = (_decode_program(c.replace(scan_layers=scan))
+    (gen2, app2), (gen8, app8) = (_decode_program(c.replace(scan_layers=scan), page_size)
                                   for c in (shallow, deep))
     dots = [text.count("dot_general") for text in (gen2, gen8, app2, app8)]
     lines = [len(text.splitlines()) for text in (gen2, gen8)]
