@@ -5,6 +5,8 @@
 #   bash benchmarks/device_check.sh OUT_DIR
 #
 # 1. the host: nvidia-smi's GPU, JAX's devices (refuses to go on without a JAX GPU backend);
+#    then, where pytest imports, the paged cache's tests with the Pallas op itself on the GPU
+#    (paged_tests.txt);
 # 2. the Qwen2.5-0.5B shape (24 layers, vocabulary 151,936, bfloat16 random weights, rank-16
 #    adapters, rooms_qwen2_5's trees), BPO then GRPO, two iterations each (the first compiles):
 #    qwen2_5_0_5b.json (pretrained_iteration.py --json: compile seconds per program, compiles in
@@ -12,7 +14,8 @@
 #    compile as it happens: what a run cut by the time limit leaves);
 # 3. figures.json: decode tokens/s against the memory-bandwidth bound, update tokens/s and
 #    model-flops utilisation (device_figures.py);
-# 4. with time left, the Qwen2.5-1.5B shape the same way.
+# 4. with time left, the 0.5B shape again with a paged KV cache of 16-slot pages
+#    (qwen2_5_0_5b_paged16.json and its figures), then the Qwen2.5-1.5B shape as in 2.
 #
 # DEVICE_CHECK_SECONDS sets the time budget (default 460); for a rehearsal of the script on a
 # CPU host, DEVICE_CHECK_ALLOW_CPU=1 goes on without a GPU and DEVICE_CHECK_ARGS adds arguments
@@ -52,13 +55,23 @@ if [[ $? -ne 0 && -z "${DEVICE_CHECK_ALLOW_CPU:-}" ]]; then
 fi
 log "GPU: $chip; $(cat "$out/jax.txt")"
 
-# One preset's BPO and GRPO iterations within `seconds`; 0 when its JSON was written.
+if python -c 'import pytest' 2> /dev/null; then
+  timeout 150 python -m pytest -q -p no:cacheprovider tests/models/test_paged.py \
+    > "$out/paged_tests.txt" 2>&1
+  log "paged cache tests (exit $?): $(tail -n 1 "$out/paged_tests.txt")"
+else
+  log "pytest does not import: the paged cache's tests were not run"
+fi
+
+# One preset's BPO and GRPO iterations within `seconds`, on a paged cache of `page` slots per
+# page (0: the dense cache); 0 when its JSON was written.
 measure() {
-  local preset=$1 seconds=$2 name=${1//[.-]/_}
-  log "$preset: up to $seconds s"
+  local preset=$1 seconds=$2 page=${3:-0} name=${1//[.-]/_}
+  [[ $page -gt 0 ]] && name="${name}_paged$page"
+  log "$preset (page size $page): up to $seconds s"
   timeout --signal=INT --kill-after=20 "$seconds" \
     python benchmarks/pretrained_iteration.py --json --preset="$preset" --iterations=2 \
-      --compile_cache="$out/jax_cache" ${DEVICE_CHECK_ARGS:-} \
+      --kv_page_size="$page" --compile_cache="$out/jax_cache" ${DEVICE_CHECK_ARGS:-} \
       > "$out/$name.json.part" 2> "$out/$name.log"
   local status=$?
   if [[ $status -ne 0 ]]; then
@@ -76,6 +89,12 @@ left=$((budget - (SECONDS - start)))
 measure qwen2.5-0.5b "$left"
 status=$?
 [[ $status -eq 0 ]] && cp "$out/figures_qwen2_5_0_5b.json" "$out/figures.json"
+left=$((budget - (SECONDS - start)))
+if [[ $status -eq 0 && $left -gt 150 ]]; then
+  measure qwen2.5-0.5b "$left" 16
+else
+  log "no time left for the paged cache ($left s)"
+fi
 left=$((budget - (SECONDS - start)))
 if [[ $status -eq 0 && $left -gt 150 ]]; then
   measure qwen2.5-1.5b "$left"

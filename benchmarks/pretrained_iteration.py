@@ -17,13 +17,14 @@ log and progress bar go to stderr, with the time each step took.
 
     python benchmarks/pretrained_iteration.py [--json] [--config rooms_qwen2_5]
         [--preset qwen2_5_0_5b] [--iterations 4] [--tasks N] [--shape num_layers=2,...]
-        [--compile_cache DIR] [--startup_compile on|off|auto]
+        [--compile_cache DIR] [--startup_compile on|off|auto] [--kv_page_size N]
 
 `--shape` overrides preset fields (a smaller model for a CPU check); `--tasks` sets
 `rollout.tasks_per_iteration`; `--compile_cache` the runs' `scale.compile_cache_dir` (default
 "none": each process compiles what it runs, so the compile figures do not depend on an earlier
 run); `--startup_compile` the runs' `scale.startup_compile` (default "on": the closed program
-set compiled before the first rollout, `training/startup.py`). With --json: one object with, per estimator, the medians (`iteration_s`, `rollout_s`,
+set compiled before the first rollout, `training/startup.py`); `--kv_page_size` the runs'
+`model.kv_page_size` (default 0: the dense cache; N: a paged cache of N-slot pages). With --json: one object with, per estimator, the medians (`iteration_s`, `rollout_s`,
 `update_s`, `phase_s` per rollout phase and the estimator's packing, `decode_tokens_per_s`,
 `processed_tokens_per_s`, `update_tokens_per_s` (the packed trees' tokens over the update's
 seconds), `decode_steps`, `decode_s`, `tokens_decoded`, `update_tokens`), `param_bytes` (the
@@ -96,11 +97,13 @@ def write_checkpoint(config, preset: str, shape: dict[str, int], directory: str)
   chat_tokenizers.save_family_tokenizer(tokenizer, "qwen2", directory)
 
 
-def world_config(name: str, estimator: str, checkpoint: str, iterations: int, tasks: int):
+def world_config(name: str, estimator: str, checkpoint: str, iterations: int, tasks: int,
+                 kv_page_size: int = 0):
   from experiments.configs import base  # pylint: disable=g-import-not-at-top
   config = importlib.import_module(f"experiments.configs.{name}").get_config()
   config = base.with_estimator(config, estimator)
   config.model.checkpoint = checkpoint
+  config.model.kv_page_size = kv_page_size
   config.train.iterations = iterations
   config.eval.every = 0
   config.eval.num_tasks = 1
@@ -178,7 +181,8 @@ def run_one(args) -> dict:
   counter = compile_cache.CompileCounter()
   marks = _counted_iterations(counter, progress)
   kept = _captured_program_set()
-  config = world_config(args.config, args.estimator, args.checkpoint, args.iterations, args.tasks)
+  config = world_config(args.config, args.estimator, args.checkpoint, args.iterations, args.tasks,
+                        args.kv_page_size)
   config.scale.compile_cache_dir = args.compile_cache
   config.scale.startup_compile = args.startup_compile
   workdir = os.path.join(args.workdir, args.estimator)
@@ -223,11 +227,13 @@ def _check_configs(parser, args):
   if not os.path.isfile(os.path.join(ROOT, "experiments", "configs", f"{args.config}.py")):
     parser.error(f"--config={args.config}: no experiments/configs/{args.config}.py")
   for estimator in ESTIMATORS:
-    config = world_config(args.config, estimator, "", args.iterations, args.tasks)
+    config = world_config(args.config, estimator, "", args.iterations, args.tasks,
+                          args.kv_page_size)
     try:
       config_lib.validate(config, "train", None)
     except config_lib.ConfigError as error:
-      parser.error(f"--config={args.config} --tasks={args.tasks} for {estimator}: "
+      parser.error(f"--config={args.config} --tasks={args.tasks} "
+                   f"--kv_page_size={args.kv_page_size} for {estimator}: "
                    f"{' '.join(str(error).split())}")
 
 
@@ -244,6 +250,8 @@ def main():
                       "compiles what it runs; '' for the run's default cache)")
   p.add_argument("--startup_compile", default="on", choices=("on", "off", "auto"),
                  help="scale.startup_compile of the runs (default on)")
+  p.add_argument("--kv_page_size", type=int, default=0,
+                 help="model.kv_page_size of the runs (default 0: the dense cache)")
   p.add_argument("--estimator", help=argparse.SUPPRESS)
   p.add_argument("--checkpoint", help=argparse.SUPPRESS)
   p.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -274,7 +282,8 @@ def main():
                  f"--iterations={args.iterations}", f"--tasks={args.tasks}",
                  f"--estimator={estimator}", f"--checkpoint={checkpoint}", f"--workdir={tmp}",
                  f"--compile_cache={args.compile_cache}",
-                 f"--startup_compile={args.startup_compile}"]
+                 f"--startup_compile={args.startup_compile}",
+                 f"--kv_page_size={args.kv_page_size}"]
       start = time.perf_counter()
       done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
       print(f"{estimator} run in {time.perf_counter() - start:.0f} s", file=sys.stderr)
@@ -283,6 +292,7 @@ def main():
       figures[estimator] = json.loads(done.stdout.strip().splitlines()[-1])
   bpo, grpo = figures["bpo"], figures["grpo"]
   figures.update(config=args.config, preset=args.preset, shape=shape,
+                 kv_page_size=args.kv_page_size,
                  bpo_over_grpo_iteration_time=bpo["iteration_s"] / grpo["iteration_s"])
   if args.json:
     print(json.dumps(figures, sort_keys=True))

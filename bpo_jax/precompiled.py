@@ -94,9 +94,13 @@ def _abstract_unembedding(sampler: sampling.Sampler, params, batch: int):
 
 def _lower(sampler: sampling.Sampler, params, key: ProgramKey, limits: sampling.SamplingParams):
   """The `jax.stages.Lowered` of the sampler's program `key` on abstract `params`, in the
-  calling convention of `Sampler.append` / `Sampler.generate` (dense cache, one device)."""
-  state = jax.eval_shape(lambda: sampling.init_decode_state(sampler.config, key.batch,
-                                                            sampler.max_length))
+  calling convention of `Sampler.append` / `Sampler.generate` (one device; a paged state as
+  a compiled call takes it: its fixed pool, the host's bookkeeping left out)."""
+  if sampler.page_size:
+    state = jax.eval_shape(lambda: _without_book(sampler.init_state(key.batch)))
+  else:
+    state = jax.eval_shape(lambda: sampling.init_decode_state(sampler.config, key.batch,
+                                                              sampler.max_length))
   unembedding = _abstract_unembedding(sampler, params, key.batch)
   rows = jax.ShapeDtypeStruct((key.batch,), jnp.int32)
   if key.name == "append":
@@ -112,13 +116,26 @@ def _lower(sampler: sampling.Sampler, params, key: ProgramKey, limits: sampling.
                    unembedding=unembedding, settings=abstract(limits.settings()))
 
 
+def _without_book(decode_state):
+  return decode_state.replace(cache=decode_state.cache.without_book())
+
+
 def compile_sampler_programs(programs: ProgramSet, sampler: sampling.Sampler, params,
                              keys: Iterable[ProgramKey]) -> None:
   """Compiles the sampler's `keys` (`sampling_shapes.sampler_program_keys`) into `programs`
-  for the policy's abstract `params`, at `programs.limits`. The sampler must be the dense,
-  donating one of a rollout engine (`Sampler(..., donate=True)`, page size 0)."""
-  if not sampler.donate or sampler.page_size:
+  for the policy's abstract `params`, at `programs.limits`. The sampler must be the donating
+  one of a rollout engine (`Sampler(..., donate=True)`), with the dense cache or a paged one of
+  a fixed pool (`pool_pages`)."""
+  if not sampler.donate or (sampler.page_size and not sampler.pool_pages):
     raise ValueError("start-up programs are the rollout engine's: a donating sampler with the "
-                     "dense cache")
+                     "dense cache or a paged one of a fixed pool")
+  keys = list(keys)
   for key in keys:
     programs.compile(key, lambda key=key: _lower(sampler, params, key, programs.limits))
+  if sampler.page_size:  # forks into free slots move their next logits (`Sampler.place`)
+    for batch in sorted({key.batch for key in keys}):
+      logits = jax.ShapeDtypeStruct((batch, sampler.config.vocab_size), jnp.float32)
+      rows = jax.ShapeDtypeStruct((batch,), jnp.int32)
+      programs.compile(ProgramKey("place_logits", batch, 0, 0),
+                       lambda logits=logits, rows=rows: sampling._place_logits.lower(  # pylint: disable=protected-access
+                           logits, rows, rows))

@@ -555,7 +555,7 @@ class Sampler:
   """
 
   def __init__(self, graphdef, config: ModelConfig, max_length: int, donate: bool = False,
-               page_size: int = 0, kernel: str = "auto", programs=None):
+               page_size: int = 0, kernel: str = "auto", programs=None, pool_pages: int = 0):
     """`donate`: `append` and `generate` (keeping the state) take over the buffers of the
     DecodeState passed in and write the result into them, so a row set's cache is in memory
     once rather than twice during a call; the caller must not read that DecodeState again
@@ -565,7 +565,9 @@ class Sampler:
     many slots, whose forks share pages; 0: the dense cache of `max_length` slots per row.
     A paged state is used linearly: every call that takes one and returns a state consumes
     it, `donate` or not. `kernel`: the paged attention of one-token steps (`paged.KERNELS`).
-    Paged states are made on one device (no mesh).
+    `pool_pages` > 0: every paged state's pool holds that many pages per layer, whatever its
+    rows, so its programs keep their shapes (0: a batch's dense size, grown when rows need
+    more). Paged states are made on one device (no mesh).
 
     `programs`: a `precompiled.ProgramSet` holding this sampler's `append` and `generate`
     compiled for a closed set of shapes (`ProgramKey`); a call whose shape it holds runs that
@@ -573,12 +575,15 @@ class Sampler:
     """
     if page_size < 0:
       raise ValueError(f"page_size must be >= 0 (0 = the dense cache), got {page_size}")
+    if pool_pages < 0:
+      raise ValueError(f"pool_pages must be >= 0 (0 = a batch's dense size), got {pool_pages}")
     self.graphdef = graphdef
     self.config = config
     self.max_length = max_length
     self.donate = donate
     self.page_size = page_size
     self.kernel = kernel
+    self.pool_pages = pool_pages
     self.programs = programs
     self._unembedding = None  # (the embedding array it was made from, its transpose)
 
@@ -614,7 +619,7 @@ class Sampler:
         raise ValueError("a paged KV cache is made on one device; decode on a mesh with the "
                          "dense cache (page size 0)")
       cache = paged.PagedKVCache.init(self.config, batch_size, self.max_length, self.page_size,
-                                      self.kernel)
+                                      self.kernel, num_pages=self.pool_pages or None)
       return DecodeState(cache=cache,
                          next_logits=jnp.zeros((batch_size, self.config.vocab_size), jnp.float32))
     if mesh is None:
@@ -663,7 +668,7 @@ class Sampler:
     args = (state, decode_state, jax.device_put(tokens), jax.device_put(lengths))
     kwargs = dict(unembedding=self.unembedding(state, decode_state.batch_size))
     key = ProgramKey("append", decode_state.batch_size, tokens.shape[1], window)
-    out = self._run(key, book is None and self.donate, args, kwargs,
+    out = self._run(key, self.donate and self._in_set_layout(decode_state), args, kwargs,
                     functools.partial(append, self.graphdef, attend_length=window))
     if book is not None:
       book.lengths = book.lengths + lengths
@@ -679,13 +684,15 @@ class Sampler:
     pairs = [(int(src), int(dst)) for src, dst in pairs]
     if not pairs:
       return decode_state
-    size = 1 << (len(pairs) - 1).bit_length()  # one compile per power of two of pairs
-    src = [p[0] for p in pairs] + [0] * (size - len(pairs))
-    dst = [p[1] for p in pairs] + [decode_state.batch_size] * (size - len(pairs))
-    return DecodeState(cache=paged.place(decode_state.cache, pairs),
-                       next_logits=_place_logits(decode_state.next_logits,
-                                                 jnp.asarray(src, jnp.int32),
-                                                 jnp.asarray(dst, jnp.int32)))
+    # Padded to the batch (each destination is a distinct row): one program per batch size.
+    batch = decode_state.batch_size
+    src = [p[0] for p in pairs] + [0] * (batch - len(pairs))
+    dst = [p[1] for p in pairs] + [batch] * (batch - len(pairs))
+    args = (decode_state.next_logits, jax.device_put(np.asarray(src, np.int32)),
+            jax.device_put(np.asarray(dst, np.int32)))
+    next_logits = self._run(ProgramKey("place_logits", batch, 0, 0),
+                            self._in_set_layout(decode_state), args, {}, _place_logits)
+    return DecodeState(cache=paged.place(decode_state.cache, pairs), next_logits=next_logits)
 
   def release(self, decode_state: DecodeState, rows: Sequence[int]) -> DecodeState:
     """Rows emptied and their pages released: free slots (paged cache only)."""
@@ -754,7 +761,8 @@ class Sampler:
                   settings=params.settings())
     # The set holds the engine's decode loops: donating when they keep the state, with rows
     # marked active, at the engine's limits.
-    eligible = (book is None and active is not None and (self.donate or not keep_state)
+    eligible = (self._in_set_layout(decode_state) and active is not None
+                and (self.donate or not keep_state)
                 and getattr(self.programs, "limits", None) == params.limits())
     out_state, out = self._run(
         program, eligible, (state, decode_state, key), kwargs,
@@ -763,6 +771,14 @@ class Sampler:
     if book is not None and keep_state:
       out_state = out_state.replace(cache=paged.settle(out_state.cache.replace(book=book)))
     return out_state, out
+
+  def _in_set_layout(self, decode_state: DecodeState) -> bool:
+    """Whether a state is laid out as the program set's programs take it: a dense cache, or a
+    paged one whose pool has the sampler's fixed `pool_pages` (a pool that had to grow past
+    them has other shapes)."""
+    if not _is_paged(decode_state):
+      return True
+    return bool(self.pool_pages) and decode_state.cache.num_pages == self.pool_pages
 
   def _run(self, key: ProgramKey, eligible: bool, args: tuple, kwargs: dict, compile_on_call):
     """`compile_on_call(*args, **kwargs)`, or the executable `self.programs` holds for `key`

@@ -86,6 +86,8 @@ class ProgramKey(NamedTuple):
       return f"train_step[rows={self.batch},length={self.tokens}]"
     if self.name == "estimator":  # `batch` stacked trees of `tokens` nodes
       return f"estimator[trees={self.batch},capacity={self.tokens}]"
+    if self.name == "place_logits":  # a paged cache's forks into free slots
+      return f"place_logits[batch={self.batch}]"
     if self.name == "append":
       return f"append[batch={self.batch},tokens={self.tokens},window={self.window}]"
     probe = "" if self.keep_state else ",probe"

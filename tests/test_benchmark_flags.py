@@ -12,8 +12,11 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "pretrained_iteration.py")
 
 
 @pytest.mark.parametrize("flags, expected", [
-    (["--tasks=1"], "error: --config=rooms_qwen2_5 --tasks=1 for bpo: invalid configuration: "
-                    "rollout.trunk_baseline = 'batch': needs at least 2 trees per iteration"),
+    (["--tasks=1"], "error: --config=rooms_qwen2_5 --tasks=1 --kv_page_size=0 for bpo: invalid "
+                    "configuration: rollout.trunk_baseline = 'batch': needs at least 2 trees per "
+                    "iteration"),
+    (["--kv_page_size=-1"], "for bpo: invalid configuration: model.kv_page_size = -1: must be "
+                            ">= 0"),
     (["--config=nope"], "error: --config=nope: no experiments/configs/nope.py"),
     (["--iterations=1"], "error: --iterations=1: must be >= 2"),
 ])

@@ -249,9 +249,10 @@ class PagedKVCache:
 
   @classmethod
   def init(cls, config, batch_size: int, max_length: int, page_size: int, kernel: str = "auto",
-           dtype=None) -> "PagedKVCache":
-    """Empty rows; the pool holds `batch_size * pages_per_row` pages plus the null page (the
-    dense cache's size), and grows when rows need more."""
+           dtype=None, num_pages: Optional[int] = None) -> "PagedKVCache":
+    """Empty rows; the pool holds `num_pages` pages per layer (the null page included), by
+    default `batch_size * pages_per_row` plus the null page (the dense cache's size), and grows
+    when rows need more."""
     if batch_size <= 0 or max_length <= 0 or page_size <= 0:
       raise ValueError(f"batch_size, max_length and page_size must be positive, got "
                        f"{batch_size}, {max_length}, {page_size}")
@@ -259,12 +260,15 @@ class PagedKVCache:
       raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     dtype = jnp.dtype(dtype or config.compute_dtype)
     pages_per_row = -(-max_length // page_size)
-    num_pages = batch_size * pages_per_row + 1
+    if num_pages is None:
+      num_pages = batch_size * pages_per_row + 1
+    if num_pages < 2:
+      raise ValueError(f"a pool needs the null page and at least one more, got {num_pages}")
     page_bytes = 2 * config.num_layers * config.num_kv_heads * page_size * config.head_dim
     book = PageBook(batch_size, pages_per_row, page_size, num_pages, page_bytes * dtype.itemsize)
     shape = (config.num_kv_heads, config.num_layers * num_pages, page_size, config.head_dim)
     zeros = lambda: jnp.zeros(shape, storage_dtype(dtype))
-    return cls(keys=zeros(), values=zeros(), page_table=jnp.asarray(book.table),
+    return cls(keys=zeros(), values=zeros(), page_table=_to_device(book.table),
                lengths=jnp.zeros((batch_size,), jnp.int32), max_length=max_length,
                num_layers=config.num_layers, kernel=kernel, dtype=dtype.name, book=book)
 
@@ -284,6 +288,14 @@ class PagedKVCache:
   def attend_span(self, attend_length: int) -> int:
     """Slots attention reads for a window of `attend_length`: whole pages."""
     return -(-attend_length // self.page_size) * self.page_size
+
+  def copy_slots(self, copies: int) -> int:
+    """The length a call's list of `copies` page copies is padded to: the most rows the pool
+    holds (⌊(P − 1) / (pages per row + 1)⌋, `training.translate.kv_pool_pages` inverted), at
+    least one copy per row a fork makes, so a pool of one size copies with one program; a
+    power of two past that."""
+    rows = (self.num_pages - 1) // (self.page_table.shape[1] + 1)
+    return max(rows, 1) if copies <= rows else 1 << (copies - 1).bit_length()
 
   def without_book(self) -> "PagedKVCache":
     return self.replace(book=None)
@@ -419,6 +431,12 @@ def kernel_attend(q: jax.Array, layer: PagedLayer, lengths: jax.Array) -> jax.Ar
   return out.reshape(b, hkv, g, 1, d)
 
 
+def _to_device(host) -> jax.Array:
+  """Host integers as a device int32 array, by a transfer of a copy (`jnp.asarray` would run
+  a small compiled program per shape, and the host arrays change after the call)."""
+  return jax.device_put(np.array(host, np.int32))
+
+
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _grow_pools(pools, extra: int, num_layers: int):
   """The pools with `extra` zero pages after each layer's P pages (a new, larger buffer:
@@ -464,27 +482,27 @@ def with_room(cache: PagedKVCache, lengths_after) -> PagedKVCache:
   if short:
     cache = _grown(cache, short)
   cache.book.reserve(lengths_after)
-  return cache.replace(page_table=jnp.asarray(cache.book.table))
+  return cache.replace(page_table=_to_device(cache.book.table))
 
 
 def settle(cache: PagedKVCache) -> PagedKVCache:
   """After a call whose row lengths the host did not know in advance (a decode loop): reads
   them and releases the pages past each row's last token."""
   cache.book.trim(np.asarray(cache.lengths))
-  return cache.replace(page_table=jnp.asarray(cache.book.table))
+  return cache.replace(page_table=_to_device(cache.book.table))
 
 
 def _with_copies(cache: PagedKVCache, source: list[int], destination: list[int]) -> PagedKVCache:
-  """The pools with pages `source` copied onto `destination` (padded to a power of two, so the
-  copy compiles once per bucket), the device page table and lengths from the book."""
+  """The pools with pages `source` copied onto `destination` (padded to `copy_slots`, so the
+  copy compiles once per pool size), the device page table and lengths from the book."""
   keys, values = cache.keys, cache.values
   if source:
-    pad = (1 << (len(source) - 1).bit_length()) - len(source)
+    pad = cache.copy_slots(len(source)) - len(source)
     keys, values = _copy_pages(
-        (keys, values), jnp.asarray(source + [NULL_PAGE] * pad, jnp.int32),
-        jnp.asarray(destination + [cache.num_pages] * pad, jnp.int32), cache.num_layers)
-  return cache.replace(keys=keys, values=values, page_table=jnp.asarray(cache.book.table),
-                       lengths=jnp.asarray(cache.book.lengths, jnp.int32))
+        (keys, values), _to_device(source + [NULL_PAGE] * pad),
+        _to_device(destination + [cache.num_pages] * pad), cache.num_layers)
+  return cache.replace(keys=keys, values=values, page_table=_to_device(cache.book.table),
+                       lengths=_to_device(cache.book.lengths))
 
 
 def truncate(cache: PagedKVCache, lengths: dict[int, int]) -> PagedKVCache:

@@ -61,6 +61,9 @@ class RolloutConfig:
       cache of n-slot pages (`models.paged`): a fork shares its source's pages and copies at
       most the last one, and a tree's cache holds a shared prefix once. The same trees either
       way, up to the rounding of attention's sums.
+    kv_pool_pages: (a paged cache) the pages per layer of every paged state the engine makes,
+      fixed so that its programs keep their shapes (`training.translate.kv_pool_pages`: room
+      for the most rows a run decodes at once); 0: a batch's dense size, grown on demand.
     batch_buckets: batch sizes the device sees (rows padded up; beyond the largest, multiples
       of it), so `generate` and `append` compile a bounded number of times.
     capacity: nodes per `RolloutTree`; default `max_leaves * max_turns` (tree) or
@@ -90,6 +93,7 @@ class RolloutConfig:
   top_k: int = 0
   max_length: int = 320
   kv_page_size: int = 0
+  kv_pool_pages: int = 0
   batch_buckets: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
   capacity: int | None = None
   state_ids: str = "none"
@@ -110,6 +114,8 @@ class RolloutConfig:
       value = getattr(self, name)
       if value is not None and value < 1:
         raise ValueError(f"RolloutConfig.{name} must be positive or None, got {value}")
+    if self.kv_pool_pages < 0:
+      raise ValueError(f"RolloutConfig.kv_pool_pages must be >= 0, got {self.kv_pool_pages}")
     if self.kv_page_size < 0:
       raise ValueError(f"RolloutConfig.kv_page_size must be >= 0 (0: the dense cache), got "
                        f"{self.kv_page_size}")

@@ -109,7 +109,8 @@ class RolloutEngine:
     self.pool = pool
     # Each call's decode state replaces the last: the sampler reuses its buffers.
     self.sampler = sampling.Sampler(graphdef, model_config, config.max_length, donate=True,
-                                    page_size=config.kv_page_size, programs=programs)
+                                    page_size=config.kv_page_size,
+                                    pool_pages=config.kv_pool_pages, programs=programs)
     self.sampling_params = config.sampling_params(fmt.stop_token_ids)
     self._calls = itertools.count()
 

@@ -23,7 +23,8 @@ the set still runs, compiled on its call, and counts as a miss (`ProgramSet.miss
 would otherwise stall the first iteration (GEMM autotuning per shape), and leaves it off on the
 CPU, where a short run meets a few of the set's shapes and compiling the others costs more than
 the run saves; "on" and "off" force it. The set covers one device; a run on a mesh of several, or
-with a paged KV cache, compiles its programs on their first call.
+compiles its programs on their first call. A paged KV cache's pool has one size for the whole
+run (`translate.kv_pool_pages`), so its programs are in the set as the dense cache's are.
 """
 
 from __future__ import annotations
@@ -60,17 +61,9 @@ def wanted(setting: str, platform: str | None = None) -> bool:
 
 
 def max_decode_rows(settings, process_count: int = 1) -> int:
-  """The most rows one process decodes at once: its share of the iteration's trees (tasks x
-  trees per task, split over the processes) times a tree's most live branches (BPO: its leaves,
-  since every branch ends in one; a group: its episodes), or its share of the held-out tasks
-  (one episode each), whichever is more. Example: 2 tasks x 1 tree x 4 leaves, 4 held-out tasks
-  → 8."""
-  rollout = translate.rollout_config(settings)
-  branches = (rollout.episodes_per_group if rollout.topology == "group"
-              else rollout.max_leaves or rollout.node_capacity)
-  trees = settings.rollout.tasks_per_iteration * settings.rollout.trees_per_task
-  share = lambda n: -(-n // process_count)
-  return max(share(trees) * branches, share(settings.eval.num_tasks))
+  """The most rows one process decodes at once (`translate.decode_rows` of the run's training
+  rollouts)."""
+  return translate.decode_rows(settings, translate.rollout_config(settings), process_count)
 
 
 def update_row_lengths(settings) -> list[int]:
@@ -176,11 +169,10 @@ def compile_threshold(programs: precompiled.ProgramSet, settings) -> None:
                          running, entropy, mask, quantile=float(quantile), decay=decay))
 
 
-def applies(settings, rollout_config, placement) -> bool:
+def applies(settings, placement) -> bool:
   """Whether the run compiles its set at start-up: `scale.startup_compile` says so for this
-  platform, and the run decodes on one device with the dense cache (what the set covers)."""
-  return (wanted(settings.scale.startup_compile) and placement.mesh is None
-          and not rollout_config.kv_page_size)
+  platform, and the run decodes on one device (what the set covers)."""
+  return wanted(settings.scale.startup_compile) and placement.mesh is None
 
 
 def start(exp, setup, params, compile_set: bool = True) -> tuple[Any, Any, Callable, dict | None]:
@@ -194,7 +186,7 @@ def start(exp, setup, params, compile_set: bool = True) -> tuple[Any, Any, Calla
   settings = exp.settings
   config = translate.rollout_config(settings)
   programs = None
-  if compile_set and applies(settings, config, setup.placement):
+  if compile_set and applies(settings, setup.placement):
     programs = precompiled.ProgramSet(config.sampling_params(exp.fmt.stop_token_ids).limits())
   exp = dataclasses.replace(exp, programs=programs)
   engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,

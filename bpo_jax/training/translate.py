@@ -10,6 +10,8 @@ that they compile the same step for the same settings.
 
 from __future__ import annotations
 
+import dataclasses
+
 import optax
 
 from bpo_jax import packing
@@ -70,9 +72,43 @@ def row_buckets(settings: Settings) -> tuple[int, ...]:
   return tuple(buckets)
 
 
+def decode_rows(settings: Settings, config: rollout_lib.RolloutConfig,
+                process_count: int = 1) -> int:
+  """The most rows one process decodes at once, for the training rollouts' `config`: its share
+  of the iteration's trees (tasks x trees per task, split over the processes) times a tree's
+  most live branches (BPO: its leaves, since every branch ends in one; a group: its episodes),
+  or its share of the held-out tasks (one episode each), whichever is more. Example: 2 tasks x
+  1 tree x 4 leaves, 4 held-out tasks → 8."""
+  branches = (config.episodes_per_group if config.topology == "group"
+              else config.max_leaves or config.node_capacity)
+  trees = settings.rollout.tasks_per_iteration * settings.rollout.trees_per_task
+  share = lambda n: -(-n // process_count)
+  return max(share(trees) * branches, share(settings.eval.num_tasks))
+
+
+def kv_pool_pages(rows: int, max_length: int, page_size: int) -> int:
+  """Pages per layer of a paged pool that never grows for `rows` live rows of `max_length`
+  slots: rows·(⌈max_length / page_size⌉ + 1) + 1. A row holds at most ⌈max_length / page⌉
+  pages and every page in use is held by a row; a fork copies at most one page per new row
+  while the old rows still hold theirs (the + 1 per row); the null page (the last + 1).
+  Example: 8 rows of 320 slots in pages of 16 → 8·21 + 1 = 169."""
+  return rows * (-(-max_length // page_size) + 1) + 1
+
+
 def rollout_config(settings: Settings, evaluation: bool = False) -> rollout_lib.RolloutConfig:
   """The rollout engine's settings: the estimator's trees or groups (`estimator_registry`), or,
-  for evaluation, one episode per task at `eval.temperature`."""
+  for evaluation, one episode per task at `eval.temperature`. A paged cache's pool is sized
+  once for the run (`kv_pool_pages`), the same for rollouts and evaluations."""
+  config = _rollout_config(settings, evaluation)
+  page = settings.model.kv_page_size
+  if not page:
+    return config
+  train = _rollout_config(settings, False)
+  pages = kv_pool_pages(decode_rows(settings, train), settings.model.max_length, page)
+  return dataclasses.replace(config, kv_pool_pages=pages)
+
+
+def _rollout_config(settings: Settings, evaluation: bool) -> rollout_lib.RolloutConfig:
   r = settings.rollout
   common = dict(max_turns=settings.env.max_turns, max_action_tokens=r.max_action_tokens,
                 max_length=settings.model.max_length,

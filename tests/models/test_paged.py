@@ -16,6 +16,8 @@ from bpo_jax.sampling import SamplingParams
 from bpo_jax.testing.model_rounding import forward_roundings, sum_roundings
 from bpo_jax.testing.tolerance import assert_close
 
+# On a GPU the Pallas op itself ("auto") runs too, beside its interpret mode.
+GPU_KERNELS = ["auto"] if jax.default_backend() == "gpu" else []
 VOCAB = 61
 MAX_LENGTH = 60
 PAGE = 4
@@ -170,7 +172,8 @@ def dense_tree(policy):
 # The kernel's tree (its decode loop in Pallas interpret mode compiles for ~20 s) is slow; the
 # kernel itself is checked against the portable attention below, in seconds.
 @pytest.mark.parametrize("kernel", ["portable",
-                                    pytest.param("pallas_interpret", marks=pytest.mark.slow)])
+                                    pytest.param("pallas_interpret", marks=pytest.mark.slow)]
+                         + GPU_KERNELS)
 def test_paged_sampling_gives_the_dense_trees(policy, dense_tree, kernel):
   # The same tree grown with the dense and the paged cache: the same tokens for the same keys,
   # logprobs and entropies within a forward's roundings (attention sums over other spans).
@@ -196,7 +199,8 @@ def test_paged_sampling_gives_the_dense_trees(policy, dense_tree, kernel):
   assert book.pages_in_use() < sum(book.held)   # pages are shared
 
 
-def test_pallas_paged_attention_equals_the_portable_attention():
+@pytest.mark.parametrize("kernel", ["pallas_interpret"] + GPU_KERNELS)
+def test_pallas_paged_attention_equals_the_portable_attention(kernel):
   # One query per row over pages in a shuffled order, rows of 1 to 29 slots of 8 pages of 4.
   rng = np.random.RandomState(0)
   b, hkv, g, d, pages, page = 5, 2, 3, 16, 41, 4
@@ -206,7 +210,7 @@ def test_pallas_paged_attention_equals_the_portable_attention():
   lengths = jnp.asarray([1, 4, 5, 17, 29], jnp.int32)
   q = jnp.asarray(rng.randn(b, hkv, g, 1, d), jnp.float32)
   layer = paged.PagedLayer(keys=keys, values=values, table=table, write_pages=None,
-                           write_offsets=None, kernel="pallas_interpret", dtype="float32")
+                           write_offsets=None, kernel=kernel, dtype="float32")
   assert paged.uses_kernel(layer, 1) and not paged.uses_kernel(layer, 2)
   got = paged.kernel_attend(q, layer, lengths)
   k, v = paged.gather_window(layer)

@@ -29,6 +29,7 @@ def tiny_config(spec: dict):
   config.scale.startup_compile = spec.get("startup_compile", "auto")
   if spec.get("max_length"):
     config.model.max_length = spec["max_length"]
+  config.model.kv_page_size = spec.get("kv_page_size", 0)
   if spec.get("checkpoint"):
     config.model.checkpoint = spec["checkpoint"]
     config.model.max_length = 640  # the chat template takes more tokens per path

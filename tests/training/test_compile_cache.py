@@ -109,6 +109,9 @@ def test_a_second_process_on_the_same_cache_compiles_at_most_a_tenth(bpo_on_a_fr
 HEAVY = {"jit(append_tokens)", "jit(generate)", "jit(train_step)",
          "jit(advantages_and_weights)", "jit(update_quantile_threshold)"}
 FIRST_USE = {"jit(_gather_rows)"}
+# A paged cache's: pages copied (a fork's partly filled last page; one program for the run's
+# pool).
+FIRST_USE_PAGED = {"jit(_copy_pages)"}
 # Programs of the policy's parameters, first compiled by the initial evaluation: the adapters'
 # merge and the CPU's transposed embedding. Compiled again, the update returned parameters
 # placed otherwise than the initial ones.
@@ -116,19 +119,22 @@ OF_THE_PARAMETERS = {"jit(merge_lora)", "jit(transpose)"}
 
 
 @pytest.mark.slow
-def test_with_the_start_up_set_the_iterations_compile_no_sampler_or_update_program(tmp_path):
+@pytest.mark.parametrize("kv_page_size", [0, 16])
+def test_with_the_start_up_set_the_iterations_compile_no_sampler_or_update_program(
+    tmp_path, kv_page_size):
   """The world's tiny model with rank-4 adapters and 256 cache slots, two iterations with an
   evaluation after each, its program set compiled at start-up: the iterations run every append,
   decode loop and update from the set (no miss) and compile none of them, nor the merge of the
   updated adapters (the set's update returns the state placed as it came in); the first
-  iteration compiles only `FIRST_USE`'s small programs, the second nothing."""
+  iteration compiles only `FIRST_USE`'s small programs (a paged cache's too), the second
+  nothing. The same with a paged cache: its pool has one size for the run."""
   counts = run_counted(dict(cache_dir="none", estimator="bpo", iterations=2, eval_every=1,
                             startup_compile="on", max_length=256, lora_rank=4,
-                            workdir=str(tmp_path / "run")))
+                            kv_page_size=kv_page_size, workdir=str(tmp_path / "run")))
   first = counts["at_iteration"][0]["requests"]
   during = {name for name, _ in counts["log"][first:]}
   assert not during & (HEAVY | OF_THE_PARAMETERS), sorted(during)
-  assert during <= FIRST_USE, sorted(during)
+  assert during <= FIRST_USE | (FIRST_USE_PAGED if kv_page_size else set()), sorted(during)
   assert counts["at_end"]["requests"] == counts["at_iteration"][1]["requests"], counts
   with open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8") as f:
     records = [json.loads(line) for line in f]
@@ -141,5 +147,6 @@ def test_with_the_start_up_set_the_iterations_compile_no_sampler_or_update_progr
   assert len(startup) == 1, records
   startup = startup[0]
   assert (startup["startup_longest_prompt"], startup["startup_longest_observation"]) == (85, 50)
-  assert startup["startup_programs"] == 4 + 1 + 3 + 1 + 1, startup
+  # A paged cache: one more, forks' next logits placed on the batch of 8.
+  assert startup["startup_programs"] == 4 + 1 + 3 + 1 + 1 + bool(kv_page_size), startup
   assert [r["compile_misses"] for r in records if r["phase"] == "train"] == [0, 0]
