@@ -42,6 +42,10 @@ def local_cluster(num_nodes: int = 2, cpus_per_node: int = 2,
   import ray  # pylint: disable=g-import-not-at-top
   from ray import cluster_utils  # pylint: disable=g-import-not-at-top
   temp_dir = tempfile.mkdtemp(prefix="bpo_ray_")
+  # The head node writes its address to a file under Ray's default temp directory whatever
+  # `temp_dir` says; on a machine where Ray never ran, that directory does not exist yet.
+  from ray._private import utils as ray_utils  # pylint: disable=g-import-not-at-top
+  os.makedirs(os.path.dirname(ray_utils.get_ray_address_file(None)), exist_ok=True)
   cluster = None
   try:
     cluster = cluster_utils.Cluster(
