@@ -31,6 +31,10 @@ is measured at their checkpoints with this call's configuration, e.g. another en
 (`--config.rollout.max_env_steps=24`) at the same parameters. The table's rows are DIR's runs
 of EST.
 
+With `--gram`, each checkpoint's result also holds the Gram matrix of its draws' gradients
+(`training.gradient_variance`), for a bootstrap over draws as well as seeds
+(`regime_report.py`'s claim 2).
+
 Bad flags or configurations, or a run to measure at that is not finished: one line, exit status
 2; a measurement that fails is reported, the others are still aggregated, exit status 1.
 """
@@ -65,6 +69,9 @@ def _define_flags():
   _FLAGS["params"] = flags.DEFINE_string(
       "params", "", "Measure every method at the checkpoints of this estimator's run of each "
       "seed (the same parameters for all).")
+  _FLAGS["gram"] = flags.DEFINE_bool(
+      "gram", False, "Also keep the draws' Gram matrix in each file (the bootstrap over draws "
+      "of regime_report.py's claim 2; holds draws x the parameters' size in memory).")
   _FLAGS["params_from"] = flags.DEFINE_string(
       "params_from", "", "With --params: the comparison directory whose finished runs of that "
       "estimator are measured at.")
@@ -96,18 +103,21 @@ def unfinished(runs, params_of: str | None = None) -> list[str]:
           and not compare.finished(r, c.train.iterations)]
 
 
-def _reusable(path: str, draws: int, steps: list[int], params_of, params_from) -> bool:
+def _reusable(path: str, draws: int, steps: list[int], params_of, params_from,
+              gram: bool = False) -> bool:
   """Whether the gradient_variance.json at `path` was measured as this call would measure."""
   if not os.path.exists(path):
     return False
   with open(path, encoding="utf-8") as f:
     saved = json.load(f)
   return (saved["draws"] == draws and [r["step"] for r in saved["checkpoints"]] == steps
-          and saved.get("params_of") == params_of and saved.get("params_from") == params_from)
+          and saved.get("params_of") == params_of and saved.get("params_from") == params_from
+          and (not gram or all("gram" in r for r in saved["checkpoints"])))
 
 
 def measure(runs, draws: int, count: int, params_of: str | None = None, sources=None,
-            params_from: str | None = None, provenance: dict | None = None) -> list:
+            params_from: str | None = None, provenance: dict | None = None,
+            gram: bool = False) -> list:
   """Each run's gradient variance at `count` of its checkpoints (module docstring), saved
   beside its metrics with `provenance` (`cli.provenance`); with `params_of`, every run's method
   at the checkpoints of `params_of`'s run of the same seed, among `sources` (default `runs`;
@@ -123,11 +133,11 @@ def measure(runs, draws: int, count: int, params_of: str | None = None, sources=
     start = time.perf_counter()
     try:
       steps = gradient_variance.spread(gradient_variance.kept_steps(source.workdir), count)
-      if _reusable(path, draws, steps, params_of, params_from):
+      if _reusable(path, draws, steps, params_of, params_from, gram):
         print(f"{run.estimator} seed {run.seed}: gradient variance measured, skipped")
         continue
       results = gradient_variance.checkpoint_gradient_variance(
-          settings.from_config(c), source.workdir, steps, draws)
+          settings.from_config(c), source.workdir, steps, draws, gram)
     except Exception as error:  # pylint: disable=broad-except
       failed.append(run)
       print(f"error: {run.estimator} seed {run.seed}: gradient variance failed: "
@@ -172,7 +182,7 @@ def main(argv):
     sources = None
   os.makedirs(out, exist_ok=True)
   failed = measure(runs, draws, count, params_of, sources, params_from,
-                   cli.provenance("grad_variance.py", sys.argv[1:]))
+                   cli.provenance("grad_variance.py", sys.argv[1:]), _FLAGS["gram"].value)
   compare.write_results(runs, out, spec, params_of, trained=sources)
   if failed:
     sys.exit(1)

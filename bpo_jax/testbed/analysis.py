@@ -94,6 +94,53 @@ def variance_moments(draws_sq_dev, mean_sq_norm, draws: int) -> tuple[np.ndarray
   return var, np.asarray(mean_sq_norm, np.float64) - var / draws
 
 
+def gram_moments(gram, counts) -> tuple[np.ndarray, np.ndarray]:
+  """(E‖g − ḡ‖², ‖E g‖²) of M draws taken `counts` times each, from their Gram matrix
+  G_ij = ⟨g_i, g_j⟩: with c the counts (Σ c = M), ḡ = Σ c_d g_d / M,
+
+      V = (Σ_d c_d G_dd − cᵀGc / M) / (M − 1),     N = cᵀGc / M² − V / M,
+
+  `variance_moments` of the resampled draws. `gram` [..., M, M] and `counts` [..., M] broadcast
+  (a stack of seeds). Example: two draws g = (1, 0), (0, 1), counts (1, 1): V = (2 − 1) / 1 =
+  1, N = 2/4 − 1/2 = 0; counts (2, 0): V = 0, N = 1.
+  """
+  gram, counts = np.asarray(gram, np.float64), np.asarray(counts, np.float64)
+  m = counts.sum(-1)
+  quad = np.einsum("...i,...ij,...j->...", counts, gram, counts)
+  var = (np.einsum("...i,...ii->...", counts, gram) - quad / m) / (m - 1)
+  return var, quad / m ** 2 - var / m
+
+
+def variance_ratio_over_draws(num: list, den: list, *, relative: bool, seed: int = 0) -> dict:
+  """`variance_ratio` with a bootstrap over seeds and over each seed's draws: `num`, `den` one
+  Gram matrix of the draws' gradients per seed (`gram_moments`). Each resample draws n seeds
+  with replacement, the same for both methods (paired), then each chosen seed's M draws with
+  replacement, independently per method and occurrence; the ratio of the means over seeds is
+  taken on every resample. The point estimate uses every draw once (the seed-level ratio)."""
+  num, den = (np.asarray(x, np.float64) for x in (num, den))
+  ones = lambda g: np.ones(g.shape[:-1])  # noqa: E731
+  point_num, point_den = gram_moments(num, ones(num)), gram_moments(den, ones(den))
+  point = variance_ratio(point_num, point_den, relative=relative)
+  if point["ratio"] is None:
+    return point
+  n, rng = len(num), np.random.default_rng(seed)
+
+  def resampled(grams, rows):
+    draws = grams.shape[-1]
+    counts = rng.multinomial(draws, np.full(draws, 1 / draws), size=len(rows))
+    var, sq = gram_moments(grams[rows], counts)
+    return var.mean() / (sq.mean() if relative else 1.0)
+
+  boot = []
+  with np.errstate(divide="ignore", invalid="ignore"):
+    for _ in range(BOOTSTRAP):
+      rows = rng.integers(0, n, n)
+      boot.append(resampled(num, rows) / resampled(den, rows))
+  boot = np.asarray(boot)
+  low, high = _percentile(boot[np.isfinite(boot)], 0)
+  return dict(ratio=point["ratio"], low=low, high=high)
+
+
 def variance_ratio(num: tuple, den: tuple, *, relative: bool, seed: int = 0) -> dict:
   """Ratio of two methods' mean variances over seeds (raw, or each over its mean ‖E g‖²), with
   a 95% percentile bootstrap interval over seeds. `num`, `den`: (var[seeds], sq_norm[seeds])."""

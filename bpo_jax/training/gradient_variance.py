@@ -19,6 +19,12 @@ same loss and normalisation; no clipping of its norm, no optimizer step). Measur
   fork_reach     per level, the mean over the draws' trees of the weight of the paths that have
                  a k-th fork (a path without one counts as resolved at its end)
 
+With `gram`, the measurement also keeps every used draw's gradient (flattened, float64, on the
+host: M times the parameters' size) and returns their Gram matrix `gram` [M][M], G_ij =
+⟨g_i, g_j⟩, from which the variance of any resample of the draws follows exactly
+(`testbed.analysis.gram_moments`): the bootstrap over draws of a variance ratio
+(`analysis.variance_ratio_over_draws`). Its variance equals Welford's up to float32 rounding.
+
 A draw in which a branch failed (a sandbox that raised or could not restore; docs/DESIGN.md §4) is
 not a draw of the estimator: it is left out and counted in `failed_draws`, with the first
 failure's operation and reason in `failure`, and fewer than two draws left is an error that
@@ -144,8 +150,9 @@ def first_failure(batch: rollout_lib.RolloutBatch) -> str | None:
 
 def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine,
                       gradient: Callable, params, tasks: list, keys: Sequence[jax.Array],
-                      threshold: float, ref=None) -> dict:
-  """The estimator's variance at `params` over one draw per key of `keys` (module docstring).
+                      threshold: float, ref=None, gram: bool = False) -> dict:
+  """The estimator's variance at `params` over one draw per key of `keys` (module docstring),
+  with the draws' Gram matrix under "gram" when `gram`.
 
   `gradient` is `update.make_gradient_fn`'s (jitted); `tasks` one entry per tree, as
   `iteration.iteration_tasks` gives them. A draw whose gradient is not finite (the update would
@@ -153,7 +160,7 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
   `failed_draws` (module docstring).
   """
   mean, total, used, skipped, failed, failure = None, 0.0, 0, 0, 0, None
-  env_steps, tokens, moments = [], [], []
+  env_steps, tokens, moments, kept = [], [], [], []
   for key in keys:
     grads, compute, draw_failure = draw_gradient(exp, engine, gradient, params, tasks, key,
                                                  threshold, ref)
@@ -171,6 +178,9 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
     mean = jax.tree.map(jnp.zeros_like, grads) if mean is None else mean
     mean, term = welford_step(mean, grads, jnp.asarray(used, jnp.float32))
     total += float(term)
+    if gram:
+      kept.append(np.concatenate([np.asarray(g, np.float64).ravel()
+                                  for g in jax.tree.leaves(grads)]))
   if used < MIN_DRAWS:
     because = f"; {failed} had a failed branch, the first {failure}" if failed else ""
     raise ValueError(f"{used} draws with a finite gradient out of {len(keys)}{because}: the "
@@ -179,7 +189,8 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
   per_task = len(tasks) // trees_per_task
   # `tasks` holds each task's trees_per_task entries in a row (`iteration.iteration_tasks`).
   task_index = [i // trees_per_task for i in range(len(tasks))]
-  return {"variance": total / (used - 1),
+  extra = {"gram": (np.stack(kept) @ np.stack(kept).T).tolist()} if gram else {}
+  return {**extra, "variance": total / (used - 1),
           "fork_shares": [fork_share(task_index, [m[:, k] for m in moments])
                           for k in range(FORK_LEVELS)],
           "fork_reach": [float(np.mean([m[:, k, 3] for m in moments]))
@@ -234,9 +245,10 @@ def fork_threshold(settings, saved: dict) -> float:
 
 
 def checkpoint_gradient_variance(settings, workdir: str, steps: Sequence[int],
-                                 draws: int) -> list[dict]:
+                                 draws: int, gram: bool = False) -> list[dict]:
   """`gradient_variance` at each checkpoint `steps` of the run in `workdir` (module docstring),
-  each result with its `step`; the experiment (tasks, tokenizer, sandboxes) is built once."""
+  each result with its `step` (and the draws' Gram matrix with `gram`); the experiment (tasks,
+  tokenizer, sandboxes) is built once."""
   if draws < MIN_DRAWS:
     raise ValueError(f"draws = {draws}: the variance needs at least {MIN_DRAWS}")
   if jax.process_count() > 1:
@@ -254,7 +266,7 @@ def checkpoint_gradient_variance(settings, workdir: str, steps: Sequence[int],
       tasks = iteration_lib.iteration_tasks(exp, step + 1)
       result = gradient_variance(exp, engine, gradient, restored.params, tasks,
                                  draw_keys(settings.seed, step, draws),
-                                 fork_threshold(settings, loop["fork_threshold"]), ref)
+                                 fork_threshold(settings, loop["fork_threshold"]), ref, gram)
       out.append({"step": step, **result})
     return out
   finally:

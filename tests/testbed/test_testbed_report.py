@@ -41,6 +41,43 @@ def test_variance_ratio_of_means():
   assert analysis.variance_ratio(num, (np.zeros(2), np.zeros(2)), relative=False)["ratio"] is None
 
 
+def test_gram_moments_by_hand_and_against_the_resampled_draws():
+  # The docstring's case: two orthogonal unit draws.
+  gram = np.eye(2)
+  assert analysis.gram_moments(gram, [1, 1]) == pytest.approx((1.0, 0.0))
+  assert analysis.gram_moments(gram, [2, 0]) == pytest.approx((0.0, 1.0))
+  # Any counts: the variance and ‖E g‖² estimate of the draws repeated that many times.
+  g = np.random.RandomState(0).randn(5, 7)
+  counts = np.array([2, 0, 1, 0, 2])
+  picked = np.repeat(g, counts, axis=0)
+  mean = picked.mean(0)
+  var = np.sum((picked - mean) ** 2) / (len(picked) - 1)
+  got = analysis.gram_moments(g @ g.T, counts)
+  # float64 sums of a few terms of magnitude Σ‖g‖²: a few ulps of it.
+  scale = float(np.sum(g ** 2))
+  assert abs(got[0] - var) <= 16 * np.finfo(np.float64).eps * scale
+  assert abs(got[1] - (mean @ mean - var / 5)) <= 16 * np.finfo(np.float64).eps * scale
+
+
+def test_the_bootstrap_over_draws_is_the_seed_ratio_with_the_draws_noise():
+  # Three seeds with the same draws for each method: seeds alone leave no spread (the interval
+  # is the point), the draws' resampling does. The point estimate is the seed-level ratio.
+  rng = np.random.RandomState(1)
+  num = [g @ g.T for g in [1 + rng.randn(8, 20)] * 3]  # a mean gradient, so ‖E g‖² > 0
+  den = [g @ g.T for g in [1 + 2 * rng.randn(8, 20)] * 3]
+  moments = lambda grams: analysis.gram_moments(np.stack(grams), np.ones((3, 8)))  # noqa: E731
+  for relative in (False, True):
+    seeds = analysis.variance_ratio(moments(num), moments(den), relative=relative)
+    both = analysis.variance_ratio_over_draws(num, den, relative=relative)
+    assert seeds["low"] == pytest.approx(seeds["high"])
+    assert seeds["ratio"] is not None
+    assert both["ratio"] == pytest.approx(seeds["ratio"], rel=1e-12)
+    assert both["low"] < both["ratio"] < both["high"]
+  # No variance in the baseline's draws: no ratio.
+  same = [np.ones((4, 4))] * 3
+  assert analysis.variance_ratio_over_draws(num, same, relative=False)["ratio"] is None
+
+
 SETTINGS = dict(weights=[0.5], methods=["bpo", "grpo", "rloo", "gigpo"], horizon=2, actions=2,
                 num_tasks=2, episodes=2, max_env_steps=5, tasks_per_iteration=1, iterations=2,
                 seeds=3, tune_seeds=2, lrs=[1.0], draws=2, checkpoints=[0])

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -101,15 +102,24 @@ def test_every_method_is_measured_at_one_runs_parameters(trained, tmp_path):
   assert "every method at the same parameters" in open(os.path.join(out, "results.md"),
                                                        encoding="utf-8").read()
   # Measured again at the checkpoints of that directory's BPO run (--params_from): nothing
-  # trains, and the same configuration gives the same variances to the last bit.
+  # trains, and the same configuration gives the same variances to the last bit; with --gram
+  # each checkpoint keeps its draws' Gram matrix, whose variance is Welford's.
   again = str(tmp_path / "again")
-  result = _run(GRAD_VARIANCE, *args, f"--out={again}", f"--params_from={out}")
+  result = _run(GRAD_VARIANCE, *args, f"--out={again}", f"--params_from={out}", "--gram")
   assert result.returncode == 0, result.stderr[-2000:]
   assert sorted(os.listdir(os.path.join(again, "runs", "bpo", "seed0"))) == [
       "gradient_variance.json"]
   rerun = json.load(open(os.path.join(again, "results.json"), encoding="utf-8"))
   assert rerun["claim_2_shared"]["methods"] == shared["methods"]
   assert list(rerun["methods"]) == ["bpo"]  # the table's rows: the other directory's runs
+  saved = json.load(open(os.path.join(again, "runs", "grpo", "seed0", "gradient_variance.json"),
+                         encoding="utf-8"))
+  for point in saved["checkpoints"]:
+    gram = np.asarray(point["gram"])
+    assert gram.shape == (2, 2)
+    # Two draws: Σ‖g − ḡ‖² = (G00 + G11 − 2 G01) / 2, in float32 within a few ulps of trace G.
+    assert abs((gram[0, 0] + gram[1, 1] - 2 * gram[0, 1]) / 2 - point["variance"]) <= (
+        8 * np.finfo(np.float32).eps * np.trace(gram))
 
 
 @pytest.mark.parametrize("flag, message", [

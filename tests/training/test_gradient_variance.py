@@ -187,8 +187,13 @@ def test_variance_equals_numpy_over_the_loops_gradients(tiny):
   tasks = iteration.iteration_tasks(exp, 1)
   keys = [jax.random.fold_in(root, 1) for root in roots]  # the keys run_iteration samples with
   result = gv.gradient_variance(exp, engine, gradient, params, tasks, keys,
-                                config.rollout.entropy_threshold, ref)
+                                config.rollout.entropy_threshold, ref, gram=True)
   assert expected > 0 and result["draws"] == DRAWS and result["skipped_draws"] == 0
+  # The draws' Gram matrix: the loop's gradients' products, each gradient within one float32
+  # rounding per element of its own (2 ulps of ‖g_i‖‖g_j‖ per entry).
+  norms = np.linalg.norm(g, axis=1)
+  assert np.all(np.abs(np.asarray(result["gram"]) - g @ g.T)
+                <= 2 * EPS32 * np.outer(norms, norms))
   # float32 rounding of the running mean and of each draw's term (one ulp each) at the scale of
   # Σ ||g_m||² (the measured error here is 0.2 ulp of it).
   scale = float(np.sum(g ** 2))

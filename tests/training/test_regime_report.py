@@ -208,6 +208,35 @@ def test_claim2_against_rloo_alone(tmp_path):
   assert regime_report.claim2_lines(x)[-1].endswith("| not measured |")
 
 
+def test_claim2_with_the_draws_gram_matrices_resamples_draws_too(tmp_path):
+  """Files that keep their draws' Gram matrix (grad_variance.py --gram): the ratios are those of
+  the variances the matrices give, the bootstrap resamples draws as well, and the section says
+  so; without them, seeds alone."""
+  _fixture(str(tmp_path))
+  rng = np.random.RandomState(0)
+  variances = {}
+  for m, spread in (("bpo", 1.0), ("grpo", 3.0), ("rloo", 2.0)):
+    for s in SEEDS:
+      g = 1.0 + spread * rng.randn(16, 5)
+      var = float(np.sum((g - g.mean(0)) ** 2) / 15)
+      variances.setdefault(m, []).append(var)
+      _write(str(tmp_path / "runs" / m / f"seed{s}" / "gradient_variance.json"), dict(
+          draws=16, params_of="bpo", checkpoints=[dict(
+              step=0, variance=var, mean_sq_norm=float(g.mean(0) @ g.mean(0)), draws=16,
+              gram=(g @ g.T).tolist(), env_steps_per_task=20.0, tokens_per_task=100.0)]))
+  x = regime_report.summarise(regime_report.load(str(tmp_path)))
+  c = x["claim2"][0]
+  assert c["resampled"] == "seeds and draws"
+  assert c["rloo_raw"]["ratio"] == pytest.approx(np.mean(variances["bpo"])
+                                                 / np.mean(variances["rloo"]), rel=1e-12)
+  assert c["rloo_raw"]["low"] < c["rloo_raw"]["ratio"] < c["rloo_raw"]["high"]
+  assert "95% percentile bootstrap over seeds and draws;" in regime_report.section(x)
+  _fixture(str(tmp_path / "plain"))
+  plain = regime_report.summarise(regime_report.load(str(tmp_path / "plain")))
+  assert plain["claim2"][0]["resampled"] == "seeds"
+  assert "95% percentile bootstrap over seeds;" in regime_report.section(plain)
+
+
 def test_claim2_from_another_measurement_of_the_same_checkpoints(tmp_path, capsys):
   """`--claim2=DIR`: the gradient variances of DIR/runs/EST/seedS (grad_variance.py's
   `--params_from` output, e.g. at more draws) replace the runs' own; a run DIR has not measured
