@@ -69,12 +69,16 @@ class ProgramSet:
     if executable is not None:
       self.hits += 1
       return executable(*args, **kwargs)
+    self.miss(key)
+    return compile_on_call(*args, **kwargs)
+
+  def miss(self, key: Hashable, why: str = "is not in the start-up program set") -> None:
+    """Counts a call the set cannot run (`key` absent, or its inputs laid out otherwise than
+    the set's programs take them); logs each key once."""
     self.misses += 1
     if key not in self.missed:
       self.missed.append(key)
-      logging.warning("%s is not in the start-up program set: compiled on its first call",
-                      label(key))
-    return compile_on_call(*args, **kwargs)
+      logging.warning("%s %s: compiled on its first call", label(key), why)
 
 
 def abstract(tree):

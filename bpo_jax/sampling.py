@@ -668,7 +668,7 @@ class Sampler:
     args = (state, decode_state, jax.device_put(tokens), jax.device_put(lengths))
     kwargs = dict(unembedding=self.unembedding(state, decode_state.batch_size))
     key = ProgramKey("append", decode_state.batch_size, tokens.shape[1], window)
-    out = self._run(key, self.donate and self._in_set_layout(decode_state), args, kwargs,
+    out = self._run(key, self.donate, decode_state, args, kwargs,
                     functools.partial(append, self.graphdef, attend_length=window))
     if book is not None:
       book.lengths = book.lengths + lengths
@@ -691,7 +691,7 @@ class Sampler:
     args = (decode_state.next_logits, jax.device_put(np.asarray(src, np.int32)),
             jax.device_put(np.asarray(dst, np.int32)))
     next_logits = self._run(ProgramKey("place_logits", batch, 0, 0),
-                            self._in_set_layout(decode_state), args, {}, _place_logits)
+                            True, decode_state, args, {}, _place_logits)
     return DecodeState(cache=paged.place(decode_state.cache, pairs), next_logits=next_logits)
 
   def release(self, decode_state: DecodeState, rows: Sequence[int]) -> DecodeState:
@@ -761,29 +761,26 @@ class Sampler:
                   settings=params.settings())
     # The set holds the engine's decode loops: donating when they keep the state, with rows
     # marked active, at the engine's limits.
-    eligible = (self._in_set_layout(decode_state) and active is not None
-                and (self.donate or not keep_state)
+    eligible = (active is not None and (self.donate or not keep_state)
                 and getattr(self.programs, "limits", None) == params.limits())
     out_state, out = self._run(
-        program, eligible, (state, decode_state, key), kwargs,
+        program, eligible, decode_state, (state, decode_state, key), kwargs,
         lambda s, ds, k, **rest: run(self.graphdef, s, ds, k, params.limits(),
                                      attend_length=window, keep_state=keep_state, **rest))
     if book is not None and keep_state:
       out_state = out_state.replace(cache=paged.settle(out_state.cache.replace(book=book)))
     return out_state, out
 
-  def _in_set_layout(self, decode_state: DecodeState) -> bool:
-    """Whether a state is laid out as the program set's programs take it: a dense cache, or a
-    paged one whose pool has the sampler's fixed `pool_pages` (a pool that had to grow past
-    them has other shapes)."""
-    if not _is_paged(decode_state):
-      return True
-    return bool(self.pool_pages) and decode_state.cache.num_pages == self.pool_pages
-
-  def _run(self, key: ProgramKey, eligible: bool, args: tuple, kwargs: dict, compile_on_call):
+  def _run(self, key: ProgramKey, eligible: bool, decode_state: DecodeState, args: tuple,
+           kwargs: dict, compile_on_call):
     """`compile_on_call(*args, **kwargs)`, or the executable `self.programs` holds for `key`
-    (dense-cache calls in the programs' calling convention: `eligible`)."""
+    (calls in the programs' calling convention: `eligible`). A paged `decode_state` whose pool
+    is not the sampler's fixed `pool_pages` (it grew past them) has other shapes than the
+    set's programs: a miss, counted as one."""
     if self.programs is None or not eligible:
+      return compile_on_call(*args, **kwargs)
+    if _is_paged(decode_state) and decode_state.cache.num_pages != self.pool_pages:
+      self.programs.miss(key, "runs on a paged pool of another size than the set's")
       return compile_on_call(*args, **kwargs)
     return self.programs.run(key, args, kwargs, compile_on_call)
 

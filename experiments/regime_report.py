@@ -200,6 +200,25 @@ def curves(runs: dict, seeds: list[int]) -> tuple[dict, list[int]]:
   return out, updates
 
 
+def _grams(method: str, seeds: list[int], step: int, points: list[dict]) -> list[np.ndarray]:
+  """The points' Gram matrices, each checked to be square of one size (its draws: the draws
+  every seed of the method has); a ValueError naming the file's method, seed and checkpoint."""
+  out = []
+  for seed, point in zip(seeds, points):
+    gram = np.asarray(point["gram"], np.float64) if _square(point["gram"]) else None
+    if gram is None or gram.shape != (point["draws"],) * 2 or point["draws"] != points[0]["draws"]:
+      raise ValueError(f"{method} seed {seed}, checkpoint {step}: its gradient_variance.json's "
+                       f"gram is not a {points[0]['draws']} x {points[0]['draws']} matrix (one "
+                       "row and column per draw, the same draws on every seed)")
+    out.append(gram)
+  return out
+
+
+def _square(rows) -> bool:
+  return isinstance(rows, list) and all(isinstance(r, list) and len(r) == len(rows)
+                                        for r in rows)
+
+
 def claim_two(runs: dict, seeds: list[int]) -> dict:
   """{step: {"rloo_raw", "rloo_relative", ["grpo_raw", "grpo_relative",] "seeds", "draws",
   "variance"}} from the seeds whose BPO and RLOO (and GRPO, where every such seed has it) were
@@ -222,11 +241,15 @@ def claim_two(runs: dict, seeds: list[int]) -> dict:
     # With every draw's Gram matrix kept (grad_variance.py --gram), the bootstrap resamples
     # each seed's draws as well as the seeds.
     grams = all("gram" in p for ps in points.values() for p in ps)
-    ratio_of = lambda b, kind: (  # noqa: E731
-        analysis.variance_ratio_over_draws([p["gram"] for p in points["bpo"]],
-                                           [p["gram"] for p in points[b]],
-                                           relative=kind == "relative") if grams else
-        analysis.variance_ratio(moments["bpo"], moments[b], relative=kind == "relative"))
+    if grams:
+      grams = {m: _grams(m, list(files), step, ps) for m, ps in points.items()}
+
+    def ratio_of(b, kind):
+      if grams:
+        return analysis.variance_ratio_over_draws(grams["bpo"], grams[b],
+                                                  relative=kind == "relative")
+      return analysis.variance_ratio(moments["bpo"], moments[b], relative=kind == "relative")
+
     out[step] = {f"{b}_{kind}": (ratio_of(b, kind)
                                  if kind == "raw" or (resolved["bpo"] and resolved[b])
                                  else dict(ratio=None, low=None, high=None))

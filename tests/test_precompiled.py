@@ -15,6 +15,7 @@ from bpo_jax import sampling_shapes as shapes
 from bpo_jax.models import ModelConfig
 from bpo_jax.sampling_shapes import ProgramKey
 from bpo_jax.training import compile_cache
+from bpo_jax.training import translate
 
 
 def test_buckets_and_windows_by_hand():
@@ -130,3 +131,36 @@ def test_a_sampler_on_its_program_set_compiles_nothing_and_gives_the_same_number
   assert "jit(append_tokens)" in {name for name, _ in counter.log}
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(have)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
+def test_a_paged_sampler_runs_from_its_set_on_its_fixed_pool_and_misses_on_another():
+  """A paged sampler of a fixed pool (`pool_pages`, as a run's engine has): its set holds the
+  appends, decode loops and the forks' next-logit move; the calls compile none of them and
+  give the numbers of a sampler without a set. A state on a pool of another size (one that grew)
+  runs all the same, outside the set, and counts as a miss."""
+  graphdef, state = nnx.split(models.Decoder(CONFIG, rngs=nnx.Rngs(0)))
+  prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+  pool = translate.kv_pool_pages(8, 48, 8)  # 8 rows x (6 pages + 1) + the null page = 57
+  lazy = sampling.Sampler(graphdef, CONFIG, 48, donate=True, page_size=8, pool_pages=pool)
+  expected = _decode(lazy, state, prompts, [13, 14])
+  programs = precompiled.ProgramSet(LIMITS.limits())
+  sampler = sampling.Sampler(graphdef, CONFIG, 48, donate=True, page_size=8, pool_pages=pool,
+                             programs=programs)
+  keys = [k for k in shapes.sampler_program_keys([8], 48) if k.tokens in (0, 16)]
+  precompiled.compile_sampler_programs(programs, sampler, precompiled.abstract(state), keys)
+  assert list(programs.seconds) == keys + [ProgramKey("place_logits", 8, 0, 0)]
+  counter = compile_cache.CompileCounter()
+  got = _decode(sampler, state, prompts, [13, 14])
+  assert not {name for name, _ in counter.log} & {"jit(append_tokens)", "jit(generate)"}
+  assert (programs.hits, programs.misses) == (4, 0)
+  for want, have in zip(jax.tree.leaves(expected[1:]), jax.tree.leaves(got[1:])):
+    np.testing.assert_array_equal(np.asarray(want), np.asarray(have))
+  grown = sampling.Sampler(graphdef, CONFIG, 48, donate=True, page_size=8).init_state(8)
+  assert grown.cache.num_pages == 8 * 6 + 1 != pool
+  sampler.append(state, grown, {0: [5, 6]})
+  assert programs.misses == 1 and programs.missed == [ProgramKey("append", 8, 16, 48)]
+  with pytest.raises(ValueError, match="a paged one of a fixed pool"):
+    precompiled.compile_sampler_programs(
+        programs, sampling.Sampler(graphdef, CONFIG, 48, donate=True, page_size=8),
+        precompiled.abstract(state), keys)

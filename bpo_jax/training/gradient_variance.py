@@ -189,7 +189,8 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
   per_task = len(tasks) // trees_per_task
   # `tasks` holds each task's trees_per_task entries in a row (`iteration.iteration_tasks`).
   task_index = [i // trees_per_task for i in range(len(tasks))]
-  extra = {"gram": (np.stack(kept) @ np.stack(kept).T).tolist()} if gram else {}
+  kept = np.stack(kept) if gram else None
+  extra = {"gram": (kept @ kept.T).tolist()} if gram else {}
   return {**extra, "variance": total / (used - 1),
           "fork_shares": [fork_share(task_index, [m[:, k] for m in moments])
                           for k in range(FORK_LEVELS)],

@@ -22,7 +22,7 @@ the set still runs, compiled on its call, and counts as a miss (`ProgramSet.miss
 `scale.startup_compile`: "auto" compiles the set on accelerators, where a program's first call
 would otherwise stall the first iteration (GEMM autotuning per shape), and leaves it off on the
 CPU, where a short run meets a few of the set's shapes and compiling the others costs more than
-the run saves; "on" and "off" force it. The set covers one device; a run on a mesh of several, or
+the run saves; "on" and "off" force it. The set covers one device; a run on a mesh of several
 compiles its programs on their first call. A paged KV cache's pool has one size for the whole
 run (`translate.kv_pool_pages`), so its programs are in the set as the dense cache's are.
 """

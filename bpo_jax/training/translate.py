@@ -103,7 +103,7 @@ def rollout_config(settings: Settings, evaluation: bool = False) -> rollout_lib.
   page = settings.model.kv_page_size
   if not page:
     return config
-  train = _rollout_config(settings, False)
+  train = _rollout_config(settings, False) if evaluation else config
   pages = kv_pool_pages(decode_rows(settings, train), settings.model.max_length, page)
   return dataclasses.replace(config, kv_pool_pages=pages)
 

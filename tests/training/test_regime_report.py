@@ -237,6 +237,29 @@ def test_claim2_with_the_draws_gram_matrices_resamples_draws_too(tmp_path):
   assert "95% percentile bootstrap over seeds;" in regime_report.section(plain)
 
 
+@pytest.mark.parametrize("gram, why", [([[1.0, 0.0], [0.0]], "ragged"),
+                                       ([[1.0, 0.0], [0.0, 1.0]], "2 x 2 for 16 draws")])
+def test_a_gram_matrix_of_another_shape_is_one_line(tmp_path, capsys, gram, why):
+  """A gradient_variance.json whose Gram matrix is not draws x draws: one line naming the
+  method, seed and checkpoint, exit 2, the doc untouched."""
+  del why
+  _fixture(str(tmp_path))
+  for m in ("bpo", "grpo", "rloo"):
+    for s in SEEDS:
+      path = tmp_path / "runs" / m / f"seed{s}" / "gradient_variance.json"
+      saved = json.loads(path.read_text())
+      good = np.eye(16).tolist()
+      saved["checkpoints"][0]["gram"] = gram if (m, s) == ("rloo", 1) else good
+      _write(str(path), saved)
+  doc = tmp_path / "RESULTS.md"
+  doc.write_text(f"{regime_report.BEGIN}\nkept\n{regime_report.END}\n")
+  assert regime_report.main([f"--results={tmp_path}", f"--doc={doc}"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1
+  assert "rloo seed 1, checkpoint 0:" in err and "is not a 16 x 16 matrix" in err
+  assert "kept" in doc.read_text()
+
+
 def test_claim2_from_another_measurement_of_the_same_checkpoints(tmp_path, capsys):
   """`--claim2=DIR`: the gradient variances of DIR/runs/EST/seedS (grad_variance.py's
   `--params_from` output, e.g. at more draws) replace the runs' own; a run DIR has not measured

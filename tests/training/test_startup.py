@@ -55,6 +55,18 @@ def test_decode_rows_and_row_lengths_of_the_tiny_runs_by_hand():
   assert startup.update_row_lengths(grpo) == [128, 256, 512, 1024]
 
 
+def test_a_paged_pool_is_sized_once_for_the_rollouts_and_the_evaluations():
+  # 8 held-out tasks decode 8 rows at once, each 320 slots in pages of 16 (20 pages) plus one
+  # copied page: 8 · 21 + 1 (the null page) = 169 pages; the evaluation's engine the same.
+  paged = _settings("bpo", eval__num_tasks=8, model__kv_page_size=16)
+  assert translate.kv_pool_pages(8, 320, 16) == 169
+  assert translate.rollout_config(paged).kv_pool_pages == 169
+  assert translate.rollout_config(paged, evaluation=True).kv_pool_pages == 169
+  # A page of 24 slots: ⌈320 / 24⌉ = 14 pages per row.
+  assert translate.kv_pool_pages(8, 320, 24) == 8 * 15 + 1
+  assert translate.rollout_config(_settings("bpo")).kv_pool_pages == 0  # the dense cache
+
+
 def test_prompt_rows_and_token_bounds_by_hand():
   # 2 trees or 4 held-out prompts at once; 8 held-out tasks over 3 processes: 3.
   assert startup.prompt_rows(_settings("bpo")) == 4
