@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bpo_jax import sampling
+from bpo_jax import sharding
 from bpo_jax.sampling_shapes import ProgramKey
 
 
@@ -87,37 +88,58 @@ def abstract(tree):
 
 
 def _abstract_unembedding(sampler: sampling.Sampler, params, batch: int):
-  """What `Sampler.unembedding` gives a call on `batch` rows of parameters on this process's
-  first device, as an abstract array (or None)."""
+  """What `Sampler.unembedding` gives a call on `batch` rows of `params`, as an abstract array
+  (or None): the embedding transposed, laid out as its transpose (the embedding's partition
+  spec reversed) where the embedding is laid out on a mesh."""
   if not sampler.config.tie_word_embeddings or batch < 2:
     return None
   if jax.local_devices()[0].platform != "cpu":
     return None
-  return jax.eval_shape(lambda p: jnp.transpose(p["embed"][...]), params)
+  embed = jax.tree.leaves(params["embed"])[0]
+  out = jax.eval_shape(jnp.transpose, embed)
+  layout = getattr(embed, "sharding", None)
+  if isinstance(layout, jax.sharding.NamedSharding):
+    spec = tuple(layout.spec) + (None,) * (embed.ndim - len(layout.spec))
+    out = jax.ShapeDtypeStruct(out.shape, out.dtype, sharding=jax.sharding.NamedSharding(
+        layout.mesh, jax.sharding.PartitionSpec(*reversed(spec))))
+  return out
+
+
+def _abstract_state(sampler: sampling.Sampler, batch: int, mesh):
+  """A `DecodeState` of `batch` rows as the sampler's calls take it, abstract: a paged state
+  with its fixed pool and without the host's bookkeeping; a dense one on `mesh` (the
+  parameters', or None) laid out by `sharding.cache_shardings`, as `Sampler.init_state` and
+  `Sampler.take_rows` make it there."""
+  if sampler.page_size:
+    return jax.eval_shape(lambda: _without_book(sampler.init_state(batch)))
+  state = jax.eval_shape(lambda: sampling.init_decode_state(sampler.config, batch,
+                                                            sampler.max_length))
+  if mesh is None:
+    return state
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+                      sharding.cache_shardings(state, mesh))
 
 
 def _lower(sampler: sampling.Sampler, params, key: ProgramKey, limits: sampling.SamplingParams):
-  """The `jax.stages.Lowered` of the sampler's program `key` on abstract `params`, in the
-  calling convention of `Sampler.append` / `Sampler.generate` (one device; a paged state as
-  a compiled call takes it: its fixed pool, the host's bookkeeping left out)."""
-  if sampler.page_size:
-    state = jax.eval_shape(lambda: _without_book(sampler.init_state(key.batch)))
-  else:
-    state = jax.eval_shape(lambda: sampling.init_decode_state(sampler.config, key.batch,
-                                                              sampler.max_length))
+  """The `jax.stages.Lowered` of the sampler's program `key` on abstract `params` (laid out on
+  a mesh where they carry its shardings), in the calling convention of `Sampler.append` /
+  `Sampler.generate`: the state as `_abstract_state` makes it, host arrays (tokens, lengths,
+  keys, settings) without a layout, as transfers leave them."""
+  mesh = sampling.params_mesh(params)
+  state = _abstract_state(sampler, key.batch, mesh)
   unembedding = _abstract_unembedding(sampler, params, key.batch)
   rows = jax.ShapeDtypeStruct((key.batch,), jnp.int32)
   if key.name == "append":
     tokens = jax.ShapeDtypeStruct((key.batch, key.tokens), jnp.int32)
     return sampling._append_donating.lower(  # pylint: disable=protected-access
         sampler.graphdef, params, state, tokens, rows, attend_length=key.window,
-        unembedding=unembedding)
+        unembedding=unembedding, mesh=mesh)
   run = sampling._generate_donating if key.keep_state else sampling._generate_jit  # pylint: disable=protected-access
   keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), key.batch))
   return run.lower(sampler.graphdef, params, state, keys, limits, attend_length=key.window,
                    keep_state=key.keep_state,
                    active=jax.ShapeDtypeStruct((key.batch,), jnp.bool_),
-                   unembedding=unembedding, settings=abstract(limits.settings()))
+                   unembedding=unembedding, settings=abstract(limits.settings()), mesh=mesh)
 
 
 def _without_book(decode_state):

@@ -20,9 +20,10 @@ observations, and `next_logits` is ready for the next `generate`.
 On a mesh: parameters laid out on a device mesh (`params_mesh`; the training loop reshards them
 to `sharding.SAMPLING_RULES`, split over "tensor") decode on that mesh. `Sampler.init_state`
 and `Sampler.take_rows` given the mesh lay the DecodeState out by `sharding.cache_shardings`
-(rows over "data" and "fsdp", KV heads over "tensor"); the compiled calls keep that layout by
-propagation, and a fork's gather is one compiled program whose output is laid out the same, so
-the cache never leaves the devices.
+(rows over "data" and "fsdp", KV heads over "tensor"); `append` and `generate` lay the state
+they return out the same (their static `mesh`), and a fork's gather is one compiled program
+whose output is laid out the same, so the cache never leaves the devices and every call takes
+the layout its program was compiled for.
 
 Paged cache: `Sampler(..., page_size=n)` makes states whose cache is a `models.paged.
 PagedKVCache` (pages of n slots, a page table per row, host reference counts): `take_rows` then
@@ -52,22 +53,16 @@ window and writes it back; `append` writes the new keys and values into the full
 attends over the window. Slots past the window are masked out in any case, so the numbers are
 those of attending over the whole cache.
 
-Compiled shapes (bucketing): `append` compiles once per (batch size, padded token length,
-window). `pad_token_rows` rounds token lengths up to powers of two (at least 16, at most the
-cache length): O(log max_length) token buckets. Windows are powers of two from
-`MIN_ATTEND_LENGTH` (256) up to the cache length, so there are W = 1 + ceil(log2(max_length /
-256)) of them (3 for a cache of 1024 slots, 5 for 4096); a window is never shorter than the
-token bucket. `generate` compiles once per (batch size, `SamplingParams.limits()`, window): at
-most W per batch size and limits. The draw settings (temperature, greedy, top-k, top-p) are
-data (`SamplingSettings`), so greedy evaluation and tempered rollouts of the same limits share
-their programs. Rows that stay under 256 slots compile exactly as without windows.
-Windows start at 256 slots because below that the keys and values a row reads are a small
-part of a call next to the weights, while every further window is a compile per batch size.
-The decode loop itself is one `lax.while_loop` with no host round-trip per token, stopping early
-when every row is done. Keep batch sizes to a few buckets (pad with rows of length 0 and
-`active=False`). The bucket rules live in `sampling_shapes`, which enumerates the closed set of
-(program, shape) keys they give; a `Sampler` given a `precompiled.ProgramSet` compiled for them
-runs those executables instead of compiling on a call.
+Compiled shapes (bucketing): `append` compiles once per (batch size, token bucket, window),
+`generate` once per (batch size, `SamplingParams.limits()`, window); token buckets are powers
+of two from 16 and windows powers of two from `MIN_ATTEND_LENGTH` (256; below that a row's keys
+and values are a small part of a call beside the weights), both capped at the cache length
+(`sampling_shapes`, which enumerates the closed set of keys they give). The draw settings
+(temperature, greedy, top-k, top-p) are data (`SamplingSettings`), so greedy evaluation and
+tempered rollouts of the same limits share their programs. The decode loop is one
+`lax.while_loop` with no host round-trip per token, stopping early when every row is done. A
+`Sampler` given a `precompiled.ProgramSet` compiled for those keys runs its executables
+instead of compiling on a call.
 """
 
 import dataclasses
@@ -271,7 +266,8 @@ def fork(tree, rows, k: int):
 
 def append_tokens(graphdef, state, decode_state: DecodeState, tokens: jax.Array,
                   lengths: jax.Array, attend_length: Optional[int] = None,
-                  unembedding: Optional[jax.Array] = None, layer_stack=None) -> DecodeState:
+                  unembedding: Optional[jax.Array] = None, layer_stack=None,
+                  mesh: Optional[jax.sharding.Mesh] = None) -> DecodeState:
   """Continued prefill: appends `tokens[b, :lengths[b]]` to row b (pure; jit it).
 
   Rows with `lengths[b] == 0` keep their cache length and next logits. The caller keeps
@@ -283,6 +279,10 @@ def append_tokens(graphdef, state, decode_state: DecodeState, tokens: jax.Array,
   `unembedding` (optional) is the output projection's [hidden, vocab] kernel, passed on to the
   model (see `Sampler.unembedding`), as is `layer_stack` (`generate`'s stacked layers), in
   `models.ForwardOptions`, with each row's last real token the only step given logits.
+  `mesh` (static; the parameters', `params_mesh`): the state returned is laid out by
+  `sharding.cache_shardings` there, as `Sampler.init_state` lays it out, so that the next call
+  takes it in the layout its program was compiled for (left to propagation, a vocabulary split
+  over "tensor" would split the next logits too).
   """
   last = jnp.maximum(lengths - 1, 0)
   options = ForwardOptions(attend_length=attend_length, logits_at=last[:, None],
@@ -291,16 +291,19 @@ def append_tokens(graphdef, state, decode_state: DecodeState, tokens: jax.Array,
                           input_lengths=lengths, options=options)
   last_logits = logits[:, 0]
   next_logits = jnp.where((lengths > 0)[:, None], last_logits, decode_state.next_logits)
-  return DecodeState(cache=cache, next_logits=next_logits)
+  out = DecodeState(cache=cache, next_logits=next_logits)
+  return out if mesh is None else _on_mesh(out, mesh)
 
 
 def prefill_tokens(graphdef, state, config: ModelConfig, max_length: int, tokens: jax.Array,
                    lengths: jax.Array, attend_length: Optional[int] = None,
-                   unembedding: Optional[jax.Array] = None) -> DecodeState:
+                   unembedding: Optional[jax.Array] = None,
+                   mesh: Optional[jax.sharding.Mesh] = None) -> DecodeState:
   """`append_tokens` on a new, empty DecodeState of `max_length` slots per row (pure; jit it
-  with `graphdef`, `config`, `max_length` and `attend_length` static)."""
+  with `graphdef`, `config`, `max_length`, `attend_length` and `mesh` static)."""
   empty = init_decode_state(config, tokens.shape[0], max_length)
-  return append_tokens(graphdef, state, empty, tokens, lengths, attend_length, unembedding)
+  return append_tokens(graphdef, state, empty, tokens, lengths, attend_length, unembedding,
+                       mesh=mesh)
 
 
 def is_per_row_key(key: jax.Array) -> bool:
@@ -384,26 +387,12 @@ def sample_logits(logits: jax.Array, key: jax.Array, params):
   return tokens, logprobs, entropies
 
 
-def cache_window(cache: KVCache, window: int) -> KVCache:
-  """The first `window` slots of every row of `cache` (a static slice of keys and values)."""
-  return cache.replace(keys=tuple(k[..., :window] for k in cache.keys),
-                       values=tuple(v[:, :, :window] for v in cache.values))
-
-
-def write_cache_window(cache: KVCache, window_cache: KVCache) -> KVCache:
-  """`cache` with its first slots replaced by those of `window_cache`, and its lengths."""
-  put = lambda full, part: jax.lax.dynamic_update_slice(full, part, (0, 0, 0, 0))
-  return KVCache(keys=tuple(map(put, cache.keys, window_cache.keys)),
-                 values=tuple(map(put, cache.values, window_cache.values)),
-                 lengths=window_cache.lengths)
-
-
 def _loop_cache(graphdef, state, cache, window: int):
   """(the cache `generate`'s loop works on, the stacked layers or None): a dense cache cut to
   the window (a paged cache as it is) and, if the model scans its layers, the model's layers and
   the cache's stacked once rather than at every step (`ForwardOptions.layer_stack`)."""
   if window < cache.max_length and not isinstance(cache, paged.PagedKVCache):
-    cache = cache_window(cache, window)
+    cache = cache.window(window)
   layer_stack = stacked_layer_state(graphdef, state)
   return (cache, None) if layer_stack is None else (cache.to_stacked(), layer_stack)
 
@@ -414,7 +403,7 @@ def _cache_after_loop(full_cache, loop_cache):
     return loop_cache
   loop_cache = loop_cache.to_layers()  # a no-op unless stacked
   sliced = loop_cache.max_length < full_cache.max_length
-  return write_cache_window(full_cache, loop_cache) if sliced else loop_cache
+  return full_cache.with_window(loop_cache) if sliced else loop_cache
 
 
 def _emit_token(step, logits, key, finished, out, *, params: SamplingSettings, keyed_rows: bool,
@@ -442,7 +431,8 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
              params: SamplingParams, active: Optional[jax.Array] = None,
              attend_length: Optional[int] = None, keep_state: bool = True,
              unembedding: Optional[jax.Array] = None,
-             settings: Optional[SamplingSettings] = None):
+             settings: Optional[SamplingSettings] = None,
+             mesh: Optional[jax.sharding.Mesh] = None):
   """Decodes up to `params.max_new_tokens` tokens per active row in one `lax.while_loop`.
 
   A row stops after emitting a stop token, after `max_new_tokens`, or when its cache is full.
@@ -458,13 +448,13 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   `max(lengths + max_new_tokens)` over the active rows (capped at the cache length) to get the
   same tokens as with the whole cache; `Sampler.generate` picks the bucket of that.
 
-  `keep_state=False` is for callers that drop the returned decode state (a probe, a last turn,
-  plain text generation): the last token each row emits is then not run through the model, one
-  batch forward fewer, as transformers' `generate` does, and the state returned is None. The
-  output is the same.
+  `keep_state=False` (callers that drop the state: a probe, a last turn, plain text): the last
+  token each row emits is not run through the model, one batch forward fewer (as transformers'
+  `generate`), and the state returned is None; the output is the same.
 
   `unembedding` (optional) is the output projection's [hidden, vocab] kernel for every step
-  (see `Sampler.unembedding`).
+  (see `Sampler.unembedding`). `mesh` (static): the state returned is laid out there as
+  `append_tokens` lays it out.
 
   Returns:
     (decode_state with every emitted token cached, or None without `keep_state`; SampleOutput).
@@ -508,6 +498,8 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
   step, decode_state, key, finished, out = jax.lax.while_loop(cond, body, carry)
   if keep_state:
     decode_state = decode_state.replace(cache=_cache_after_loop(full_cache, decode_state.cache))
+    if mesh is not None:
+      decode_state = _on_mesh(decode_state, mesh)
   else:
     # step < steps here; rows already finished (all of them if the loop ended early) emit
     # nothing.
@@ -517,17 +509,19 @@ def generate(graphdef, state, decode_state: DecodeState, key: jax.Array,
                                     **out)
 
 
-_append_jit = jax.jit(append_tokens, static_argnums=(0,), static_argnames=("attend_length",))
+_append_jit = jax.jit(append_tokens, static_argnums=(0,),
+                      static_argnames=("attend_length", "mesh"))
 _prefill_jit = jax.jit(prefill_tokens, static_argnums=(0, 2, 3),
-                       static_argnames=("attend_length",))
+                       static_argnames=("attend_length", "mesh"))
 _generate_jit = jax.jit(generate, static_argnums=(0, 4),
-                        static_argnames=("attend_length", "keep_state"))
+                        static_argnames=("attend_length", "keep_state", "mesh"))
 _transpose_jit = jax.jit(jnp.transpose)
 # The same programs taking over the DecodeState's buffers (`Sampler(donate=True)`).
-_append_donating = jax.jit(append_tokens, static_argnums=(0,), static_argnames=("attend_length",),
-                           donate_argnums=(2,))
+_append_donating = jax.jit(append_tokens, static_argnums=(0,),
+                           static_argnames=("attend_length", "mesh"), donate_argnums=(2,))
 _generate_donating = jax.jit(generate, static_argnums=(0, 4),
-                             static_argnames=("attend_length", "keep_state"), donate_argnums=(2,))
+                             static_argnames=("attend_length", "keep_state", "mesh"),
+                             donate_argnums=(2,))
 
 
 def _is_paged(decode_state: DecodeState) -> bool:
@@ -651,7 +645,7 @@ class Sampler:
                                              dict(enumerate(rows)), self.max_length)
     return _prefill_jit(self.graphdef, state, self.config, self.max_length,
                         jax.device_put(tokens), jax.device_put(lengths), attend_length=window,
-                        unembedding=self.unembedding(state, len(rows)))
+                        unembedding=self.unembedding(state, len(rows)), mesh=params_mesh(state))
 
   def append(self, state, decode_state: DecodeState,
              rows: Mapping[int, Sequence[int]]) -> DecodeState:
@@ -669,7 +663,8 @@ class Sampler:
     kwargs = dict(unembedding=self.unembedding(state, decode_state.batch_size))
     key = ProgramKey("append", decode_state.batch_size, tokens.shape[1], window)
     out = self._run(key, self.donate, decode_state, args, kwargs,
-                    functools.partial(append, self.graphdef, attend_length=window))
+                    functools.partial(append, self.graphdef, attend_length=window,
+                                      mesh=params_mesh(state)))
     if book is not None:
       book.lengths = book.lengths + lengths
       out = out.replace(cache=out.cache.replace(book=book))
@@ -757,6 +752,7 @@ class Sampler:
       after = np.where(emitting, lengths + params.max_new_tokens, lengths)
       decode_state, book = _paged_with_room(decode_state, after, keep_state)
     program = ProgramKey("generate", decode_state.batch_size, 0, window, keep_state)
+    mesh = params_mesh(state)
     kwargs = dict(active=active, unembedding=self.unembedding(state, decode_state.batch_size),
                   settings=params.settings())
     # The set holds the engine's decode loops: donating when they keep the state, with rows
@@ -766,7 +762,8 @@ class Sampler:
     out_state, out = self._run(
         program, eligible, decode_state, (state, decode_state, key), kwargs,
         lambda s, ds, k, **rest: run(self.graphdef, s, ds, k, params.limits(),
-                                     attend_length=window, keep_state=keep_state, **rest))
+                                     attend_length=window, keep_state=keep_state, mesh=mesh,
+                                     **rest))
     if book is not None and keep_state:
       out_state = out_state.replace(cache=paged.settle(out_state.cache.replace(book=book)))
     return out_state, out
@@ -792,4 +789,4 @@ class Sampler:
     accelerator runs): the program a dry run compiles. Returns a `jax.stages.Lowered`."""
     return _generate_jit.lower(self.graphdef, state, decode_state, key, params.limits(), active,
                                attend_length=None, keep_state=keep_state, unembedding=None,
-                               settings=params.settings())
+                               settings=params.settings(), mesh=params_mesh(state))

@@ -12,8 +12,11 @@ from bpo_jax import models
 from bpo_jax import precompiled
 from bpo_jax import sampling
 from bpo_jax import sampling_shapes as shapes
+from bpo_jax import sharding
 from bpo_jax.models import ModelConfig
 from bpo_jax.sampling_shapes import ProgramKey
+from bpo_jax.testing import model_rounding
+from bpo_jax.testing import tolerance
 from bpo_jax.training import compile_cache
 from bpo_jax.training import translate
 
@@ -94,9 +97,10 @@ CONFIG = ModelConfig.tiny_qwen3(vocab_size=64, hidden_size=32, intermediate_size
 LIMITS = sampling.SamplingParams(max_new_tokens=4, stop_token_ids=(3,))
 
 
-def _decode(sampler, state, prompts, observation):
-  """Prefill 2 rows (of a batch of 8), decode, append an observation to row 0, decode again."""
-  ds = sampler.append(state, sampler.init_state(8), dict(enumerate(prompts)))
+def _decode(sampler, state, prompts, observation, mesh=None):
+  """Prefill 2 rows (of a batch of 8), decode, append an observation to row 0, decode again
+  (on `mesh`: the rows' cache laid out there)."""
+  ds = sampler.append(state, sampler.init_state(8, mesh), dict(enumerate(prompts)))
   keys = jax.random.split(jax.random.key(0), 8)
   active = np.arange(8) < 2
   ds, first = sampler.generate(state, ds, keys, LIMITS, active)
@@ -131,6 +135,39 @@ def test_a_sampler_on_its_program_set_compiles_nothing_and_gives_the_same_number
   assert "jit(append_tokens)" in {name for name, _ in counter.log}
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(have)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
+def test_a_sampler_on_a_mesh_runs_from_its_set_with_the_numbers_of_one_device():
+  """Parameters in the sampling layout of a mesh fsdp 2 x tensor 2 (the tied embedding's
+  vocabulary split over "tensor", so the CPU's transposed copy is split too): the set lowered on
+  their abstract layout runs every append and decode loop (an input laid out otherwise would
+  be refused by the executable), compiles none of them, and gives one device's tokens, with
+  logprobs within the rounding of sums split over "tensor"."""
+  graphdef, state = nnx.split(models.Decoder(CONFIG, rngs=nnx.Rngs(0)))
+  prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+  expected = _decode(sampling.Sampler(graphdef, CONFIG, 48, donate=True), state, prompts,
+                     [13, 14])
+  mesh = sharding.make_mesh(sharding.MeshConfig(fsdp=2, tensor=2), jax.devices()[:4])
+  laid_out = jax.device_put(state, sharding.param_shardings(state, mesh,
+                                                             sharding.SAMPLING_RULES))
+  assert laid_out["embed"][...].sharding.spec[0] == "tensor"
+  programs = precompiled.ProgramSet(LIMITS.limits())
+  sampler = sampling.Sampler(graphdef, CONFIG, 48, donate=True, programs=programs)
+  keys = [k for k in shapes.sampler_program_keys([8], 48) if k.tokens in (0, 16)]
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          laid_out)
+  precompiled.compile_sampler_programs(programs, sampler, abstract, keys)
+  counter = compile_cache.CompileCounter()
+  got = _decode(sampler, laid_out, prompts, [13, 14], mesh)
+  assert not {name for name, _ in counter.log} & {"jit(append_tokens)", "jit(generate)"}
+  assert (programs.hits, programs.misses) == (4, 0)
+  for want, have in zip(expected[1:], got[1:]):
+    np.testing.assert_array_equal(np.asarray(want.tokens), np.asarray(have.tokens))
+    # Log-probabilities of at most log(64) ≈ 4.2 in magnitude, from logits of about as much.
+    steps = model_rounding.forward_roundings(CONFIG, attended_slots=48, logprobs=True)
+    tolerance.assert_close(np.asarray(have.logprobs), np.asarray(want.logprobs), steps=steps,
+                           magnitude=max(8.0, float(np.abs(np.asarray(want.logprobs)).max())))
 
 
 @pytest.mark.slow

@@ -61,6 +61,19 @@ class KVCache:
     rows = jnp.asarray(rows, jnp.int32)
     return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), self)
 
+  def window(self, window: int) -> "KVCache":
+    """The first `window` slots of every row (a static slice of keys and values): what a
+    decode loop over that window works on."""
+    return self.replace(keys=tuple(k[..., :window] for k in self.keys),
+                        values=tuple(v[:, :, :window] for v in self.values))
+
+  def with_window(self, part: "KVCache") -> "KVCache":
+    """The cache with its first slots replaced by those of `part` (a `window` of it after a
+    decode loop), and `part`'s lengths."""
+    put = lambda full, head: jax.lax.dynamic_update_slice(full, head, (0, 0, 0, 0))
+    return KVCache(keys=tuple(map(put, self.keys, part.keys)),
+                   values=tuple(map(put, self.values, part.values)), lengths=part.lengths)
+
   def attend_span(self, attend_length: int) -> int:
     """Slots attention reads for a window of `attend_length` slots (all of them)."""
     return attend_length

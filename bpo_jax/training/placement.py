@@ -229,6 +229,16 @@ class Placement:
     moved = move(params)
     return moved if local is None else distributed.local_view(moved, local)
 
+  def abstract_for_sampling(self, params):
+    """Abstract parameters (`jax.eval_shape` of `Experiment.sampling_params`) laid out as
+    `for_sampling` lays them out: `sharding.SAMPLING_RULES` on this process's devices; as they
+    are unsharded."""
+    if self.mesh is None:
+      return params
+    layout = sharding.param_shardings(params, self.sample_mesh, sharding.SAMPLING_RULES)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
+                        layout)
+
   def feed(self, packed: packing.PackedBatch):
     """The update's batch: the packed global batch whole, or this process's rows of it."""
     if self.mesh is None:  # a transfer: `jnp.asarray` would compile a program per row length

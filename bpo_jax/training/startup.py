@@ -22,8 +22,10 @@ the set still runs, compiled on its call, and counts as a miss (`ProgramSet.miss
 `scale.startup_compile`: "auto" compiles the set on accelerators, where a program's first call
 would otherwise stall the first iteration (GEMM autotuning per shape), and leaves it off on the
 CPU, where a short run meets a few of the set's shapes and compiling the others costs more than
-the run saves; "on" and "off" force it. The set covers one device; a run on a mesh of several
-compiles its programs on their first call. A paged KV cache's pool has one size for the whole
+the run saves; "on" and "off" force it. The set covers one device and a mesh alike: on a mesh
+the decode programs take the parameters in the sampling layout of this process's devices
+(`Placement.abstract_for_sampling`) and the cache in `sharding.cache_shardings`'s, the update
+the train state's and the rows' layouts. A paged KV cache's pool has one size for the whole
 run (`translate.kv_pool_pages`), so its programs are in the set as the dense cache's are.
 """
 
@@ -169,10 +171,10 @@ def compile_threshold(programs: precompiled.ProgramSet, settings) -> None:
                          running, entropy, mask, quantile=float(quantile), decay=decay))
 
 
-def applies(settings, placement) -> bool:
+def applies(settings) -> bool:
   """Whether the run compiles its set at start-up: `scale.startup_compile` says so for this
-  platform, and the run decodes on one device (what the set covers)."""
-  return wanted(settings.scale.startup_compile) and placement.mesh is None
+  platform (on one device or a mesh alike)."""
+  return wanted(settings.scale.startup_compile)
 
 
 def start(exp, setup, params, compile_set: bool = True) -> tuple[Any, Any, Callable, dict | None]:
@@ -186,14 +188,15 @@ def start(exp, setup, params, compile_set: bool = True) -> tuple[Any, Any, Calla
   settings = exp.settings
   config = translate.rollout_config(settings)
   programs = None
-  if compile_set and applies(settings, setup.placement):
+  if compile_set and applies(settings):
     programs = precompiled.ProgramSet(config.sampling_params(exp.fmt.stop_token_ids).limits())
   exp = dataclasses.replace(exp, programs=programs)
   engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
                                      config, programs=programs)
   if programs is None:
     return exp, engine, setup.train_step, None
-  sampling_params = jax.eval_shape(exp.sampling_params, params)
+  sampling_params = setup.placement.abstract_for_sampling(
+      jax.eval_shape(exp.sampling_params, params))
   processes = jax.process_count()
   longest_prompt, longest_observation = token_bounds(exp.fmt)
   keys = engine.program_keys(max_decode_rows(settings, processes),

@@ -4,7 +4,9 @@
 
 SPEC_JSON: {"workdir", "cache_dir" ("none" for no persistent cache), "estimator",
 "iterations", "checkpoint" (an HF directory, or "" for the world's tiny model), "lora_rank",
-"eval_every", optionally "startup_compile" (`scale.startup_compile`) and "max_length"}. Prints one JSON line: the compile counts (`compile_cache.CompileCounter`) at the
+"eval_every", optionally "startup_compile" (`scale.startup_compile`), "max_length",
+"kv_page_size" and "mesh" ({"fsdp", "tensor"}: the run on a mesh of that many fake CPU
+devices)}. Prints one JSON line: the compile counts (`compile_cache.CompileCounter`) at the
 start of every iteration and at the end of the run ("at_iteration" [{"requests",
 "cache_hits", "compiles"}, ...], "at_end"), so the compiles of iteration i and the evaluation
 after it are the difference of consecutive entries.
@@ -30,6 +32,9 @@ def tiny_config(spec: dict):
   if spec.get("max_length"):
     config.model.max_length = spec["max_length"]
   config.model.kv_page_size = spec.get("kv_page_size", 0)
+  if spec.get("mesh"):  # {"fsdp": f, "tensor": t}: a mesh of f x t devices
+    config.scale.num_devices = spec["mesh"]["fsdp"] * spec["mesh"]["tensor"]
+    config.scale.mesh.fsdp, config.scale.mesh.tensor = spec["mesh"]["fsdp"], spec["mesh"]["tensor"]
   if spec.get("checkpoint"):
     config.model.checkpoint = spec["checkpoint"]
     config.model.max_length = 640  # the chat template takes more tokens per path
@@ -60,4 +65,7 @@ def main(spec: dict) -> dict:
 
 if __name__ == "__main__":
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  print(json.dumps(main(json.loads(sys.argv[1]))))
+  SPEC = json.loads(sys.argv[1])
+  if SPEC.get("mesh"):  # before JAX starts
+    os.environ["JAX_NUM_CPU_DEVICES"] = str(SPEC["mesh"]["fsdp"] * SPEC["mesh"]["tensor"])
+  print(json.dumps(main(SPEC)))

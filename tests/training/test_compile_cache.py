@@ -112,6 +112,8 @@ FIRST_USE = {"jit(_gather_rows)"}
 # A paged cache's: pages copied (a fork's partly filled last page; one program for the run's
 # pool).
 FIRST_USE_PAGED = {"jit(_copy_pages)"}
+# On a mesh: the rows' gather that keeps the cache's layout.
+FIRST_USE_MESH = {"jit(_take_rows_on_mesh)"}
 # Programs of the policy's parameters, first compiled by the initial evaluation: the adapters'
 # merge and the CPU's transposed embedding. Compiled again, the update returned parameters
 # placed otherwise than the initial ones.
@@ -119,22 +121,29 @@ OF_THE_PARAMETERS = {"jit(merge_lora)", "jit(transpose)"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kv_page_size", [0, 16])
+@pytest.mark.parametrize("kv_page_size, mesh", [(0, None), (16, None),
+                                                (0, {"fsdp": 2, "tensor": 2})])
 def test_with_the_start_up_set_the_iterations_compile_no_sampler_or_update_program(
-    tmp_path, kv_page_size):
+    tmp_path, kv_page_size, mesh):
   """The world's tiny model with rank-4 adapters and 256 cache slots, two iterations with an
   evaluation after each, its program set compiled at start-up: the iterations run every append,
   decode loop and update from the set (no miss) and compile none of them, nor the merge of the
   updated adapters (the set's update returns the state placed as it came in); the first
   iteration compiles only `FIRST_USE`'s small programs (a paged cache's too), the second
-  nothing. The same with a paged cache: its pool has one size for the run."""
+  nothing. The same with a paged cache (its pool has one size for the run) and on a mesh of
+  fsdp 2 x tensor 2 (the decode programs take the parameters in the sampling layout and the
+  cache in its own, the update the train state's and the rows' layouts)."""
   counts = run_counted(dict(cache_dir="none", estimator="bpo", iterations=2, eval_every=1,
                             startup_compile="on", max_length=256, lora_rank=4,
-                            kv_page_size=kv_page_size, workdir=str(tmp_path / "run")))
+                            kv_page_size=kv_page_size, mesh=mesh,
+                            workdir=str(tmp_path / "run")))
   first = counts["at_iteration"][0]["requests"]
   during = {name for name, _ in counts["log"][first:]}
   assert not during & (HEAVY | OF_THE_PARAMETERS), sorted(during)
-  assert during <= FIRST_USE | (FIRST_USE_PAGED if kv_page_size else set()), sorted(during)
+  allowed = FIRST_USE_MESH if mesh else FIRST_USE | (FIRST_USE_PAGED if kv_page_size else set())
+  assert during <= allowed, sorted(during)
+  if mesh:  # the rows were decoded on the mesh: their forks gathered there
+    assert during == FIRST_USE_MESH, sorted(during)
   assert counts["at_end"]["requests"] == counts["at_iteration"][1]["requests"], counts
   with open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8") as f:
     records = [json.loads(line) for line in f]

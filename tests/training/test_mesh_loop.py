@@ -139,7 +139,7 @@ RUN = os.path.join(ROOT, "experiments", "run.py")
 TWO_PROCESS_TIMEOUT_S = 420
 # All three axes: rows split over data x fsdp (4 ways), matrices over fsdp and tensor.
 MESH = ("--config.scale.mesh.data=2", "--config.scale.mesh.fsdp=2",
-        "--config.scale.mesh.tensor=2")
+        "--config.scale.mesh.tensor=2", "--config.scale.startup_compile=on")
 SHARDS = 4  # fsdp x tensor: the train state's split
 
 
@@ -256,8 +256,13 @@ def test_two_processes_on_a_mesh_train_the_quickstart_like_one_device(tmp_path,
   assert out0.count("held-out success") == 3 and "held-out" not in out1
 
   records = metrics.read_jsonl(os.path.join(two, "metrics.jsonl"))
-  assert [(r["phase"], r["iteration"]) for r in records if r["phase"] != "warm_start"] == [
+  assert [(r["phase"], r["iteration"]) for r in records
+          if r["phase"] not in ("warm_start", "startup")] == [
       ("eval", 0), ("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
+  # Each start compiled its program set (the decode programs on each process's four devices, the
+  # update on all eight), and the iterations ran every program of the set from it.
+  assert [r["startup_programs"] > 0 for r in records if r["phase"] == "startup"] == [True] * 2
+  assert [r["compile_misses"] for r in records if r["phase"] == "train"] == [0, 0]
   config = _load(config_path)
   config.scale.num_devices = 1  # the reference: one device of this process
   exp, state = experiment_lib.build_experiment(from_config(config), two)
