@@ -164,30 +164,62 @@ def test_too_few_paired_seeds_is_one_line(tmp_path, capsys):
 def test_config_is_the_rooms_comparison_from_a_warm_start_stopped_at_a_target(regime, world):
   import importlib
   from bpo_jax.training import warm_start
-  c = importlib.import_module(f"experiments.configs.{regime}").get_config()
+  module = importlib.import_module(f"experiments.configs.{regime}")
+  c = module.get_config()
   r = importlib.import_module(f"experiments.configs.{world}").get_config()
   assert c.env.options.difficulty == r.env.options.difficulty
-  assert (c.env.max_turns, c.model.max_length) == (r.env.max_turns, r.model.max_length)
-  assert c.warm_start.target_success == rooms_regime.TARGET_SUCCESS > 0
-  assert c.warm_start.steps == rooms_regime.MAX_WARM_START_STEPS > r.warm_start.steps
+  assert c.env.max_turns == r.env.max_turns
+  assert c.warm_start.target_success == getattr(module, "TARGET_SUCCESS") > 0
+  assert c.warm_start.steps > r.warm_start.steps
   assert c.rollout.max_env_steps == r.rollout.max_env_steps  # the same matched budget
+  assert c.rollout.max_tree_tokens >= 4 * c.model.max_length  # four whole contexts at least
   assert c.eval.num_tasks == c.env.num_eval_tasks == 512
   assert c.rollout.task_offset == c.warm_start.num_trajectories
-  # The validation tasks lie past every position the iterations draw: [32, 32 + 64 · 8).
+  # The validation tasks lie past every position the iterations draw: [N, N + 64 · 8).
   start, _ = warm_start.validation_positions(c.env.num_train_tasks, c.warm_start.validation_tasks)
   assert c.rollout.task_offset + c.train.iterations * c.rollout.tasks_per_iteration <= start
 
 
-def test_the_difficulty_2_regime_differs_from_the_first_in_its_world_alone():
-  """`rooms_d2_regime.py` is `rooms_regime.py` with `rooms_d2.world`'s settings: the same warm
-  start, target, tasks, held-out set, schedule and learning rate."""
+def test_the_difficulty_2_regime_differs_from_the_first_in_its_world_and_warm_start_alone():
+  """`rooms_d2_regime.py` is `rooms_regime.py` with `rooms_d2.world`'s settings, observations
+  and context for its longer observations, and its own warm start (episodes, steps, target) and
+  the training tasks that start after it: the same held-out set, schedule and learning rate."""
   from bpo_jax.training import config as config_lib
   from experiments.configs import rooms_d2_regime
   flat = lambda c: dict(_flatten(config_lib.to_plain(c)))
   one, two = flat(rooms_regime.get_config()), flat(rooms_d2_regime.get_config())
   assert {k for k in one if one[k] != two.get(k)} == {
-      "env.options.difficulty", "env.max_turns", "model.max_length", "rollout.max_env_steps"}
+      "env.options.difficulty", "env.max_turns", "model.max_length", "rollout.max_env_steps",
+      "env.max_observation_tokens", "rollout.max_tree_tokens", "warm_start.num_trajectories",
+      "warm_start.steps", "warm_start.target_success", "rollout.task_offset",
+      "env.num_train_tasks"}
   assert two["env.options.difficulty"] == 2 and two["rollout.max_env_steps"] == 4 * 7
+
+
+@pytest.mark.slow
+def test_the_difficulty_2_regime_keeps_every_expert_observation_whole_and_its_path_in_context(
+    tmp_path):
+  """With the world's tokenizer (trained as a run trains it), every observation of the expert
+  episodes of the tuning worlds' training tasks and of the comparison's held-out tasks fits
+  `OBSERVATION_TOKENS` (a cut one would lose the exits, the one-way door among them), and a
+  path of the cut's bound fits the context."""
+  from bpo_jax.sandboxes import rooms
+  from bpo_jax.text import build
+  from experiments.configs import rooms_d2_regime
+  c = rooms_d2_regime.get_config()
+  train = rooms.make_tasks("train", num=c.env.num_train_tasks, seed=0, difficulty=2)
+  tokenizer, fmt = build.build_text("rooms", str(tmp_path), train, env_options={"difficulty": 2},
+                                    max_observation_tokens=c.env.max_observation_tokens)
+  assert fmt.path_token_bound(c.env.max_turns, c.rollout.max_action_tokens) <= c.model.max_length
+  longest = 0
+  for split, seed in (("train", 1), ("test", 0)):
+    for task in rooms.make_tasks(split, num=256, seed=seed, difficulty=2):
+      sandbox = rooms.make_sandbox(max_steps=c.env.max_turns)
+      observations = [sandbox.reset(task)]
+      observations += [sandbox.step(a).observation for a in rooms.expert_actions(task)]
+      longest = max([longest] + [len(tokenizer.encode(o, add_special_tokens=False))
+                                 for o in observations])
+  assert 40 < longest <= c.env.max_observation_tokens, longest
 
 
 def _flatten(tree, prefix=""):
