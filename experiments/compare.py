@@ -17,6 +17,8 @@ in a subprocess, `--jobs` at a time (default: as many as the machine has cores, 
 runs left; on one accelerator use --jobs=1). Its output goes to OUT/runs/EST/seedS.log. Runs are
 resumable: a finished one (summary.json holding all of its iterations) is skipped, an unfinished
 one resumes from its latest checkpoint; a finished one whose saved config differs is an error.
+Each run's provenance.json records the code commit and this command as it starts (and, under
+"resumed", every later command that resumed it).
 
 With `--share_warm_start`, a seed's warm start is trained once, by its first estimator's run,
 and the seed's other runs start from that run's checkpoint 0 (parameters, Adam moments, the
@@ -206,6 +208,26 @@ def train(run: Run, config, env: dict) -> tuple[Run, int, float]:
   return run, status, time.perf_counter() - start
 
 
+PROVENANCE = "provenance.json"
+
+
+def record_provenance(run: Run, made: dict) -> None:
+  """Writes `run`'s provenance.json as its training starts: the code commit, whether the code
+  differed from it, and the command (`made`, `cli.provenance("compare.py", ...)`, as
+  {"commit", "code_changes", "commands": {"train": ...}, "created"}). A run resumed by a later
+  command keeps its first record and adds each later one under "resumed" (its commit, changes,
+  command and time), so a run trained across commits says so."""
+  path = os.path.join(run.workdir, PROVENANCE)
+  entry = {k: made[k] for k in ("commit", "code_changes", "created")}
+  if not os.path.exists(path):
+    workdir_lib.write_json(path, dict(entry, commands={"train": made["command"]}))
+    return
+  with open(path, encoding="utf-8") as f:
+    record = json.load(f)
+  record.setdefault("resumed", []).append(dict(entry, command=made["command"]))
+  workdir_lib.write_json(path, record)
+
+
 def exit_reason(status: int) -> str:
   """A run's exit status in words; a SIGKILL (status -9) is most often the kernel's
   out-of-memory killer, which fewer runs at once (`--jobs`) avoid.
@@ -296,8 +318,10 @@ def pick(ready: list[bool], lead: list[bool], jobs: int) -> int | None:
   return ready_at[0]
 
 
-def train_all(runs, jobs: int, leads: dict | None = None) -> list[Run]:
-  """Trains the unfinished runs, `jobs` at a time; returns the runs that failed. With `leads`
+def train_all(runs, jobs: int, leads: dict | None = None,
+              provenance: dict | None = None) -> list[Run]:
+  """Trains the unfinished runs, `jobs` at a time; returns the runs that failed. Each run
+  started records `provenance` in its workdir (`record_provenance`), where given. With `leads`
   (`warm_start_leads`), a run waits until its lead has written checkpoint 0 and starts from it
   (`start_from_lead`); meanwhile the others go first, in the order of `pick`. A run whose lead
   fails before writing checkpoint 0 fails; one whose lead finished earlier and left no
@@ -348,6 +372,9 @@ def train_all(runs, jobs: int, leads: dict | None = None) -> list[Run]:
       run, config = item
       if run in leads:
         start_from_lead(run, leads[run], config)
+      if provenance is not None:
+        os.makedirs(run.workdir, exist_ok=True)
+        record_provenance(run, provenance)
       run, status, seconds = train(run, config, env)
       with lock:
         if status == 0:
@@ -423,7 +450,7 @@ def main(argv):
               _FLAGS["first_seed"].value)
   os.makedirs(out, exist_ok=True)
   leads = warm_start_leads(runs) if _FLAGS["share_warm_start"].value else None
-  failed = train_all(runs, jobs, leads)
+  failed = train_all(runs, jobs, leads, cli.provenance("compare.py", sys.argv[1:]))
   if write_results(runs, out, spec, failed=failed) is None or failed:
     sys.exit(1)
 

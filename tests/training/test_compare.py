@@ -6,6 +6,7 @@ JSON and the plots, skips the finished runs when called again and refuses bad fl
 """
 
 import importlib
+import itertools
 import json
 import math
 import os
@@ -245,6 +246,15 @@ def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_pat
   saved = json.load(open(os.path.join(out, "runs", "grpo", "seed1.json"), encoding="utf-8"))
   assert saved["rollout"]["estimator"] == "grpo" and saved["seed"] == 1
   assert os.path.exists(os.path.join(out, "runs", "grpo", "seed1", "summary.json"))
+  # Each run records the commit and the command it was trained by.
+  head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                        text=True).stdout.strip()
+  for estimator, seed in itertools.product(("bpo", "grpo"), (0, 1)):
+    with open(os.path.join(out, "runs", estimator, f"seed{seed}", compare.PROVENANCE),
+              encoding="utf-8") as f:
+      made = json.load(f)
+    assert made["commit"] == head and "resumed" not in made
+    assert made["commands"]["train"] == "python experiments/compare.py " + " ".join(args)
   second = _compare(*args)
   assert second.returncode == 0, second.stderr[-2000:]
   assert second.stdout.count("finished, skipped") == 4 and "trained in" not in second.stdout
