@@ -24,9 +24,9 @@ tuning worlds (its tasks, 1088 training tasks, never reached 0.2 on validation: 
 held-out 0.133 on 256 tasks), GRPO at 2e-4 stood at 0.152, 0.180, 0.148, 0.164 after 16-64
 updates (26 tasks gained, 18 lost against the warm start) and 0.152, 0.141, 0.195, 0.180 after
 80-128 (31 gained, 19 lost: +0.047); at 5e-4 it fell to 0.098 after 64
-(results/rooms_d2_regime_tuning/ws512_*). The 10 points of gain a comparison needs are not in reach, so
-no comparison runs on this world; where the policy must search rooms it does not see, a larger
-model or a longer schedule would come first.
+(results/rooms_d2_regime_tuning/ws512_*). The 10 points of gain a comparison needs are not in
+reach, so no comparison runs on this world; where the policy must search rooms it does not see,
+a larger model or a longer schedule would come first.
 
     python experiments/compare.py --config=experiments/configs/rooms_d2_regime.py \\
         --config.env.task_seed=1 --config.train.iterations=128 --config.eval.every=16 \\
