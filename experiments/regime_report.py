@@ -433,8 +433,10 @@ def provenance_line(x: dict) -> str:
   commits = sorted({p["commit"][:7] for p in known})
   warm = sorted({p["warm_start_commit"][:7] for p in known if "warm_start_commit" in p})
   measured = sorted({p["claim2_commit"][:7] for p in known if "claim2_commit" in p})
-  # One command per seed, the same but for --first_seed: written once, with S for the seed.
-  commands = sorted({re.sub(r"--first_seed=\d+", "--first_seed=S", c)
+  # One command per seed, the same but for --first_seed: written once, with S for the seed; a
+  # command of several seeds (--seeds=N, N > 1) as it was run.
+  commands = sorted({c if re.search(r"--seeds=(?!1\b)\d+", c)
+                     else re.sub(r"--first_seed=\d+", "--first_seed=S", c)
                      for p in known for c in p["commands"].values()})
   missing = len(x["provenance"]) - len(known)
   text = f"Code {', '.join(commits) or 'not recorded'}"

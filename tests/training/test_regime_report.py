@@ -336,6 +336,12 @@ def test_claim2_from_another_measurement_of_the_same_checkpoints(tmp_path, capsy
       regime_report.load(str(tmp_path / "results"), str(other))))
   assert line == ("Code abcdef0, claim 2 measured at 1234567; commands (S: each seed): "
                   "`fixture`, `gv --first_seed=S`.")
+  # A command of several seeds is written as it was run.
+  _write(str(path), dict(saved, provenance=dict(commit="123456789a",
+                                                command="gv --seeds=6 --first_seed=10")))
+  line = regime_report.provenance_line(regime_report.summarise(
+      regime_report.load(str(tmp_path / "results"), str(other))))
+  assert line.endswith("`fixture`, `gv --seeds=6 --first_seed=10`.")
   assert regime_report.main([f"--results={tmp_path / 'results'}", f"--doc={doc}",
                              f"--claim2={tmp_path / 'none'}"]) == 2
   err = capsys.readouterr().err
