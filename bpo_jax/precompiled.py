@@ -116,8 +116,7 @@ def _abstract_state(sampler: sampling.Sampler, batch: int, mesh):
                                                             sampler.max_length))
   if mesh is None:
     return state
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
-                      sharding.cache_shardings(state, mesh))
+  return sharding.with_shardings(state, sharding.cache_shardings(state, mesh))
 
 
 def _lower(sampler: sampling.Sampler, params, key: ProgramKey, limits: sampling.SamplingParams):

@@ -305,6 +305,15 @@ def cache_shardings(cache, mesh: Mesh, rules: Mapping[str, Any] = SAMPLING_RULES
   return jax.tree_util.tree_map_with_path(pick, cache)
 
 
+def with_shardings(tree, shardings):
+  """Each leaf of `tree` as a `jax.ShapeDtypeStruct` on its sharding (None: unsharded): the
+  abstract inputs a program is lowered on."""
+  if shardings is None:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
+
+
 def reshard(tree, shardings):
   """Moves a pytree onto new shardings (e.g. from the training to the sampling layout)."""
   return jax.device_put(tree, shardings)

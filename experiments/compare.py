@@ -216,15 +216,21 @@ def record_provenance(run: Run, made: dict) -> None:
   differed from it, and the command (`made`, `cli.provenance("compare.py", ...)`, as
   {"commit", "code_changes", "commands": {"train": ...}, "created"}). A run resumed by a later
   command keeps its first record and adds each later one under "resumed" (its commit, changes,
-  command and time), so a run trained across commits says so."""
+  command and time), so a run trained across commits says so. A record that does not read (not
+  JSON, or not a record) is replaced by this one, which says so ("earlier": "unreadable")."""
   path = os.path.join(run.workdir, PROVENANCE)
   entry = {k: made[k] for k in ("commit", "code_changes", "created")}
+  first = dict(entry, commands={"train": made["command"]})
   if not os.path.exists(path):
-    workdir_lib.write_json(path, dict(entry, commands={"train": made["command"]}))
+    workdir_lib.write_json(path, first)
     return
-  with open(path, encoding="utf-8") as f:
-    record = json.load(f)
-  record.setdefault("resumed", []).append(dict(entry, command=made["command"]))
+  try:
+    with open(path, encoding="utf-8") as f:
+      record = json.load(f)
+    record.setdefault("resumed", []).append(dict(entry, command=made["command"]))
+  except (ValueError, AttributeError):
+    print(f"{run.estimator} seed {run.seed}: {path} does not read; written anew", flush=True)
+    record = dict(first, earlier="unreadable")
   workdir_lib.write_json(path, record)
 
 

@@ -20,7 +20,7 @@ from bpo_jax.training.chips import CHIPS, Chip, get_chip  # noqa: F401  (re-expo
 from bpo_jax.training.program_memory import (  # noqa: F401
     DoesNotFitError, DryRunReport, ProgramMemory, Programs, StopTokens, abstract_batch,
     abstract_model, does_not_fit, format_bytes, lower_programs, measure, model_config_for,
-    shapes_from_config, with_shardings)
+    shapes_from_config)
 
 
 def dry_run_from_config(config, check_fit: bool = True) -> DryRunReport:

@@ -193,8 +193,7 @@ class Placement:
     """Shape, dtype (and, sharded, the layout) of each leaf: what a checkpoint restores into."""
     if self.mesh is None:
       return abstract_on_first_device(state)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
-                        self.state_sharding)
+    return sharding.with_shardings(state, self.state_sharding)
 
   def local(self, tree):
     """The arrays whole on this process's first device (a restored checkpoint's, for export)."""
@@ -235,9 +234,8 @@ class Placement:
     are unsharded."""
     if self.mesh is None:
       return params
-    layout = sharding.param_shardings(params, self.sample_mesh, sharding.SAMPLING_RULES)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
-                        layout)
+    return sharding.with_shardings(
+        params, sharding.param_shardings(params, self.sample_mesh, sharding.SAMPLING_RULES))
 
   def feed(self, packed: packing.PackedBatch):
     """The update's batch: the packed global batch whole, or this process's rows of it."""

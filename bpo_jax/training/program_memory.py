@@ -155,15 +155,6 @@ class DryRunReport:
     return "\n".join(lines)
 
 
-def with_shardings(tree, shardings):
-  """Each leaf of `tree` as a `jax.ShapeDtypeStruct` on its sharding (None: unsharded)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if shardings is None:
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      tree, shardings)
-
-
 def _bytes_per_device(tree) -> int:
   """Bytes one device holds of an abstract tree (the largest shard of each leaf; a leaf
   without a sharding whole)."""
@@ -250,7 +241,7 @@ def lower_programs(settings) -> Programs:
   state_bytes = _bytes_per_device(state) + (_bytes_per_device(ref) if ref is not None else 0)
   # Samplers decode the model with its adapters merged (`Experiment.sampling_params`).
   plain_graphdef, plain_params = abstract_model(settings, model_config.without_lora())
-  plain_params = with_shardings(plain_params, sharding.param_shardings(
+  plain_params = sharding.with_shardings(plain_params, sharding.param_shardings(
       plain_params, mesh, sharding.SAMPLING_RULES))
   sample, decode_batch = _lower_sample(settings, plain_graphdef, model_config, mesh,
                                        plain_params)
@@ -298,7 +289,7 @@ def _lower_sample(settings, graphdef, model_config, mesh, params):
   rows_sh = decode_sh.cache.lengths
   keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows))
   lowered = engine.sampler.lower_generate(
-      params, with_shardings(decode_state, decode_sh),
+      params, sharding.with_shardings(decode_state, decode_sh),
       jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=rows_sh), engine.sampling_params,
       jax.ShapeDtypeStruct((rows,), jnp.bool_, sharding=rows_sh))
   return lowered, rows

@@ -177,6 +177,28 @@ def test_a_baseline_rolls_the_whole_episodes_of_the_budget_and_the_file_is_left_
       k: v for k, v in before.items() if k not in ("rollout", "seed")}
 
 
+def test_provenance_keeps_the_first_command_adds_each_resume_and_replaces_a_corrupt_record(
+    tmp_path, capsys):
+  run = compare.Run("bpo", 3, str(tmp_path))
+  made = lambda commit, n: dict(commit=commit, code_changes=False, created=f"t{n}",
+                                command=f"python experiments/compare.py --seeds={n}")
+  compare.record_provenance(run, made("aaa", 1))
+  compare.record_provenance(run, made("bbb", 2))
+  path = tmp_path / compare.PROVENANCE
+  assert json.loads(path.read_text()) == dict(
+      commit="aaa", code_changes=False, created="t1",
+      commands={"train": "python experiments/compare.py --seeds=1"},
+      resumed=[dict(commit="bbb", code_changes=False, created="t2",
+                    command="python experiments/compare.py --seeds=2")])
+  for corrupt in ('{"commit": "aa', "[1, 2]"):  # cut short by hand; not a record
+    path.write_text(corrupt)
+    compare.record_provenance(run, made("ccc", 3))
+    assert json.loads(path.read_text()) == dict(
+        commit="ccc", code_changes=False, created="t3", earlier="unreadable",
+        commands={"train": "python experiments/compare.py --seeds=3"})
+    assert capsys.readouterr().out == f"bpo seed 3: {path} does not read; written anew\n"
+
+
 def test_first_seed_plans_the_seeds_from_it(tmp_path):
   config = importlib.import_module("experiments.configs.rooms").get_config("tiny")
   runs = compare.plan(config, ["bpo", "grpo"], 2, str(tmp_path), first_seed=3)

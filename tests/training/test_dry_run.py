@@ -120,8 +120,8 @@ def test_dry_run_compiles_the_programs_the_loop_builds(monkeypatch):
   rows = decode_sh.cache.lengths
   keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), 8))
   sample = engine.sampler.lower_generate(
-      dry_run_lib.with_shardings(params, sample_sh),
-      dry_run_lib.with_shardings(decode_state, decode_sh),
+      sharding.with_shardings(params, sample_sh),
+      sharding.with_shardings(decode_state, decode_sh),
       jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=rows), engine.sampling_params,
       jax.ShapeDtypeStruct((8,), bool, sharding=rows))
   assert sample.as_text() == programs.lowered["sample"].as_text()
