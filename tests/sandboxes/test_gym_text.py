@@ -63,12 +63,50 @@ def test_frozenlake_without_slipping_follows_the_map():
     desc = dict(task.env_kwargs)["desc"]
     sandbox = frozenlake.make_sandbox()
     first = sandbox.reset(task)
-    assert first.startswith("Goal: cross the slippery ice") and "Row 1, column 1 of 4" in first
+    assert first.startswith("Goal: cross the ice") and "Row 1, column 1 of 4" in first
     path = _path(desc)
     steps = [sandbox.step(a) for a in path]
     assert [s.reward for s in steps] == [0.0] * (len(path) - 1) + [1.0]
     assert steps[-1].done and steps[-1].info["success"]
     assert "Row 4, column 4 of 4, on the goal." in steps[-1].observation
+
+
+@pytest.mark.parametrize("size", [4, 5])
+def test_frozenlake_expert_is_a_shortest_path_from_any_cell(size):
+  """Without slipping, `expert_actions()` from the start and from a cell reached on the way is
+  as long as the breadth-first path above and wins; slippery ice and an ended episode have
+  none."""
+  for task in frozenlake.make_tasks("train", 20, 3, size=size, is_slippery=False):
+    sandbox = frozenlake.make_sandbox()
+    sandbox.reset(task)
+    path = _path(dict(task.env_kwargs)["desc"])
+    expert = sandbox.expert_actions()
+    assert len(expert) == len(path) >= 2 * size - 2
+    sandbox.step(expert[0])
+    rest = sandbox.expert_actions()
+    assert len(rest) == len(path) - 1
+    steps = [sandbox.step(a) for a in rest]
+    assert steps[-1].info["success"] and sandbox.expert_actions() is None
+  slippery = frozenlake.make_sandbox()
+  slippery.reset(frozenlake.make_tasks("train", 1, 0, size=size)[0])
+  assert slippery.expert_actions() is None
+  with pytest.raises(RuntimeError, match="reset"):
+    frozenlake.make_sandbox().expert_actions()
+
+
+def test_frozenlake_held_out_maps_are_never_training_maps():
+  """At size 4 maps repeat often (about 520 distinct in 1600 draws), yet no map of the test
+  split is a map of the training split, and each split's maps are those `map_split` names."""
+  maps = {split: {dict(t.env_kwargs)["desc"]
+                  for t in frozenlake.make_tasks(split, n, 0, size=4, is_slippery=False)}
+          for split, n in (("train", 1600), ("test", 512))}
+  assert len(maps["train"]) < 1000 and len(maps["test"]) < 400
+  assert not maps["train"] & maps["test"]
+  assert {frozenlake.map_split(m) for m in maps["train"]} == {"train"}
+  assert {frozenlake.map_split(m) for m in maps["test"]} == {"test"}
+  # CRC-32 of the rows joined: gymnasium's 4x4 map 428120831 (odd), the other 1676615000.
+  assert frozenlake.map_split(("SFFF", "FHFH", "FFFH", "HFFG")) == "test"
+  assert frozenlake.map_split(("SFFF", "FFFF", "FFFH", "FFFG")) == "train"
 
 
 def test_taxi_without_rain_rewards():

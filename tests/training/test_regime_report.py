@@ -234,6 +234,57 @@ def test_the_difficulty_2_regime_keeps_every_expert_observation_whole_and_its_pa
   assert 40 < longest <= c.env.max_observation_tokens, longest
 
 
+def test_the_frozenlake_regime_is_the_first_on_another_world():
+  """`frozenlake_regime.py` is `rooms_regime.py` with FrozenLake's world (5 x 5 maps without
+  slipping, 10 turns, four whole episodes of env steps, a context for its observations): the same
+  warm start, held-out set, schedule and learning rate, and tasks past the demonstrated ones."""
+  from bpo_jax.training import config as config_lib
+  from bpo_jax.training import warm_start
+  from experiments.configs import frozenlake_regime
+  flat = lambda c: dict(_flatten(config_lib.to_plain(c)))
+  one, three = flat(rooms_regime.get_config()), flat(frozenlake_regime.get_config())
+  assert {k for k in set(one) | set(three) if one.get(k) != three.get(k)} == {
+      "env.name", "env.options.difficulty", "env.options.size", "env.options.is_slippery",
+      "env.options.max_steps", "env.max_turns", "env.max_observation_tokens",
+      "model.max_length", "rollout.max_env_steps", "rollout.max_tree_tokens"}
+  assert three["rollout.max_env_steps"] == 4 * 10 + 9 and three["env.options.max_steps"] == 10
+  c = frozenlake_regime.get_config()
+  config_lib.validate(c)
+  start, _ = warm_start.validation_positions(c.env.num_train_tasks, c.warm_start.validation_tasks)
+  assert c.rollout.task_offset + c.train.iterations * c.rollout.tasks_per_iteration <= start
+
+
+@pytest.mark.slow
+def test_the_frozenlake_regime_keeps_every_map_whole_and_its_path_in_context(tmp_path):
+  """With the world's tokenizer (trained as a run trains it), the cut keeps the whole map of
+  every first observation (up to its goal cell's token) and every later observation of the
+  expert's episodes, on training and held-out tasks; a path of the cut's bound fits the context;
+  the expert wins every episode within the turns."""
+  from bpo_jax.sandboxes.gym_text import frozenlake
+  from bpo_jax.text import build
+  from experiments.configs import frozenlake_regime
+  c = frozenlake_regime.get_config()
+  options = dict(c.env.options)
+  train = frozenlake.make_tasks("train", c.env.num_train_tasks, 0, **options)
+  tokenizer, fmt = build.build_text("frozenlake", str(tmp_path), train, env_options=options,
+                                    max_observation_tokens=c.env.max_observation_tokens)
+  assert fmt.path_token_bound(c.env.max_turns, c.rollout.max_action_tokens) <= c.model.max_length
+  count = lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+  sandbox = frozenlake.make_sandbox(**options)
+  longest_map = longest_later = 0
+  for tasks in (train[:256], frozenlake.make_tasks("test", 256, 0, **options)):
+    for task in tasks:
+      first = sandbox.reset(task)
+      longest_map = max(longest_map, count(first[:first.index(" G.") + 2]))
+      expert = sandbox.expert_actions()
+      assert len(expert) <= c.env.max_turns
+      steps = [sandbox.step(a) for a in expert]
+      assert steps[-1].info["success"]
+      longest_later = max([longest_later] + [count(s.observation) for s in steps])
+  assert 50 < longest_map <= c.env.max_observation_tokens, longest_map
+  assert longest_later <= c.env.max_observation_tokens, longest_later
+
+
 def _flatten(tree, prefix=""):
   for key, value in tree.items():
     if isinstance(value, dict) and value:

@@ -14,7 +14,9 @@ functions here, its spec bound:
     make_tasks(split, num, seed, **config) -> list[GymTask]
 
 A task is a reset seed (plus, for FrozenLake, a generated map); "train" uses even reset seeds
-and "test" odd ones. Actions are words ("left", "pickup", "hit"); anything else gets an
+and "test" odd ones, each split from a generator of its own (FrozenLake's maps are split as
+well: `frozenlake.map_split`). A world whose spec has an `expert` (FrozenLake without
+slipping) also gives `expert_actions()`, a shortest solution, for warm starts. Actions are words ("left", "pickup", "hit"); anything else gets an
 observation listing the valid ones. For language-model agents each module also has
 `SYSTEM_PROMPT` and `parse_action(text)` (the first line of a reply that starts with an action
 word; see `free_text.py`), from `system_prompt` and `parse_action` here.
@@ -58,9 +60,12 @@ class GymTextSpec:
   describe: Callable[[Any], str]       # env -> the current state in words
   is_success: Callable[[float, bool], bool]  # (reward, terminated) -> success
   max_steps: int
-  # (rng, **task options) -> one task's env_kwargs; the task options are `make_tasks`'s keyword
-  # arguments (env.options), and it ignores those it does not name.
+  # (rng, split, **task options) -> one task's env_kwargs; the task options are `make_tasks`'s
+  # keyword arguments (env.options), and it ignores those it does not name.
   task_env_kwargs: Callable[..., tuple[tuple[str, Any], ...]]
+  # env -> a shortest list of action words from its current state to success, or None where
+  # the world has no such plan (a stochastic one); None: no expert at all.
+  expert: Callable[[Any], list[str] | None] | None = None
 
 
 # The worlds' success rules, as functions rather than lambdas so that a spec (and a module's
@@ -144,6 +149,15 @@ class GymTextSandbox:
   def admissible_actions(self) -> list[str]:
     return [] if self._over else list(self.spec.actions)
 
+  def expert_actions(self) -> list[str] | None:
+    """The spec's expert from the current state: a shortest solution, or None where the world
+    has no expert, no plan from here, or the episode is over."""
+    if self._task is None:
+      raise RuntimeError("call reset(task) or restore(snapshot) first")
+    if self._over or self.spec.expert is None:
+      return None
+    return self.spec.expert(self._env)
+
   def snapshot(self) -> base.Snapshot:
     if self._task is None:
       raise RuntimeError("call reset(task) or restore(snapshot) first")
@@ -186,14 +200,15 @@ def make_sandbox(spec: GymTextSpec, max_steps: int | None = None, **unused) -> G
 
 def make_tasks(spec: GymTextSpec, split: str, num: int, seed: int, **options) -> list[GymTask]:
   """`num` distinct tasks of `spec`'s environment; reset seeds are even for "train" and odd for
-  "test". `options` go to `spec.task_env_kwargs`, called once per task after its reset seed is
-  drawn, with the same generator."""
+  "test", drawn from a generator of the split's own. `options` and the split go to
+  `spec.task_env_kwargs`, called once per task after its reset seed is drawn, with the same
+  generator."""
   env_name = spec.name
   if split not in ("train", "test"):
     raise ValueError(f"split must be 'train' or 'test', got {split!r}")
   if not 0 <= num <= SEEDS_PER_SPLIT:
     raise ValueError(f"num must be in [0, {SEEDS_PER_SPLIT}] (the split's seeds), got {num}")
-  rng = random.Random(f"{env_name}/{seed}")
+  rng = random.Random(f"{env_name}/{split}/{seed}")
   parity = 0 if split == "train" else 1
   tasks, seen = [], set()
   while len(tasks) < num:
@@ -201,8 +216,9 @@ def make_tasks(spec: GymTextSpec, split: str, num: int, seed: int, **options) ->
     if reset_seed in seen:
       continue
     seen.add(reset_seed)
+    env_kwargs = spec.task_env_kwargs(rng, split=split, **options)
     tasks.append(GymTask(task_id=f"{env_name}-{reset_seed}", env_name=env_name,
-                         reset_seed=reset_seed, env_kwargs=spec.task_env_kwargs(rng, **options)))
+                         reset_seed=reset_seed, env_kwargs=env_kwargs))
   return tasks
 
 

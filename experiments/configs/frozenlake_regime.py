@@ -1,0 +1,53 @@
+"""FrozenLake on generated maps from a weak warm start: a second world for the regime where RL learns.
+
+The world: a 5 x 5 lake per task (gymnasium's `generate_random_map`, holes at 20%, a path from S
+to G guaranteed), without slipping, so the expert is a shortest path around the holes
+(`frozenlake.shortest_path`: 8 moves on almost every map, 10 on a few). Fully observed: every
+observation is the whole map with the agent's cell marked, one token per cell. A held-out map is
+never a training map (`frozenlake.map_split`). 10 turns per episode, the env-step budget of four
+whole episodes (`base.compared`'s trees for BPO), observations cut at `OBSERVATION_TOKENS` (the
+map of a first observation is whole, its closing list of actions cut), in a context that holds a
+path of them (`CONTEXT`).
+
+The regime is `rooms_regime.py`'s: a warm start from expert episodes stopped where greedy success
+on 64 training tasks reaches its target, then 64 iterations of 8 tasks from the tasks it did not
+demonstrate, held-out success on 512 tasks every 16 updates, checkpoints every 32.
+
+    python experiments/compare.py --config=experiments/configs/frozenlake_regime.py --seeds=10 \\
+        --estimators=bpo,grpo,rloo --share_warm_start --jobs=1 --out=results/frozenlake_regime
+"""
+
+import ml_collections
+
+from experiments.configs import base
+from experiments.configs import rooms_regime
+
+SIZE = 5
+TURNS = 10
+# A first observation runs to 70 tokens of the world's tokenizer, its map ending by the 61st;
+# later ones to 44 (an invalid action's to 60).
+OBSERVATION_TOKENS = 64
+CONTEXT = 832
+WARM_START_EPISODES = 32
+TARGET_SUCCESS = 0.3
+
+
+def world(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """FrozenLake's settings (module docstring) on a comparison `config`."""
+  config.env.name = "frozenlake"
+  config.env.options = ml_collections.ConfigDict(
+      {"size": SIZE, "is_slippery": False, "max_steps": TURNS})
+  config.env.max_turns = TURNS
+  config.env.max_observation_tokens = OBSERVATION_TOKENS
+  config.model.max_length = CONTEXT
+  config.rollout.max_env_steps = base.matched_budget(4, TURNS)
+  config.rollout.max_tree_tokens = 4 * CONTEXT  # four whole contexts, as in `base.compared`
+  return config
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+  config = rooms_regime.regime(world(base.compared(base.rooms("bpo"))))
+  config.warm_start.num_trajectories = WARM_START_EPISODES
+  config.warm_start.target_success = TARGET_SUCCESS
+  config.rollout.task_offset = WARM_START_EPISODES
+  return base.variant(config, arg)
