@@ -5,6 +5,7 @@ import collections
 import pytest
 
 from bpo_jax.sandboxes import base
+from bpo_jax.sandboxes import gym_text
 from bpo_jax.sandboxes import registry
 from bpo_jax.sandboxes.gym_text import blackjack
 from bpo_jax.sandboxes.gym_text import frozenlake
@@ -92,6 +93,24 @@ def test_frozenlake_expert_is_a_shortest_path_from_any_cell(size):
   assert slippery.expert_actions() is None
   with pytest.raises(RuntimeError, match="reset"):
     frozenlake.make_sandbox().expert_actions()
+
+
+@pytest.mark.parametrize("desc, expert", [
+    (("SFFF", "FFFF", "FFFF", "FFFG"), ["right"] * 3 + ["down"] * 3),
+    # right first; past the hole at the top, down then right again.
+    (("SFHF", "FFFF", "FFFF", "FFFG"), ["right", "down", "right", "right", "down", "down"]),
+    # right leads into a dead end (a hole to its right and below), so down first.
+    (("SFHF", "FHFF", "FFFF", "FFFG"), ["down", "down", "right", "right", "right", "down"]),
+    # the only way round goes up and left.
+    (("SFFF", "HHHF", "FFFF", "FHHH", "FFFG"),
+     ["right"] * 3 + ["down"] * 2 + ["left"] * 3 + ["down"] * 2 + ["right"] * 3),
+])
+def test_frozenlake_expert_breaks_ties_by_its_preference(desc, expert):
+  task = gym_text.GymTask("frozenlake-1", "frozenlake", 1,
+                          (("desc", desc), ("is_slippery", False)))
+  sandbox = frozenlake.make_sandbox()
+  sandbox.reset(task)
+  assert sandbox.expert_actions() == expert
 
 
 def test_frozenlake_held_out_maps_are_never_training_maps():

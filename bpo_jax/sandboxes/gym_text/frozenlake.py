@@ -4,15 +4,15 @@ Each task has its own random map (size `size`, generated from the task's seed). 
 "Row 1, column 2 of 4. Map: S F F F / F H F H / ... The X marks you."
 
 Without slipping (`is_slippery=False`) the lake is deterministic and the sandbox's
-`expert_actions()` is a shortest path to G that avoids the holes (breadth-first over the env's
-transitions), the expert a warm start imitates; on slippery ice there is no such plan (None).
+`expert_actions()` is a shortest path to G that avoids the holes, ties broken by a fixed order
+of moves (`shortest_path`), the expert a warm start imitates; on slippery ice there is no such
+plan (None).
 
 The sandbox contract and the registry's interface: docs/DESIGN.md §4.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import zlib
 
@@ -52,29 +52,38 @@ def _task_env_kwargs(rng, split="train", size=4, is_slippery=True, **unused):
       return (("desc", desc), ("is_slippery", is_slippery))
 
 
+# The order in which the expert breaks ties between moves that start a shortest path.
+EXPERT_PREFERENCE = ("right", "down", "left", "up")
+
+
 def shortest_path(env) -> list[str] | None:
-  """The fewest moves from the env's current cell to G that fall into no hole, by breadth-first
-  search over its transitions `env.P` (state -> action -> [(p, next, reward, terminated)]);
-  None if the ice is slippery (some move has more than one outcome) or no path exists."""
+  """The fewest moves from the env's current cell to G that fall into no hole; where several
+  moves start such a path, the first of `EXPERT_PREFERENCE` (a rule the policy can read off the
+  map near its cell most of the time). None if the ice is slippery (a move with more than one
+  outcome in the env's transitions `env.P`: state -> action -> [(p, next, reward, terminated)])
+  or G is out of reach.
+
+  The distance d(s) to G is the fixed point of d(G) = 0, d(s) = 1 + min over moves a of
+  d(next(s, a)) (a hole's distance infinite), reached in at most as many sweeps as cells.
+  """
   if any(len(outcomes) != 1 for moves in env.P.values() for outcomes in moves.values()):
     return None
-  goal = env.desc.ravel() == b"G"
-  start = int(env.s)
-  previous = {start: None}
-  queue = collections.deque([start])
-  while queue:
-    state = queue.popleft()
-    if goal[state]:
-      path = []
-      while previous[state] is not None:
-        state, action = previous[state]
-        path.append(SPEC.actions[action])
-      return path[::-1]
-    for action, [(_, nxt, _, terminated)] in sorted(env.P[state].items()):
-      if nxt not in previous and (not terminated or goal[nxt]):
-        previous[nxt] = (state, action)
-        queue.append(nxt)
-  return None
+  cells = env.desc.ravel()
+  nxt = {s: {a: outcomes[0][1] for a, outcomes in moves.items()} for s, moves in env.P.items()}
+  dist = {s: 0 if cells[s] == b"G" else float("inf") for s in nxt}
+  for _ in range(len(nxt)):
+    for s in nxt:
+      if cells[s] not in (b"G", b"H"):
+        dist[s] = min(dist[s], 1 + min(dist[t] for t in nxt[s].values()))
+  state, path = int(env.s), []
+  if dist[state] == float("inf"):
+    return None
+  while dist[state] > 0:
+    action = next(a for a in EXPERT_PREFERENCE
+                  if dist[nxt[state][SPEC.actions.index(a)]] == dist[state] - 1)
+    path.append(action)
+    state = nxt[state][SPEC.actions.index(action)]
+  return path
 
 
 SPEC = gym_text.GymTextSpec(
