@@ -1,4 +1,4 @@
-r"""Rooms from a weak warm start: claims 1-3 over paired seeds, generated from the result files.
+r"""A world from a weak warm start: claims 1-3 over paired seeds, generated from the result files.
 
   python experiments/regime_report.py            # rewrite the section of docs/RESULTS.md, the plot
   python experiments/regime_report.py --check    # exit 1 if the section is not what the files give
@@ -376,6 +376,17 @@ def per_seed_lines(x: dict) -> list[str]:
   return lines
 
 
+def world_words(c: dict) -> str:
+  """The world of the configuration `c` (a run's config.json), in words."""
+  env, options = c["env"]["name"], c["env"]["options"]
+  if env == "rooms":
+    return f"Rooms at difficulty {options['difficulty']}"
+  if env == "frozenlake":
+    ice = "slippery" if options.get("is_slippery", True) else "without slipping"
+    return f"FrozenLake on generated {options['size']} x {options['size']} maps, {ice}"
+  return env
+
+
 def warm_start_words(c: dict) -> str:
   """How the configuration `c` (a run's config.json) ends its warm start, in words."""
   ws = c["warm_start"]
@@ -455,8 +466,7 @@ def section(x: dict) -> str:
             else "NOT the same for every method of a seed")
   resampled = next(iter(x["claim2"].values()))["resampled"] if x["claim2"] else "seeds"
   text = [
-      f"Rooms at difficulty {c['env']['options']['difficulty']}, the tiny decoder from "
-      f"{warm_start_words(c)}; {c['train']['iterations']} iterations of "
+      f"{world_words(c)}, the tiny decoder from {warm_start_words(c)}; {c['train']['iterations']} iterations of "
       f"{c['rollout']['tasks_per_iteration']} tasks at learning rate "
       f"{c['train']['learning_rate']:g}; every method {c['rollout']['max_env_steps']} env steps "
       f"per task. {seeds_words(x['seeds'])}, each with its warm start "

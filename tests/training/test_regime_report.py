@@ -54,7 +54,7 @@ def _write(path, payload):
 def _run(workdir, start, final, variance):
   """One finished run of 2 iterations, evaluated at 0, 1 and 2."""
   os.makedirs(workdir)
-  config = dict(env=dict(options=dict(difficulty=1)),
+  config = dict(env=dict(name="rooms", options=dict(difficulty=1)),
                 warm_start=dict(num_trajectories=32, steps=120),
                 train=dict(iterations=2, epochs=1, learning_rate=2e-4),
                 rollout=dict(tasks_per_iteration=4, max_env_steps=24))
@@ -160,6 +160,15 @@ def test_ten_paired_seeds_are_not_called_short():
       "10 paired seeds (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)")
   assert regime_report.seeds_words([4, 7]) == (
       "2 paired seeds (4, 7), 8 short of the 10 the comparison asks for")
+
+
+def test_the_section_names_its_world():
+  from experiments.configs import frozenlake_regime
+  from bpo_jax.training import config as config_lib
+  c = config_lib.to_plain(frozenlake_regime.get_config())
+  assert regime_report.world_words(c) == "FrozenLake on generated 5 x 5 maps, without slipping"
+  assert regime_report.world_words(config_lib.to_plain(rooms_regime.get_config())) == (
+      "Rooms at difficulty 1")
 
 
 def test_too_few_paired_seeds_is_one_line(tmp_path, capsys):
