@@ -1,4 +1,4 @@
-"""FrozenLake (slippery unless `is_slippery=False`) as a text sandbox; see `bpo_jax.sandboxes.gym_text`.
+"""FrozenLake (slippery unless `is_slippery=False`) as a text sandbox; see `sandboxes.gym_text`.
 
 Each task has its own random map (size `size`, generated from the task's seed). Observation:
 "Row 1, column 2 of 4. Map: S F F F / F H F H / ... The X marks you."
