@@ -65,10 +65,5 @@ def world(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
   config = rooms_regime.regime(world(base.compared(base.rooms("bpo"))))
-  config.warm_start.num_trajectories = WARM_START_EPISODES
-  config.warm_start.steps = WARM_START_STEPS
-  config.warm_start.target_success = TARGET_SUCCESS
-  config.rollout.task_offset = WARM_START_EPISODES
-  # The demonstrated tasks, the 64 iterations' 8 each, then the 64 validation tasks.
-  config.env.num_train_tasks = WARM_START_EPISODES + 64 * 8 + config.warm_start.validation_tasks
-  return base.variant(config, arg)
+  return base.variant(rooms_regime.warm_start(config, WARM_START_EPISODES, WARM_START_STEPS,
+                                              TARGET_SUCCESS), arg)

@@ -55,10 +55,5 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   config.env.max_observation_tokens = OBSERVATION_TOKENS
   config.model.max_length = CONTEXT
   config.rollout.max_tree_tokens = 4 * CONTEXT  # four whole contexts, as in `base.compared`
-  config.warm_start.num_trajectories = WARM_START_EPISODES
-  config.warm_start.steps = WARM_START_STEPS
-  config.warm_start.target_success = TARGET_SUCCESS
-  config.rollout.task_offset = WARM_START_EPISODES
-  # The demonstrated tasks, the 64 iterations' 8 each, then the 64 validation tasks.
-  config.env.num_train_tasks = WARM_START_EPISODES + 64 * 8 + config.warm_start.validation_tasks
+  rooms_regime.warm_start(config, WARM_START_EPISODES, WARM_START_STEPS, TARGET_SUCCESS)
   return base.variant(config, arg)

@@ -54,5 +54,20 @@ def regime(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config
 
 
+def warm_start(config: ml_collections.ConfigDict, episodes: int, steps: int,
+               target: float) -> ml_collections.ConfigDict:
+  """A regime `config`'s warm start of `episodes` expert episodes, at most `steps`, stopped at
+  `target`, and the training tasks after it: the demonstrated ones, then the iterations' (from
+  the first task not demonstrated), then the validation tasks."""
+  config.warm_start.num_trajectories = episodes
+  config.warm_start.steps = steps
+  config.warm_start.target_success = target
+  config.rollout.task_offset = episodes
+  config.env.num_train_tasks = (episodes + config.train.iterations
+                                * config.rollout.tasks_per_iteration
+                                + config.warm_start.validation_tasks)
+  return config
+
+
 def get_config(arg=None) -> ml_collections.ConfigDict:
   return base.variant(regime(base.compared(base.rooms("bpo"))), arg)
