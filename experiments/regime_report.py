@@ -466,7 +466,8 @@ def section(x: dict) -> str:
             else "NOT the same for every method of a seed")
   resampled = next(iter(x["claim2"].values()))["resampled"] if x["claim2"] else "seeds"
   text = [
-      f"{world_words(c)}, the tiny decoder from {warm_start_words(c)}; {c['train']['iterations']} iterations of "
+      f"{world_words(c)}, the tiny decoder from {warm_start_words(c)}; "
+      f"{c['train']['iterations']} iterations of "
       f"{c['rollout']['tasks_per_iteration']} tasks at learning rate "
       f"{c['train']['learning_rate']:g}; every method {c['rollout']['max_env_steps']} env steps "
       f"per task. {seeds_words(x['seeds'])}, each with its warm start "

@@ -1,4 +1,4 @@
-"""FrozenLake on generated maps from a weak warm start: a second world for the regime where RL learns.
+"""FrozenLake on generated maps from a weak warm start: a second world tried for the regime.
 
 The world: a 5 x 5 lake per task (gymnasium's `generate_random_map`, holes at 20%, a path from S
 to G guaranteed), without slipping, so the expert is a shortest path around the holes

@@ -16,10 +16,11 @@ functions here, its spec bound:
 A task is a reset seed (plus, for FrozenLake, a generated map); "train" uses even reset seeds
 and "test" odd ones, each split from a generator of its own (FrozenLake's maps are split as
 well: `frozenlake.map_split`). A world whose spec has an `expert` (FrozenLake without
-slipping) also gives `expert_actions()`, a shortest solution, for warm starts. Actions are words ("left", "pickup", "hit"); anything else gets an
-observation listing the valid ones. For language-model agents each module also has
-`SYSTEM_PROMPT` and `parse_action(text)` (the first line of a reply that starts with an action
-word; see `free_text.py`), from `system_prompt` and `parse_action` here.
+slipping) also gives `expert_actions()`, a shortest solution, for warm starts. Actions are
+words ("left", "pickup", "hit"); anything else gets an observation listing the valid ones.
+For language-model agents each module also has `SYSTEM_PROMPT` and `parse_action(text)` (the
+first line of a reply that starts with an action word; see `free_text.py`), from
+`system_prompt` and `parse_action` here.
 """
 
 from __future__ import annotations
