@@ -22,8 +22,12 @@ results/frozenlake_regime_tuning), on training tasks only:
   a local rule on 93% of decisions.
 - 512 episodes: validation success rises past a fixed path's 0.23 from about step 200, to
   0.4-0.55 by 400 (held-out 0.24, 0.34, 0.31 at steps 200, 300, 400 on 128 tasks), so the
-  target is 0.35 (reached at step 160, and at 390 on other validation tasks).
-Not a regime where RL learns yet, at this model's size and budget. From that warm start
+  target is 0.35 (reached at step 160, and at 390 on other validation tasks). Imitation does not
+  go on rising: from step 400 to 800 validation success swings between 0.23 and 0.52, held-out
+  0.23-0.35 (warm_start_pilot_512_800.jsonl), short of the 0.66 a local rule (right if free,
+  else down) reaches.
+Not a regime where RL learns yet, at this model's size and budget: as at rooms difficulty 2,
+imitation levels off, and RL does not move the policy past it. From that warm start
 (held-out 0.371 and 0.402 on 256 tasks), GRPO at 2e-4 stood at 0.371, 0.410, 0.375, 0.434
 after 16-64 updates (44 tasks gained, 28 lost); from another (0.402), 0.305, 0.387, 0.379,
 0.344 after 16-64 and 0.348 after 128 (8 gained, 22 lost), and with 16 tasks an iteration 0.363,
