@@ -128,6 +128,14 @@ def test_frozenlake_held_out_maps_are_never_training_maps():
   assert frozenlake.map_split(("SFFF", "FFFF", "FFFH", "FFFG")) == "train"
 
 
+def test_frozenlake_size_without_maps_of_a_split_is_an_input_error():
+  """At size 2 every valid map (SFFG, SHFG, SFHG) has an even CRC-32, so the test split has
+  none: one TaskInputError naming the option, after a bounded number of draws, not a hang."""
+  assert len(frozenlake.make_tasks("train", 3, 0, size=2)) == 3
+  with pytest.raises(base.TaskInputError, match=r"^env.options.size = 2: no test map in 1000"):
+    frozenlake.make_tasks("test", 1, 0, size=2)
+
+
 def test_taxi_without_rain_rewards():
   taxi = registry.get_environment("taxi")
   task = taxi.make_tasks("train", 1, 0, is_rainy=False, fickle_passenger=False)[0]

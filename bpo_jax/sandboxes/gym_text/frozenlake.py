@@ -18,6 +18,7 @@ import zlib
 
 from gymnasium.envs.toy_text import frozen_lake
 
+from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes import gym_text
 
 
@@ -42,14 +43,22 @@ def map_split(desc) -> str:
   return "train" if zlib.crc32("".join(desc).encode()) % 2 == 0 else "test"
 
 
+# Maps drawn for one task before its split is taken to have none of this size.
+MAX_MAP_DRAWS = 1000
+
+
 def _task_env_kwargs(rng, split="train", size=4, is_slippery=True, **unused):
   """A random map of `size` x `size` cells from the task's generator: the first drawn that
-  belongs to `split` (`map_split`)."""
+  belongs to `split` (`map_split`). A size too small to give the split a map (2: all three
+  valid maps are "train") is a `TaskInputError`, not an endless draw."""
   del unused
-  while True:
+  for _ in range(MAX_MAP_DRAWS):
     desc = tuple(frozen_lake.generate_random_map(size=size, seed=rng.randrange(1 << 30)))
     if map_split(desc) == split:
       return (("desc", desc), ("is_slippery", is_slippery))
+  raise base.TaskInputError(f"env.options.size = {size}: no {split} map in {MAX_MAP_DRAWS} "
+                            "drawn (a map's split is the parity of its CRC-32); use a larger "
+                            "size")
 
 
 # The order in which the expert breaks ties between moves that start a shortest path.
