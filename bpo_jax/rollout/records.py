@@ -222,6 +222,30 @@ class RolloutBatch:
                decode_devices=sum(b.decode_devices for b in batches),
                decode_steps=sum(b.decode_steps for b in batches))
 
+  @classmethod
+  def in_sequence(cls, batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
+    """One batch of `batches` grown one after another on the same devices (e.g. an iteration's
+    rounds, `iteration.grow_rounds`): rollouts in order; compute, device row-tokens, decode
+    steps, turns and each phase's wall time add up. The batches must share the threshold."""
+    batches = list(batches)
+    if len({b.threshold for b in batches}) != 1:
+      raise ValueError("in_sequence needs batches of one fork threshold")
+    compute = Compute()
+    for b in batches:
+      compute.add(b.compute)
+    return cls(rollouts=[r for b in batches for r in b.rollouts], compute=compute,
+               phase_seconds={k: sum(b.phase_seconds.get(k, 0.0) for b in batches)
+                              for k in batches[0].phase_seconds},
+               device_row_tokens=sum(b.device_row_tokens for b in batches),
+               turns=sum(b.turns for b in batches), threshold=batches[0].threshold,
+               decode_devices=batches[0].decode_devices,
+               decode_steps=sum(b.decode_steps for b in batches))
+
+  def select(self, indices: Sequence[int]) -> "RolloutBatch":
+    """The batch of the rollouts at `indices`, in that order, with this batch's compute and
+    times: what was spent to draw them all."""
+    return dataclasses.replace(self, rollouts=[self.rollouts[i] for i in indices])
+
   def stacked_trees(self) -> tree_lib.RolloutTree:
     return tree_lib.stack_trees([r.tree for r in self.rollouts])
 

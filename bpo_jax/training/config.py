@@ -157,6 +157,11 @@ def default_config() -> ml_collections.ConfigDict:
   # starts the iterations on the training tasks it did not demonstrate.
   c.rollout.task_offset = 0
   c.rollout.trees_per_task = 1     # >= 2 for the leave-one-out trunk baseline
+  # Rounds of T fresh tasks an iteration may draw so that its batch carries signal: 1 keeps the
+  # first round whatever its returns; R > 1 draws until T tasks have leaves whose returns differ
+  # (or R rounds are drawn), the same rule for every estimator, and keeps those (then, if short,
+  # the first without), every round's env steps and tokens counted (`iteration.grow_rounds`).
+  c.rollout.signal_rounds = 1
   c.rollout.k = 2                  # siblings per fork (BPO)
   c.rollout.root_k = 0             # siblings at the tree's root fork (0 = rollout.k)
   # Episodes per task of a baseline (topology "group"): > 0 that many (>= 2); 0 as many whole
@@ -293,6 +298,7 @@ _RANGES = (
     ("rollout.tasks_per_iteration", 1, None, ""),
     ("rollout.task_offset", 0, None, ""),
     ("rollout.trees_per_task", 1, None, ""),
+    ("rollout.signal_rounds", 1, None, "1 = keep the first round's tasks"),
     ("rollout.k", 2, None, "a fork needs at least two siblings"),
     ("rollout.root_k", 0, None, "0 = rollout.k"),
     ("rollout.group_size", 0, None, "0 = as many episodes as fit rollout.max_env_steps"),

@@ -166,15 +166,48 @@ def check_skipped_updates(history, limit: int) -> None:
       f"{limit}): lower train.learning_rate, or check the weights it started from")
 
 
-def iteration_tasks(exp: experiment_lib.Experiment, iteration: int) -> list:
-  """The tasks of `iteration` i: positions `[o + (i-1)·T, o + i·T)` of the seeded order (o =
-  `rollout.task_offset`, T = `rollout.tasks_per_iteration`), each repeated
-  `rollout.trees_per_task` times (one entry per tree or group)."""
+def iteration_tasks(exp: experiment_lib.Experiment, iteration: int, round_: int = 0) -> list:
+  """The tasks of round r of iteration i: positions `[o + ((i-1)·R + r)·T, o + ((i-1)·R + r +
+  1)·T)` of the seeded order (o = `rollout.task_offset`, T = `rollout.tasks_per_iteration`, R =
+  `rollout.signal_rounds`), each repeated `rollout.trees_per_task` times (one entry per tree or
+  group). Iteration i owns R·T positions whether or not it draws every round, so its tasks do not
+  depend on earlier iterations' draws (exact resume).
+
+  Example: T = 8, R = 2, o = 0: iteration 1 draws positions [0, 8), then [8, 16) if it needs a
+  second round; iteration 2 starts at 16. With R = 1 iteration i draws [(i-1)·T, i·T).
+  """
   r = exp.settings.rollout
-  positions = experiment_lib.task_order(len(exp.train_tasks), exp.settings.seed,
-                                        r.task_offset + (iteration - 1) * r.tasks_per_iteration,
+  start = r.task_offset + ((iteration - 1) * r.signal_rounds + round_) * r.tasks_per_iteration
+  positions = experiment_lib.task_order(len(exp.train_tasks), exp.settings.seed, start,
                                         r.tasks_per_iteration)
   return [exp.train_tasks[p] for p in positions for _ in range(r.trees_per_task)]
+
+
+def task_signal(batch: rollout_lib.RolloutBatch, trees_per_task: int) -> list[bool]:
+  """Per task of `batch` (its `trees_per_task` consecutive rollouts): whether the returns of its
+  leaves differ, within a tree or group or between its trees. A task whose episodes all return
+  alike gives a group's advantages zero, and a tree's every sibling comparison too.
+
+  Example: one tree per task, leaf returns (1, 0) and (1, 1) -> [True, False].
+  """
+  returns = [r.leaf_returns() for r in batch.rollouts]
+  out = []
+  for start in range(0, len(returns), trees_per_task):
+    task = np.concatenate(returns[start:start + trees_per_task])
+    out.append(bool(task.size) and bool(np.ptp(task) > 0))
+  return out
+
+
+def select_tasks(signal, count: int) -> list[int]:
+  """The `count` tasks an iteration keeps of those it drew (`signal` per task, in draw order):
+  every task with signal, then the first without as long as fewer than `count` are kept; the
+  kept indices in draw order.
+
+  Example: signal (F, T, F, T), count 2 -> [1, 3]; (F, T, F, F), count 2 -> [0, 1].
+  """
+  with_signal = [i for i, s in enumerate(signal) if s][:count]
+  without = [i for i, s in enumerate(signal) if not s][:count - len(with_signal)]
+  return sorted(with_signal + without)
 
 
 def policy_for_sampling(exp: experiment_lib.Experiment, placement: placement_lib.Placement,
@@ -193,6 +226,32 @@ def grow(engine: rollout_lib.RolloutEngine, params, tasks: list, key: jax.Array,
   batch = engine.rollout(params, tasks[share.start:share.stop], key, threshold=threshold,
                          task_ids=share)
   return rollout_lib.RolloutBatch.concatenate(distributed.allgather_objects(batch))
+
+
+def grow_rounds(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine, params,
+                iteration: int, key: jax.Array, threshold: float):
+  """(kept, drawn, rounds): iteration i's trees, grown in rounds until the batch carries signal.
+
+  Round r grows the trees of `iteration_tasks(exp, i, r)` with `key` (r = 0) or `fold_in(key,
+  r)`, and stops once T = `rollout.tasks_per_iteration` of the tasks drawn so far have signal
+  (`task_signal`) or `rollout.signal_rounds` rounds are drawn. `kept` holds the T tasks'
+  trees of `select_tasks`, with the compute of every round (the budget counts each env step
+  drawn); `drawn` every round's trees. The rule reads returns only, so it is the same for
+  every estimator; with one round it keeps the round as it is.
+  """
+  r = exp.settings.rollout
+  batches, signal = [], []
+  for round_ in range(r.signal_rounds):
+    tasks = iteration_tasks(exp, iteration, round_)
+    round_key = jax.random.fold_in(key, round_) if round_ else key
+    batches.append(grow(engine, params, tasks, round_key, threshold))
+    signal += task_signal(batches[-1], r.trees_per_task)
+    if sum(signal) >= r.tasks_per_iteration:
+      break
+  drawn = rollout_lib.RolloutBatch.in_sequence(batches)
+  rows = [t * r.trees_per_task + j for t in select_tasks(signal, r.tasks_per_iteration)
+          for j in range(r.trees_per_task)]
+  return drawn.select(rows), drawn, len(batches)
 
 
 def estimator_program(settings) -> tuple[sampling_shapes.ProgramKey, dict]:
@@ -248,27 +307,31 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   threshold = threshold or initial_fork_threshold(settings)
   times = {}
   start = time.perf_counter()
-  tasks = iteration_tasks(exp, iteration)
+  num_trees = settings.rollout.tasks_per_iteration * settings.rollout.trees_per_task
   key = jax.random.fold_in(root_key, iteration)
   policy = policy_for_sampling(exp, placement, state.params)
-  batch = grow(engine, policy, tasks, key, threshold["threshold"])
+  batch, drawn, rounds = grow_rounds(exp, engine, policy, iteration, key, threshold["threshold"])
   sample_bytes = placement_lib.state_bytes(policy)
   del policy
   times["time/rollout"] = time.perf_counter() - start
 
   start = time.perf_counter()
-  packed, advantages, weights, trees = estimate_and_pack(settings, batch, len(tasks), placement,
+  packed, advantages, weights, trees = estimate_and_pack(settings, batch, num_trees, placement,
                                                          exp.programs)
   times["time/estimate_and_pack"] = time.perf_counter() - start
 
   start = time.perf_counter()
-  state, update_metrics = ppo_epochs(train_step, state, placement.feed(packed), len(tasks),
+  state, update_metrics = ppo_epochs(train_step, state, placement.feed(packed), num_trees,
                                      settings.train.epochs, placement, ref, exp.frozen)
   times["time/update"] = time.perf_counter() - start
 
   record = {"phase": "train", "iteration": iteration, "row_length": int(packed.shape[1]),
             "fork_threshold": threshold["threshold"]}
-  record.update(rollout_stats(batch))
+  record.update(rollout_stats(drawn))
+  if settings.rollout.signal_rounds > 1:
+    signal = task_signal(drawn, settings.rollout.trees_per_task)
+    record.update({"signal_rounds": rounds, "tasks_drawn": len(signal),
+                   "tasks_with_signal": int(sum(signal))})
   record.update(advantage_stats(advantages, weights, np.asarray(trees.valid)))
   if estimator_registry.get(settings.rollout.estimator).topology == "tree":
     record.update(explained_share_stats(trees, [r.leaf_returns() for r in batch.rollouts],

@@ -85,6 +85,7 @@ class RolloutSettings:
   tasks_per_iteration: int
   task_offset: int
   trees_per_task: int
+  signal_rounds: int
   k: int
   root_k: int
   group_size: int

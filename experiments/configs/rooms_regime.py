@@ -63,9 +63,9 @@ def warm_start(config: ml_collections.ConfigDict, episodes: int, steps: int,
   config.warm_start.steps = steps
   config.warm_start.target_success = target
   config.rollout.task_offset = episodes
-  config.env.num_train_tasks = (episodes + config.train.iterations
-                                * config.rollout.tasks_per_iteration
-                                + config.warm_start.validation_tasks)
+  r = config.rollout
+  config.env.num_train_tasks = (episodes + config.train.iterations * r.signal_rounds
+                                * r.tasks_per_iteration + config.warm_start.validation_tasks)
   return config
 
 
