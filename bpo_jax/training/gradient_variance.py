@@ -1,8 +1,9 @@
 """The variance of the policy-gradient estimator at fixed parameters (docs/DESIGN.md §3).
 
 With the parameters θ held fixed and the tasks of one iteration fixed, draw m = 1..M grows the
-iteration's trees (BPO) or groups (the baselines) with its own rollout key, estimates and packs
-them as the iteration does (`iteration.grow`, `iteration.estimate_and_pack`), and takes the
+iteration's trees (BPO) or groups (the baselines) with its own rollout key, in the iteration's
+rounds, estimates and packs them as the iteration does (`iteration.grow_rounds`,
+`iteration.estimate_and_pack`), and takes the
 update's gradient g_m of them (`update.make_gradient_fn`: the first PPO epoch, ratio 1; the
 same loss and normalisation; no clipping of its norm, no optimizer step). Measured:
 
@@ -93,43 +94,49 @@ _MOMENTS = [jax.jit(jax.vmap(functools.partial(fork_variance.fork_moments, level
 
 
 def draw_gradient(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine,
-                  gradient: Callable, params, tasks: list, key: jax.Array, threshold: float,
+                  gradient: Callable, params, iteration: int, key: jax.Array, threshold: float,
                   ref=None):
   """(g, compute counters with the trees' `fork_moments` under "moments", [trees, FORK_LEVELS,
-  4]: a row per entry of `tasks`, a column per level; first failure or None) of one draw: the
-  trees of `tasks` grown with `key`, estimated and packed as the iteration does, and the
-  update's gradient of them at `params`; g is None when a branch failed (the gradient is not
-  taken)."""
-  batch = iteration_lib.grow(engine, exp.sampling_params(params), tasks, key, threshold)
-  failure = first_failure(batch)
+  4], a row per tree the update takes, a column per level, and each row's task under
+  "task_index"; first failure or None) of one draw: iteration `iteration`'s trees grown with
+  `key` in its rounds (`iteration.grow_rounds`), estimated and packed as the iteration does,
+  and the update's gradient of them at `params`; g is None when a branch failed (the gradient
+  is not taken). The counters are every round's."""
+  drawn, rows = iteration_lib.grow_rounds(exp, engine, exp.sampling_params(params), iteration,
+                                          key, threshold)
+  failure = first_failure(drawn)
   if failure is not None:
-    return None, batch.compute.as_dict(), failure
-  compute = batch.compute.as_dict()
+    return None, drawn.compute.as_dict(), failure
+  compute = drawn.compute.as_dict()
+  batch = drawn.select(rows)
   trees = jax.tree.map(jnp.asarray, batch.stacked_trees())
   gamma = float(exp.settings.rollout.gamma)
   levels = [np.stack([np.asarray(m, np.float64) for m in moments(trees, gamma)], 1)
             for moments in _MOMENTS]  # each [trees, 4]: mean, mean_square, within, reach
   compute["moments"] = np.stack(levels, 1)
-  packed, _, _, _ = iteration_lib.estimate_and_pack(exp.settings, batch, len(tasks),
+  compute["task_index"] = [row // exp.settings.rollout.trees_per_task for row in rows]
+  num_trees = len(rows)
+  packed, _, _, _ = iteration_lib.estimate_and_pack(exp.settings, batch, num_trees,
                                                     placement_lib.Placement())
-  grads, _, _, _ = gradient(params, jax.tree.map(jnp.asarray, packed), ref, len(tasks),
+  grads, _, _, _ = gradient(params, jax.tree.map(jnp.asarray, packed), ref, num_trees,
                             exp.frozen)
   return grads, compute, None
 
 
-def fork_share(task_index: Sequence[int], moments: Sequence[np.ndarray]) -> float | None:
+def fork_share(task_index: Sequence[Sequence[int]],
+               moments: Sequence[np.ndarray]) -> float | None:
   """Var(E[G | s_τ]) / Var(G) at one level of the trees' forks, from every draw's trees
   (`fork_variance.fork_moments`; `moments` one [trees, ≥ 3] array of (mean, mean_square,
-  within) per draw, `task_index` each tree's task): per task, Var(G) = mean of mean_square −
-  (mean of mean)² + (their variance) / n over its n trees, and E[Var(G | s_τ)] the mean of
-  within; the share is 1 − Σ_tasks E[within] / Σ_tasks Var(G), pooled over the tasks. None
-  when no task's returns vary or a task has fewer than two trees.
+  within) per draw, `task_index` per draw its trees' tasks): per task, Var(G) = mean of
+  mean_square − (mean of mean)² + (their variance) / n over its n trees, and E[Var(G | s_τ)]
+  the mean of within; the share is 1 − Σ_tasks E[within] / Σ_tasks Var(G), pooled over the
+  tasks. None when no task's returns vary or a task has fewer than two trees.
 
   Example: one task, trees with (mean, mean_square, within) = (1, 2, 0.5) and (3, 10, 0.5):
   Var(G) = 6 − 4 + 2/2 = 3 (the squared mean unbiased: 4 − Var(mean)/n), within 0.5 → 5/6.
   """
   rows = np.concatenate(moments, 0)
-  tasks = np.tile(np.asarray(task_index), len(moments))
+  tasks = np.concatenate([np.asarray(t) for t in task_index])
   var_g, within = 0.0, 0.0
   for task in np.unique(tasks):
     mean, mean_square, inner = rows[tasks == task][:, :3].T
@@ -149,20 +156,20 @@ def first_failure(batch: rollout_lib.RolloutBatch) -> str | None:
 
 
 def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine,
-                      gradient: Callable, params, tasks: list, keys: Sequence[jax.Array],
+                      gradient: Callable, params, iteration: int, keys: Sequence[jax.Array],
                       threshold: float, ref=None, gram: bool = False) -> dict:
   """The estimator's variance at `params` over one draw per key of `keys` (module docstring),
   with the draws' Gram matrix under "gram" when `gram`.
 
-  `gradient` is `update.make_gradient_fn`'s (jitted); `tasks` one entry per tree, as
-  `iteration.iteration_tasks` gives them. A draw whose gradient is not finite (the update would
+  `gradient` is `update.make_gradient_fn`'s (jitted); each draw grows the trees of iteration
+  `iteration` (`draw_gradient`). A draw whose gradient is not finite (the update would
   skip it) is left out and counted in `skipped_draws`, one with a failed branch in
   `failed_draws` (module docstring).
   """
   mean, total, used, skipped, failed, failure = None, 0.0, 0, 0, 0, None
-  env_steps, tokens, moments, kept = [], [], [], []
+  env_steps, tokens, moments, task_index, kept = [], [], [], [], []
   for key in keys:
-    grads, compute, draw_failure = draw_gradient(exp, engine, gradient, params, tasks, key,
+    grads, compute, draw_failure = draw_gradient(exp, engine, gradient, params, iteration, key,
                                                  threshold, ref)
     if draw_failure is not None:
       failed += 1
@@ -171,6 +178,7 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
     env_steps.append(compute["env_steps"])
     tokens.append(compute["tokens_processed"])
     moments.append(compute["moments"])
+    task_index.append(compute["task_index"])
     if not all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads)):
       skipped += 1
       continue
@@ -185,10 +193,7 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
     because = f"; {failed} had a failed branch, the first {failure}" if failed else ""
     raise ValueError(f"{used} draws with a finite gradient out of {len(keys)}{because}: the "
                      f"variance needs at least {MIN_DRAWS}")
-  trees_per_task = max(exp.settings.rollout.trees_per_task, 1)
-  per_task = len(tasks) // trees_per_task
-  # `tasks` holds each task's trees_per_task entries in a row (`iteration.iteration_tasks`).
-  task_index = [i // trees_per_task for i in range(len(tasks))]
+  per_task = exp.settings.rollout.tasks_per_iteration
   kept = np.stack(kept) if gram else None
   extra = {"gram": (kept @ kept.T).tolist()} if gram else {}
   return {**extra, "variance": total / (used - 1),
@@ -264,8 +269,7 @@ def checkpoint_gradient_variance(settings, workdir: str, steps: Sequence[int],
     out = []
     for step in steps:
       restored, ref, loop = loop_lib.restore_checkpoint(exp, state, step)
-      tasks = iteration_lib.iteration_tasks(exp, step + 1)
-      result = gradient_variance(exp, engine, gradient, restored.params, tasks,
+      result = gradient_variance(exp, engine, gradient, restored.params, step + 1,
                                  draw_keys(settings.seed, step, draws),
                                  fork_threshold(settings, loop["fork_threshold"]), ref, gram)
       out.append({"step": step, **result})

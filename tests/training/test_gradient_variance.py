@@ -79,11 +79,13 @@ def _stand_in_draws(monkeypatch, draws, moments=((1.0, 2.0, 0.5),)):
     grads, failure = queue.pop(0)
     levels = [np.multiply(rows[0] + (1.0,), (1, 1, 0.5 ** min(k, 1), 0.5 ** k))
               for k in range(gv.FORK_LEVELS)]
-    spent = {"env_steps": 6, "tokens_processed": 10, "moments": np.array([levels] * 2)}
+    spent = {"env_steps": 6, "tokens_processed": 10, "moments": np.array([levels] * 2),
+             "task_index": [0, 1]}
     rows.append(rows.pop(0))
     return (None if failure else {"w": jnp.asarray(grads, jnp.float32)}), spent, failure
   monkeypatch.setattr(gv, "draw_gradient", draw)
-  settings = types.SimpleNamespace(rollout=types.SimpleNamespace(trees_per_task=1))
+  settings = types.SimpleNamespace(rollout=types.SimpleNamespace(trees_per_task=1,
+                                                                 tasks_per_iteration=2))
   return types.SimpleNamespace(settings=settings)
 
 
@@ -95,7 +97,7 @@ def test_a_draw_with_a_failed_branch_is_left_out_and_named(monkeypatch):
   exp = _stand_in_draws(monkeypatch, [([1, 0], None), ([0, 0], "step: RuntimeError: injected"),
                                       ([3, 0], None), ([2, 3], None)],
                         moments=[(1, 2, .5), (9, 9, 9), (3, 10, .5), (2, 5, .5)])
-  result = gv.gradient_variance(exp, None, None, None, ["a", "b"], [None] * 4, 0.0)
+  result = gv.gradient_variance(exp, None, None, None, 1, [None] * 4, 0.0)
   assert result["variance"] == 8 / 2 and result["mean_sq_norm"] == 5.0
   assert result["fork_shares"] == pytest.approx([0.75, 0.875, 0.875], rel=1e-12)
   assert result["fork_reach"] == [1.0, 0.5, 0.25]
@@ -107,15 +109,18 @@ def test_a_draw_with_a_failed_branch_is_left_out_and_named(monkeypatch):
 def test_fork_share_by_hand():
   # The docstring's example: Var(G) = 6 − 4 + 2/2 = 3, E[within] = 0.5.
   rows = [np.array([[1.0, 2.0, 0.5]]), np.array([[3.0, 10.0, 0.5]])]
-  assert gv.fork_share([7], rows) == pytest.approx(5 / 6, rel=1e-12)
+  assert gv.fork_share([[7], [7]], rows) == pytest.approx(5 / 6, rel=1e-12)
   # Two tasks pool their variances: task 8's trees (mean 0, mean square 1, within 1) give
   # Var(G) = 1, so 1 − (0.5 + 1) / (3 + 1).
   rows = [np.array([[1.0, 2.0, 0.5], [0.0, 1.0, 1.0]]),
           np.array([[3.0, 10.0, 0.5], [0.0, 1.0, 1.0]])]
-  assert gv.fork_share([7, 8], rows) == pytest.approx(1 - 1.5 / 4, rel=1e-12)
+  assert gv.fork_share([[7, 8], [7, 8]], rows) == pytest.approx(1 - 1.5 / 4, rel=1e-12)
+  # Draws that kept their tasks in another order (rounds until signal) pool by task alike.
+  swapped = [rows[0], rows[1][::-1]]
+  assert gv.fork_share([[7, 8], [8, 7]], swapped) == pytest.approx(1 - 1.5 / 4, rel=1e-12)
   # One tree per task cannot give Var(G); equal returns give no share.
-  assert gv.fork_share([7], [np.array([[1.0, 2.0, 0.5]])]) is None
-  assert gv.fork_share([7], [np.array([[1.0, 1.0, 0.0]])] * 2) is None
+  assert gv.fork_share([[7]], [np.array([[1.0, 2.0, 0.5]])]) is None
+  assert gv.fork_share([[7], [7]], [np.array([[1.0, 1.0, 0.0]])] * 2) is None
 
 
 def test_too_few_draws_without_failures_is_an_error_naming_the_failure(monkeypatch):
@@ -123,7 +128,7 @@ def test_too_few_draws_without_failures_is_an_error_naming_the_failure(monkeypat
                                       ([0, 0], "step: RuntimeError: later")])
   with pytest.raises(ValueError, match=r"^1 draws with a finite gradient out of 3; 2 had a "
                                        r"failed branch, the first reset: OSError: no game"):
-    gv.gradient_variance(exp, None, None, None, ["a"], [None] * 3, 0.0)
+    gv.gradient_variance(exp, None, None, None, 1, [None] * 3, 0.0)
 
 
 def _capture():
@@ -132,9 +137,11 @@ def _capture():
                                       lambda grads, state, params=None: (grads, grads))
 
 
-@pytest.fixture(scope="module", params=["bpo", "grpo"])
+@pytest.fixture(scope="module", params=["bpo", "grpo", "grpo_rounds"])
 def tiny(request, tmp_path_factory):
-  config = base.tiny(base.rooms(request.param), iterations=1)
+  config = base.tiny(base.rooms(request.param.split("_")[0]), iterations=1)
+  if request.param == "grpo_rounds":  # up to three rounds of tasks until the batch has signal
+    config.rollout.signal_rounds = 3
   config.train.epochs = 1
   config.train.kl_coef = 0.5
   if request.param == "bpo":  # trees whose shape varies from draw to draw, two per task
@@ -179,14 +186,15 @@ def test_variance_equals_numpy_over_the_loops_gradients(tiny):
   reference = _loop_gradients(config, exp, engine, params, ref, roots)
   g = np.stack([flat for flat, _ in reference])
   assert len({flat.tobytes() for flat in g}) == DRAWS  # the draws differ
+  if config.rollout.signal_rounds > 1:  # a draw of more than one round is among them
+    assert max(r["signal_rounds"] for _, r in reference) > 1
   for flat, record in reference:  # the captured gradient is the one the update logged
     assert np.linalg.norm(flat) == pytest.approx(record["grad_norm"], rel=8 * EPS32)
   mean = g.mean(axis=0)
   expected = float(np.sum((g - mean) ** 2) / (DRAWS - 1))
   gradient = _gradient_fn(config, exp)
-  tasks = iteration.iteration_tasks(exp, 1)
   keys = [jax.random.fold_in(root, 1) for root in roots]  # the keys run_iteration samples with
-  result = gv.gradient_variance(exp, engine, gradient, params, tasks, keys,
+  result = gv.gradient_variance(exp, engine, gradient, params, 1, keys,
                                 config.rollout.entropy_threshold, ref, gram=True)
   assert expected > 0 and result["draws"] == DRAWS and result["skipped_draws"] == 0
   # The draws' Gram matrix: the loop's gradients' products, each gradient within one float32
@@ -210,11 +218,11 @@ def test_one_key_drawn_m_times_has_zero_variance(tiny):
   config, exp, engine, params, ref = tiny
   gradient = _gradient_fn(config, exp)
   key = jax.random.key(5)
-  result = gv.gradient_variance(exp, engine, gradient, params, iteration.iteration_tasks(exp, 1),
-                                [key] * DRAWS, config.rollout.entropy_threshold, ref)
+  result = gv.gradient_variance(exp, engine, gradient, params, 1, [key] * DRAWS,
+                                config.rollout.entropy_threshold, ref)
   assert result["variance"] == 0.0 and result["draws"] == DRAWS
   tasks = iteration.iteration_tasks(exp, 1)
-  one, compute, failure = gv.draw_gradient(exp, engine, gradient, params, tasks, key,
+  one, compute, failure = gv.draw_gradient(exp, engine, gradient, params, 1, key,
                                            config.rollout.entropy_threshold, ref)
   assert failure is None and result["failed_draws"] == 0
   # Each tree's fork moments, a column per level: the return's moments do not depend on it.
