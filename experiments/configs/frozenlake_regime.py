@@ -21,17 +21,21 @@ results/frozenlake_regime_tuning), on training tasks only:
   near the agent. Ties broken right, down, left, up (`frozenlake.EXPERT_PREFERENCE`) agree with
   a local rule on 93% of decisions.
 - 512 episodes: validation success rises past a fixed path's 0.23 from about step 200, to
-  0.4-0.55 by 400 (held-out 0.24, 0.34, 0.31 at steps 200, 300, 400 on 128 tasks), so the
-  target is 0.35 (reached at step 160, and at 390 on other validation tasks). Imitation does not
-  go on rising: from step 400 to 800 validation success swings between 0.23 and 0.52, held-out
-  0.23-0.35 (warm_start_pilot_512_800.jsonl), short of the 0.66 a local rule (right if free,
-  else down) reaches.
-Not a regime where RL learns yet, at this model's size and budget: as at rooms difficulty 2,
-imitation levels off, and RL does not move the policy past it. From that warm start
-(held-out 0.371 and 0.402 on 256 tasks), GRPO at 2e-4 stood at 0.371, 0.410, 0.375, 0.434
-after 16-64 updates (44 tasks gained, 28 lost); from another (0.402), 0.305, 0.387, 0.379,
-0.344 after 16-64 and 0.348 after 128 (8 gained, 22 lost), and with 16 tasks an iteration 0.363,
-0.355, 0.375, 0.430 after 16-64 (12 gained, 5 lost); at 5e-4 it fell to 0.184 after 64. Short of
+  0.4-0.55 by 400 (held-out 0.24, 0.34, 0.31 at steps 200, 300, 400 on 128 tasks). Imitation
+  does not go on rising: from step 400 to 800 validation success swings between 0.23 and 0.52,
+  held-out 0.23-0.35 (warm_start_pilot_512_800.jsonl), short of the 0.66 a local rule (right if
+  free, else down) reaches.
+- The target, 0.25: the earlier stop leaves RL more to gain. With 0.35 (held-out 0.371 and
+  0.402 on 256 tasks) GRPO at 2e-4 stood at 0.371, 0.410, 0.375, 0.434 after 16-64 updates;
+  from the other start 0.305, 0.387, 0.379, 0.344, and 0.348 after 128; with 16 tasks an
+  iteration 0.363, 0.355, 0.375, 0.430; at 5e-4 it fell to 0.184. With 0.25 (stopped at step
+  80, held-out 0.270) GRPO at 2e-4 stood at 0.320, 0.320, 0.359, 0.359 after 16-64 updates and
+  stayed at 0.359 through 128 (`target_0.25`, `target_0.25_it128`); drawing up to three rounds
+  of tasks until the batch has signal (`rollout.signal_rounds`) gave 0.320, 0.352, 0.359, 0.363
+  (`target_0.25_signal3`). Sampling at temperature 2 (`target_0.25_temp2`, stopped after 8
+  iterations) left almost no episode succeeding: its actions came out garbled.
+Not a regime where RL learns yet, at this model's size and budget: the best pilot gained 9 points
+on one seed and then stood still, with the policy's entropy at 0.1-0.2 nats per token, short of
 the 10 points a comparison needs, so no comparison runs on this world.
 
     python experiments/compare.py --config=experiments/configs/frozenlake_regime.py --seeds=10 \\
@@ -51,7 +55,7 @@ OBSERVATION_TOKENS = 64
 CONTEXT = 832
 WARM_START_EPISODES = 512
 WARM_START_STEPS = 400
-TARGET_SUCCESS = 0.35
+TARGET_SUCCESS = 0.25
 
 
 def world(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
