@@ -736,8 +736,8 @@ def describe_override_error(argv: Sequence[str], config) -> str | None:
     for depth, part in enumerate(parts):
       if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
         prefix = ".".join(parts[:depth])
-        known = (", ".join(sorted(node.keys()))
-                 if isinstance(node, (ml_collections.ConfigDict, dict)) else "(none: not a section)")
+        section = isinstance(node, (ml_collections.ConfigDict, dict))
+        known = ", ".join(sorted(node.keys())) if section else "(none: not a section)"
         where = f"under '{prefix}'" if prefix else "at the top level"
         return f"{path}: unknown key; known keys {where}: {known}"
       node = node[part]
