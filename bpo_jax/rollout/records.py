@@ -196,12 +196,15 @@ class RolloutBatch:
   decode_steps: int = 0    # decode loop steps the device ran (one token per row each)
 
   @classmethod
-  def concatenate(cls, batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
-    """One batch of the parts' rollouts in order (e.g. each process's share of the tasks).
+  def concatenate(cls, batches: Sequence["RolloutBatch"],
+                  side_by_side: bool = True) -> "RolloutBatch":
+    """One batch of the parts' rollouts in order.
 
-    Compute counters, device row-tokens and decode devices add up; the wall time of each phase
-    and the turns are the largest part's (the parts ran side by side). The parts must share the
-    threshold.
+    Compute counters, device row-tokens and decode steps add up. Parts that ran side by side
+    (each process's share of the tasks): the wall time of each phase and the turns are the
+    largest part's, and the decode devices add up. Parts grown one after another on the same
+    devices (`side_by_side=False`: an iteration's rounds, `iteration.grow_rounds`): times and
+    turns add up, the devices are the first part's. The parts must share the threshold.
     """
     batches = list(batches)
     if not batches:
@@ -214,31 +217,14 @@ class RolloutBatch:
     compute = Compute()
     for b in batches:
       compute.add(b.compute)
+    combine = max if side_by_side else sum
     return cls(rollouts=[r for b in batches for r in b.rollouts], compute=compute,
-               phase_seconds={k: max(b.phase_seconds.get(k, 0.0) for b in batches)
+               phase_seconds={k: combine(b.phase_seconds.get(k, 0.0) for b in batches)
                               for k in batches[0].phase_seconds},
                device_row_tokens=sum(b.device_row_tokens for b in batches),
-               turns=max(b.turns for b in batches), threshold=batches[0].threshold,
-               decode_devices=sum(b.decode_devices for b in batches),
-               decode_steps=sum(b.decode_steps for b in batches))
-
-  @classmethod
-  def in_sequence(cls, batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
-    """One batch of `batches` grown one after another on the same devices (e.g. an iteration's
-    rounds, `iteration.grow_rounds`): rollouts in order; compute, device row-tokens, decode
-    steps, turns and each phase's wall time add up. The batches must share the threshold."""
-    batches = list(batches)
-    if len({b.threshold for b in batches}) != 1:
-      raise ValueError("in_sequence needs batches of one fork threshold")
-    compute = Compute()
-    for b in batches:
-      compute.add(b.compute)
-    return cls(rollouts=[r for b in batches for r in b.rollouts], compute=compute,
-               phase_seconds={k: sum(b.phase_seconds.get(k, 0.0) for b in batches)
-                              for k in batches[0].phase_seconds},
-               device_row_tokens=sum(b.device_row_tokens for b in batches),
-               turns=sum(b.turns for b in batches), threshold=batches[0].threshold,
-               decode_devices=batches[0].decode_devices,
+               turns=combine(b.turns for b in batches), threshold=batches[0].threshold,
+               decode_devices=(sum(b.decode_devices for b in batches) if side_by_side
+                               else batches[0].decode_devices),
                decode_steps=sum(b.decode_steps for b in batches))
 
   def select(self, indices: Sequence[int]) -> "RolloutBatch":

@@ -251,7 +251,7 @@ def grow_rounds(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngin
       break
   rows = [t * r.trees_per_task + j for t in select_tasks(signal, r.tasks_per_iteration)
           for j in range(r.trees_per_task)]
-  return rollout_lib.RolloutBatch.in_sequence(batches), rows
+  return rollout_lib.RolloutBatch.concatenate(batches, side_by_side=False), rows
 
 
 def estimator_program(settings) -> tuple[sampling_shapes.ProgramKey, dict]:
