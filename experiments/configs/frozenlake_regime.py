@@ -32,11 +32,14 @@ results/frozenlake_regime_tuning), on training tasks only:
   80, held-out 0.270) GRPO at 2e-4 stood at 0.320, 0.320, 0.359, 0.359 after 16-64 updates and
   stayed at 0.359 through 128 (`target_0.25`, `target_0.25_it128`); drawing up to three rounds
   of tasks until the batch has signal (`rollout.signal_rounds`) gave 0.320, 0.352, 0.359, 0.363
-  (`target_0.25_signal3`). Sampling at temperature 2 (`target_0.25_temp2`, stopped after 8
-  iterations) left almost no episode succeeding: its actions came out garbled.
-Not a regime where RL learns yet, at this model's size and budget: the best pilot gained 9 points
-on one seed and then stood still, with the policy's entropy at 0.1-0.2 nats per token, short of
-the 10 points a comparison needs, so no comparison runs on this world.
+  (`target_0.25_signal3`); groups of 8 episodes (an env-step budget of 89, `target_0.25_episodes8`)
+  0.270, 0.320, 0.359, 0.359; sampling at temperature 1.3 0.270, 0.320, 0.297, 0.320
+  (`target_0.25_temp1.3`). At temperature 2 (`target_0.25_temp2`, stopped after 8 iterations)
+  almost no episode succeeded: its actions came out garbled.
+Not a regime where RL learns yet, at this model's size and budget: every pilot from the 0.25
+warm start gained 5-9 points on one seed (13-24 tasks gained, none lost), none past 0.363, the
+best standing still from update 48 to 128, with the policy's entropy at 0.1-0.3 nats per token:
+short of the 10 points a comparison needs, so no comparison runs on this world.
 
     python experiments/compare.py --config=experiments/configs/frozenlake_regime.py --seeds=10 \\
         --estimators=bpo,grpo,rloo --share_warm_start --jobs=1 --out=results/frozenlake_regime
