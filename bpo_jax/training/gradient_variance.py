@@ -102,8 +102,8 @@ def draw_gradient(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   `key` in its rounds (`iteration.grow_rounds`), estimated and packed as the iteration does,
   and the update's gradient of them at `params`; g is None when a branch failed (the gradient
   is not taken). The counters are every round's."""
-  drawn, rows = iteration_lib.grow_rounds(exp, engine, exp.sampling_params(params), iteration,
-                                          key, threshold)
+  drawn, rows, _ = iteration_lib.grow_rounds(exp, engine, exp.sampling_params(params), iteration,
+                                             key, threshold)
   failure = first_failure(drawn)
   if failure is not None:
     return None, drawn.compute.as_dict(), failure

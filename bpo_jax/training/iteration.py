@@ -230,15 +230,16 @@ def grow(engine: rollout_lib.RolloutEngine, params, tasks: list, key: jax.Array,
 
 def grow_rounds(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine, params,
                 iteration: int, key: jax.Array, threshold: float):
-  """(drawn, rows): iteration i's trees, grown in rounds until the batch carries signal.
+  """(drawn, rows, signal): iteration i's trees, grown in rounds until the batch carries signal.
 
   Round r grows the trees of `iteration_tasks(exp, i, r)` with `key` (r = 0) or `fold_in(key,
   r)`, and stops once T = `rollout.tasks_per_iteration` of the tasks drawn so far have signal
   (`task_signal`) or `rollout.signal_rounds` rounds are drawn. `drawn` holds every round's
   trees and compute (the budget counts each env step drawn); `rows` the indices in it of the
   trees of the T tasks `select_tasks` keeps, `drawn.select(rows)` the batch the update takes.
-  Row j is the tree of the j // trees_per_task-th task the iteration owns. The rule reads
-  returns only, so it is the same for every estimator; one round is kept as it is.
+  Row j is the tree of the j // trees_per_task-th task the iteration owns; `signal` says per
+  task drawn whether it has signal. The rule reads returns only, so it is the same for every
+  estimator; one round is kept as it is.
   """
   r = exp.settings.rollout
   batches, signal = [], []
@@ -251,7 +252,7 @@ def grow_rounds(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngin
       break
   rows = [t * r.trees_per_task + j for t in select_tasks(signal, r.tasks_per_iteration)
           for j in range(r.trees_per_task)]
-  return rollout_lib.RolloutBatch.concatenate(batches, side_by_side=False), rows
+  return rollout_lib.RolloutBatch.concatenate(batches, side_by_side=False), rows, signal
 
 
 def estimator_program(settings) -> tuple[sampling_shapes.ProgramKey, dict]:
@@ -310,7 +311,8 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
   num_trees = settings.rollout.tasks_per_iteration * settings.rollout.trees_per_task
   key = jax.random.fold_in(root_key, iteration)
   policy = policy_for_sampling(exp, placement, state.params)
-  drawn, rows = grow_rounds(exp, engine, policy, iteration, key, threshold["threshold"])
+  drawn, rows, signal = grow_rounds(exp, engine, policy, iteration, key,
+                                    threshold["threshold"])
   batch = drawn.select(rows)
   sample_bytes = placement_lib.state_bytes(policy)
   del policy
@@ -330,7 +332,6 @@ def run_iteration(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEng
             "fork_threshold": threshold["threshold"]}
   record.update(rollout_stats(drawn))
   if settings.rollout.signal_rounds > 1:
-    signal = task_signal(drawn, settings.rollout.trees_per_task)
     record.update({"signal_rounds": len(drawn.rollouts) // num_trees, "tasks_drawn": len(signal),
                    "tasks_with_signal": int(sum(signal))})
   record.update(advantage_stats(advantages, weights, np.asarray(trees.valid)))

@@ -403,8 +403,8 @@ def _check_loop_state(root_key) -> Callable[[int, dict], None]:
 def _loop_state(iteration: int, root_key, settings, history, threshold: dict) -> dict:
   """What a checkpoint holds besides the arrays (see the module docstring)."""
   return {"iteration": iteration, "key": checkpoint_lib.key_to_json(root_key),
-          "task_position": (settings.rollout.task_offset + iteration
-                            * settings.rollout.signal_rounds * settings.rollout.tasks_per_iteration),
+          "task_position": (settings.rollout.task_offset + iteration * settings.rollout.signal_rounds
+                            * settings.rollout.tasks_per_iteration),
           "fork_threshold": threshold,
           "history": [metrics_lib.clean_record(r) for r in history]}
 

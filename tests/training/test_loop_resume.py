@@ -145,6 +145,7 @@ def _config_file(tmp_path):
       def get_config():
         config = base.tiny(base.rooms("bpo"), iterations={ITERATIONS})
         config.rollout.entropy_quantile = 0.5  # the running threshold is loop state too
+        config.rollout.signal_rounds = 2  # an iteration's rounds are resumed too
         return config
       """))
   return str(path)
@@ -184,6 +185,8 @@ def _straight(tmp_path_factory):
   assert phases.count("train") == ITERATIONS and phases.count("eval") == 3
   stages = [r["stage"] for r in _train_records(workdir) if r["phase"] == "eval"]
   assert stages == ["init", "warm_start", "train"]
+  rounds = [r["signal_rounds"] for r in _train_records(workdir) if r["phase"] == "train"]
+  assert 2 in rounds, rounds  # an iteration drew a second round
   return config_path, workdir, time.time() - start
 
 

@@ -98,7 +98,7 @@ def test_grow_rounds_draws_until_the_batch_has_signal():
   script[third[0]] = [1, 0]   # round 2 is not drawn
   engine = _ScriptedEngine(script)
   key = jax.random.key(7)
-  drawn, rows = iteration.grow_rounds(exp, engine, None, 1, key, 0.25)
+  drawn, rows, signal = iteration.grow_rounds(exp, engine, None, 1, key, 0.25)
   kept = drawn.select(rows)
   assert rows == [1, 2]
   assert [c[0] for c in engine.calls] == [first, second]
@@ -120,7 +120,7 @@ def test_grow_rounds_keeps_the_first_without_signal_when_rounds_run_out():
   script = {t: [1, 1] for t in exp.train_tasks}
   second = iteration.iteration_tasks(exp, 1, 1)
   script[second[2]] = [0, 1]
-  drawn, rows = iteration.grow_rounds(exp, _ScriptedEngine(script), None, 1,
+  drawn, rows, signal = iteration.grow_rounds(exp, _ScriptedEngine(script), None, 1,
                                       jax.random.key(0), 0.5)
   kept = drawn.select(rows)
   assert rows == [0, 1, 5] and len(drawn.rollouts) == 6
@@ -133,7 +133,7 @@ def test_one_round_keeps_the_round_as_drawn():
   exp = _exp(2, 1, trees_per_task=2)
   script = {t: [0] for t in exp.train_tasks}
   engine = _ScriptedEngine(script)
-  drawn, rows = iteration.grow_rounds(exp, engine, None, 3, jax.random.key(1), 0.5)
+  drawn, rows, signal = iteration.grow_rounds(exp, engine, None, 3, jax.random.key(1), 0.5)
   assert rows == [0, 1, 2, 3] and len(engine.calls) == 1
   assert engine.calls[0][0] == iteration.iteration_tasks(exp, 3)
 
