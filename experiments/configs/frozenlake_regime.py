@@ -52,10 +52,12 @@ from experiments.configs import rooms_regime
 
 SIZE = 5
 TURNS = 10
-# A first observation runs to 70 tokens of the world's tokenizer, its map ending by the 61st;
-# later ones to 44 (an invalid action's to 60).
-OBSERVATION_TOKENS = 64
-CONTEXT = 832
+# Observations name the four cells around the agent (`frozenlake` with `neighbours`).
+NEIGHBOURS = True
+# A first observation runs to 82 tokens of the world's tokenizer, its map ending by the 73rd;
+# later ones to 56 (an invalid action's to 88).
+OBSERVATION_TOKENS = 76
+CONTEXT = 928
 WARM_START_EPISODES = 512
 WARM_START_STEPS = 400
 TARGET_SUCCESS = 0.25
@@ -65,7 +67,7 @@ def world(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """FrozenLake's settings (module docstring) on a comparison `config`."""
   config.env.name = "frozenlake"
   config.env.options = ml_collections.ConfigDict(
-      {"size": SIZE, "is_slippery": False, "max_steps": TURNS})
+      {"size": SIZE, "is_slippery": False, "max_steps": TURNS, "neighbours": NEIGHBOURS})
   config.env.max_turns = TURNS
   config.env.max_observation_tokens = OBSERVATION_TOKENS
   config.model.max_length = CONTEXT

@@ -1,7 +1,9 @@
 """FrozenLake (slippery unless `is_slippery=False`) as a text sandbox; see `sandboxes.gym_text`.
 
 Each task has its own random map (size `size`, generated from the task's seed). Observation:
-"Row 1, column 2 of 4. Map: S F F F / F H F H / ... The X marks you."
+"Row 1, column 2 of 4, on frozen ice. Map: S X F F / F H F H / ...", the X marking the agent.
+With `neighbours=True` it also names the four cells next to the agent's, "Right H, down F, left
+S, up edge.", before the map: what the map says there, read off for the agent.
 
 Without slipping (`is_slippery=False`) the lake is deterministic and the sandbox's
 `expert_actions()` is a shortest path to G that avoids the holes, ties broken by a fixed order
@@ -22,18 +24,36 @@ from bpo_jax.sandboxes import base
 from bpo_jax.sandboxes import gym_text
 
 
-def _make_env(desc=None, is_slippery=True):
-  return frozen_lake.FrozenLakeEnv(desc=list(desc), is_slippery=is_slippery)
+class _Lake(frozen_lake.FrozenLakeEnv):
+  """gymnasium's lake, plus whether its description names the agent's neighbours."""
+
+  def __init__(self, desc, is_slippery, neighbours=False):
+    super().__init__(desc=list(desc), is_slippery=is_slippery)
+    self.neighbours = neighbours
+
+
+def _make_env(desc=None, is_slippery=True, neighbours=False):
+  return _Lake(desc, is_slippery, neighbours)
+
+
+# (name, row step, column step) of each neighbour, in the order the description names them.
+_NEIGHBOURS = (("right", 0, 1), ("down", 1, 0), ("left", 0, -1), ("up", -1, 0))
 
 
 def _describe(env) -> str:
   rows, cols = env.desc.shape
   row, col = divmod(int(env.s), cols)
   grid = [[c.decode() for c in line] for line in env.desc]
-  grid[row][col] = "X"
   here = {"S": "the start", "F": "frozen ice", "H": "a hole", "G": "the goal"}
-  cell = here[env.desc[row][col].decode()]
-  return (f"Row {row + 1}, column {col + 1} of {rows}, on {cell}. "
+  cell = here[grid[row][col]]
+  around = ""
+  if env.neighbours:
+    cells = [grid[row + dr][col + dc] if 0 <= row + dr < rows and 0 <= col + dc < cols
+             else "edge" for _, dr, dc in _NEIGHBOURS]
+    around = " " + ", ".join(f"{name} {c}" for (name, _, _), c in zip(_NEIGHBOURS, cells))
+    around = around[:2].upper() + around[2:] + "."
+  grid[row][col] = "X"
+  return (f"Row {row + 1}, column {col + 1} of {rows}, on {cell}.{around} "
           f"Map: {' / '.join(' '.join(line) for line in grid)}.")
 
 
@@ -47,15 +67,18 @@ def map_split(desc) -> str:
 MAX_MAP_DRAWS = 1000
 
 
-def _task_env_kwargs(rng, split="train", size=4, is_slippery=True, **unused):
+def _task_env_kwargs(rng, split="train", size=4, is_slippery=True, neighbours=False,
+                     **unused):
   """A random map of `size` x `size` cells from the task's generator: the first drawn that
   belongs to `split` (`map_split`). A size too small to give the split a map (2: all three
-  valid maps are "train") is a `TaskInputError`, not an endless draw."""
+  valid maps are "train") is a `TaskInputError`, not an endless draw. `neighbours` changes
+  the description only, not the maps drawn."""
   del unused
   for _ in range(MAX_MAP_DRAWS):
     desc = tuple(frozen_lake.generate_random_map(size=size, seed=rng.randrange(1 << 30)))
     if map_split(desc) == split:
-      return (("desc", desc), ("is_slippery", is_slippery))
+      kwargs = (("desc", desc), ("is_slippery", is_slippery))
+      return kwargs + ((("neighbours", True),) if neighbours else ())
   raise base.TaskInputError(f"env.options.size = {size}: no {split} map in {MAX_MAP_DRAWS} "
                             "drawn (a map's split is the parity of its CRC-32); use a larger "
                             "size")
