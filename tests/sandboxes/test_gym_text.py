@@ -113,6 +113,34 @@ def test_frozenlake_expert_breaks_ties_by_its_preference(desc, expert):
   assert sandbox.expert_actions() == expert
 
 
+def test_frozenlake_neighbours_name_the_cells_around_the_agent():
+  """With `neighbours`, each description names the cells right, down, left and up of the
+  agent's, by hand on one map (the edge where there is none), and says nothing else new; the
+  option draws the same maps, and a restored snapshot describes as the original does."""
+  desc = ("SFH", "HFF", "FFG")
+  task = gym_text.GymTask("frozenlake-1", "frozenlake", 1,
+                          (("desc", desc), ("is_slippery", False), ("neighbours", True)))
+  plain = gym_text.GymTask("frozenlake-1", "frozenlake", 1,
+                           (("desc", desc), ("is_slippery", False)))
+  sandbox, other = frozenlake.make_sandbox(), frozenlake.make_sandbox()
+  first = sandbox.reset(task)
+  assert "on the start. Right F, down H, left edge, up edge. Map: X F H / H F F / F F G." in first
+  assert first.replace(" Right F, down H, left edge, up edge.", "") == other.reset(plain)
+  middle = sandbox.step("right").observation
+  assert middle == ("Row 1, column 2 of 3, on frozen ice. Right H, down F, left S, up edge. "
+                    "Map: S X H / H F F / F F G.")
+  snapshot = sandbox.snapshot()
+  assert sandbox.step("down").observation == (
+      "Row 2, column 2 of 3, on frozen ice. Right F, down F, left H, up F. "
+      "Map: S F H / H X F / F F G.")
+  other.restore(snapshot)
+  assert other.step("down").observation.startswith("Row 2, column 2 of 3, on frozen ice. Right F")
+  options = {"size": 5, "is_slippery": False}
+  with_neighbours = frozenlake.make_tasks("test", 20, 4, neighbours=True, **options)
+  assert [dict(t.env_kwargs)["desc"] for t in with_neighbours] == [
+      dict(t.env_kwargs)["desc"] for t in frozenlake.make_tasks("test", 20, 4, **options)]
+
+
 def test_frozenlake_held_out_maps_are_never_training_maps():
   """At size 4 maps repeat often (about 520 distinct in 1600 draws), yet no map of the test
   split is a map of the training split, and each split's maps are those `map_split` names."""
