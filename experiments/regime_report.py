@@ -383,7 +383,8 @@ def world_words(c: dict) -> str:
     return f"Rooms at difficulty {options['difficulty']}"
   if env == "frozenlake":
     ice = "slippery" if options.get("is_slippery", True) else "without slipping"
-    return f"FrozenLake on generated {options['size']} x {options['size']} maps, {ice}"
+    seen = ", the four cells around the agent named" if options.get("neighbours") else ""
+    return f"FrozenLake on generated {options['size']} x {options['size']} maps, {ice}{seen}"
   return env
 
 

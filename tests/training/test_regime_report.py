@@ -166,6 +166,9 @@ def test_the_section_names_its_world():
   from experiments.configs import frozenlake_regime
   from bpo_jax.training import config as config_lib
   c = config_lib.to_plain(frozenlake_regime.get_config())
+  assert regime_report.world_words(c) == ("FrozenLake on generated 5 x 5 maps, without "
+                                          "slipping, the four cells around the agent named")
+  c["env"]["options"]["neighbours"] = False
   assert regime_report.world_words(c) == "FrozenLake on generated 5 x 5 maps, without slipping"
   assert regime_report.world_words(config_lib.to_plain(rooms_regime.get_config())) == (
       "Rooms at difficulty 1")
