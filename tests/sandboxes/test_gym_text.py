@@ -130,11 +130,11 @@ def test_frozenlake_neighbours_name_the_cells_around_the_agent():
   assert middle == ("Row 1, column 2 of 3, on frozen ice. Right H, down F, left S, up edge. "
                     "Map: S X H / H F F / F F G.")
   snapshot = sandbox.snapshot()
-  assert sandbox.step("down").observation == (
-      "Row 2, column 2 of 3, on frozen ice. Right F, down F, left H, up F. "
-      "Map: S F H / H X F / F F G.")
+  below = ("Row 2, column 2 of 3, on frozen ice. Right F, down F, left H, up F. "
+           "Map: S F H / H X F / F F G.")
+  assert sandbox.step("down").observation == below
   other.restore(snapshot)
-  assert other.step("down").observation.startswith("Row 2, column 2 of 3, on frozen ice. Right F")
+  assert other.step("down").observation == below
   options = {"size": 5, "is_slippery": False}
   with_neighbours = frozenlake.make_tasks("test", 20, 4, neighbours=True, **options)
   assert [dict(t.env_kwargs)["desc"] for t in with_neighbours] == [

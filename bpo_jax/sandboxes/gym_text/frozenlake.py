@@ -50,8 +50,8 @@ def _describe(env) -> str:
   if env.neighbours:
     cells = [grid[row + dr][col + dc] if 0 <= row + dr < rows and 0 <= col + dc < cols
              else "edge" for _, dr, dc in _NEIGHBOURS]
-    around = " " + ", ".join(f"{name} {c}" for (name, _, _), c in zip(_NEIGHBOURS, cells))
-    around = around[:2].upper() + around[2:] + "."
+    text = ", ".join(f"{name} {c}" for (name, _, _), c in zip(_NEIGHBOURS, cells))
+    around = f" {text[0].upper()}{text[1:]}."
   grid[row][col] = "X"
   return (f"Row {row + 1}, column {col + 1} of {rows}, on {cell}.{around} "
           f"Map: {' / '.join(' '.join(line) for line in grid)}.")
