@@ -130,11 +130,11 @@ def _at_steps(x: jax.Array, steps: jax.Array) -> jax.Array:
 
 
 # Queries per block of `attend`: longer rows are attended a block of queries at a time.
-QUERY_BLOCK = 1024
+QUERY_BLOCK = 512
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype,
-           query_block: int = QUERY_BLOCK) -> jax.Array:
+           query_block: int = QUERY_BLOCK, causal: bool = False) -> jax.Array:
   """Masked softmax attention, `softmax(q kᵀ / √D + mask) v` over each query's keys.
 
   q [B, Hkv, G, T, D] (G query heads per key-value head), k [B, Hkv, D, S], v [B, Hkv, S, D],
@@ -148,23 +148,34 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype,
   (`jax.checkpoint`) rather than kept, so at most B·H·query_block·S scores live at once. Each
   query's softmax still runs over all its keys: the same arithmetic per query, only the
   matmuls' shapes differ.
+
+  `causal` (a cache-free forward: S = T, key j is query j's own token): query j attends key k
+  only if k <= j as well as `mask` says, so the block of queries [lo, hi) reads keys [0, hi)
+  alone; over n blocks that is (n + 1) / 2n of the scores. A block in which every row's
+  queries attend only themselves (a packed batch's padding, `packing.attention_mask`) is not
+  computed (`lax.cond`): its output is each query's own value, which is what a softmax over
+  one key gives exactly. So a micro-batch whose rows all end by token E costs the blocks up to
+  E, whatever the row length it is padded to. The masked keys left out add exact zeros to
+  every sum; only the order of the sums' terms differs from the dense attention's.
   """
   b, kv_heads, groups, t, d = q.shape
 
-  def block(q_block, mask_block):
+  def block(q_block, mask_block, k_block, v_block):
     tb = q_block.shape[3]
     flat = q_block.reshape(b, kv_heads, groups * tb, d)
-    scores = jnp.einsum("bkqd,bkds->bkqs", flat, k).astype(jnp.float32)
+    scores = jnp.einsum("bkqd,bkds->bkqs", flat, k_block).astype(jnp.float32)
     scores = scores / np.float32(math.sqrt(d))
     scores = scores.reshape(b, kv_heads, groups, tb, -1)
     scores = jnp.where(mask_block[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
     probs = probs.reshape(b, kv_heads, groups * tb, -1)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v_block)
     return out.reshape(b, kv_heads, groups, tb, d)
 
+  if causal:
+    return _causal_blocks(block, q, k, v, mask, dtype, query_block)
   if t <= query_block:
-    return block(q, mask)
+    return block(q, mask, k, v)
   n = -(-t // query_block)   # the fewest blocks of at most query_block queries ...
   size = -(-t // n)          # ... of equal size, so fewer than n queries are padding
   pad = n * size - t
@@ -172,9 +183,30 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype,
   mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
   q_blocks = jnp.moveaxis(q.reshape(b, kv_heads, groups, n, size, d), 3, 0)
   mask_blocks = jnp.moveaxis(mask.reshape(b, n, size, -1), 1, 0)
-  out = jax.lax.map(lambda xs: jax.checkpoint(block)(*xs), (q_blocks, mask_blocks))
+  out = jax.lax.map(lambda xs: jax.checkpoint(block)(*xs, k, v), (q_blocks, mask_blocks))
   out = jnp.moveaxis(out, 0, 3).reshape(b, kv_heads, groups, n * size, d)
   return out[:, :, :, :t]
+
+
+def _causal_blocks(block, q, k, v, mask, dtype, query_block: int) -> jax.Array:
+  """`attend`'s causal path: query blocks [lo, hi) of at most `query_block`, one after another
+  (unrolled, each its own shape), each over keys [0, hi) and recomputed in the backward pass;
+  a block where every query attends only itself gives its queries' own values (`attend`)."""
+  b, kv_heads, groups, t, d = q.shape
+  compute = block if t <= query_block else jax.checkpoint(block)  # one block: nothing to free
+  outs = []
+  for lo in range(0, t, query_block):
+    hi = min(lo + query_block, t)
+    own_key = jnp.arange(lo, hi)[:, None] == jnp.arange(hi)[None, :]
+    mask_block = mask[:, lo:hi, :hi] & (jnp.arange(hi)[None, :] <= jnp.arange(lo, hi)[:, None])
+    args = (q[:, :, :, lo:hi], mask_block, k[..., :hi], v[:, :, :hi])
+    if lo == 0:
+      outs.append(compute(*args))
+      continue
+    own = jnp.broadcast_to(v[:, :, None, lo:hi].astype(dtype), (b, kv_heads, groups, hi - lo, d))
+    only_self = jnp.all(mask_block == own_key[None])
+    outs.append(jax.lax.cond(only_self, lambda *_, own=own: own, compute, *args))
+  return jnp.concatenate(outs, axis=3)
 
 
 def attend_pages(q: jax.Array, layer: paged.PagedLayer, mask: jax.Array, dtype) -> jax.Array:
@@ -329,7 +361,8 @@ class Attention(nnx.Module):
     if isinstance(layer_cache, paged.PagedLayer):
       out = attend_pages(q, layer_cache, mask, dt).transpose(0, 3, 1, 2, 4)
     else:
-      out = attend(q, k, v, mask, dt).transpose(0, 3, 1, 2, 4)
+      causal = layer_cache is None and query_at is None  # key j is query j's own token
+      out = attend(q, k, v, mask, dt, causal=causal).transpose(0, 3, 1, 2, 4)
     # [B, T, H·D] @ [H·D, h], heads major as in the HF layout: the kernel's reshape is free, where
     # an einsum over (h, d) has XLA copy the kernel into another layout on every call.
     heads_out = out.reshape(b, t, self.num_heads, self.head_dim)

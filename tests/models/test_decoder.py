@@ -418,3 +418,53 @@ def test_attention_by_query_blocks_is_the_dense_attention_and_its_gradient():
       assert block_grad.shape == dense_grad.shape
       assert_close(block_grad, dense_grad, steps=4 * steps,
                    magnitude=np.abs(dense_grad).max() + np.abs(weights).max() * np.abs(v).max())
+
+
+@pytest.mark.slow
+def test_causal_attention_reads_keys_up_to_each_block_and_skips_blocks_of_padding():
+  """`attend(causal=True)` by blocks of 16 of a 64-token row equals the float64 NumPy formula
+  softmax(q kᵀ/√D + mask) v under the mask and k <= j (keys after the query, allowed by the
+  mask here, are not attended), and so does its gradient. The two rows are packed-batch-like:
+  real tokens up to 40 and 20, then padding that attends only itself, so the last block is
+  padding in both rows (skipped: `cond`) and its outputs are the queries' own values; a second
+  batch whose first row is real to the end has no block to skip and still agrees."""
+  b, kv_heads, groups, t, d, block = 2, 2, 2, 64, 8, 16
+  rng = np.random.default_rng(1)
+  q, k, v = (rng.normal(size=shape).astype(np.float32) for shape in
+             ((b, kv_heads, groups, t, d), (b, kv_heads, d, t), (b, kv_heads, t, d)))
+  weights = rng.normal(size=q.shape).astype(np.float32)
+  causal = np.tril(np.ones((t, t), bool))
+  for lengths in ((40, 20), (64, 20)):
+    mask = (rng.random((b, t, t)) < 0.7) | np.eye(t, dtype=bool)[None]
+    mask[:, 0, 1] = True  # past the query: the causal path must not read it
+    for row, n in enumerate(lengths):
+      mask[row, n:] = np.eye(t, dtype=bool)[n:]
+      mask[row, :, n:] &= np.eye(t, dtype=bool)[:, n:]
+    seen = mask & causal[None]
+
+    def reference(q, k, v):
+      scores = np.einsum("bkgqd,bkds->bkgqs", q.astype(np.float64), k) / math.sqrt(d)
+      scores = np.where(seen[:, None, None], scores, -np.inf)
+      probs = np.exp(scores - scores.max(-1, keepdims=True))
+      return np.einsum("bkgqs,bksd->bkgqd", probs / probs.sum(-1, keepdims=True), v)
+
+    attend = functools.partial(models.decoder.attend, mask=jnp.asarray(mask), dtype=jnp.float32,
+                               query_block=block, causal=True)
+    out = attend(q, k, v)
+    steps = 2 * (t + d)
+    assert_close(out, reference(q, k, v), steps=steps, magnitude=np.abs(v).max())
+    jaxpr = str(jax.make_jaxpr(attend)(q, k, v))
+    assert jaxpr.count("cond[") == t // block - 1, "blocks after the first are not conditional"
+    if lengths == (40, 20):
+      np.testing.assert_array_equal(out[:, :, :, 48:], np.broadcast_to(
+          v[:, :, None, 48:], (b, kv_heads, groups, t - 48, d)))
+    grads = jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v) * weights), argnums=(0, 1, 2))(
+        q, k, v)
+    # The float64 reference gradient by central differences would be slow; the dense float32
+    # attention of the causally masked mask is the reference instead (one block, no causal path).
+    dense = jax.grad(lambda q, k, v: jnp.sum(models.decoder.attend(
+        q, k, v, jnp.asarray(seen), jnp.float32, query_block=t) * weights), argnums=(0, 1, 2))(
+            q, k, v)
+    for got, want in zip(grads, dense):
+      assert_close(got, want, steps=4 * steps,
+                   magnitude=np.abs(want).max() + np.abs(weights).max() * np.abs(v).max())
