@@ -1,6 +1,8 @@
 """experiments/readme_results.py: the README's Results table from the testbed's and the rooms
 regime's result files (the two reports' fixtures), every figure computed, none typed."""
 
+import glob
+import json
 import os
 import sys
 
@@ -16,10 +18,20 @@ from tests.training import test_regime_report as regime  # noqa: E402
 def test_the_table_is_computed_from_the_files(tmp_path):
   testbed._fixture(str(tmp_path / "testbed"))  # pylint: disable=protected-access
   regime._fixture(str(tmp_path / "regime"))  # pylint: disable=protected-access
+  # A second regime: the same files, on another world with one seed's BPO final success lower.
+  regime._fixture(str(tmp_path / "regime2"))  # pylint: disable=protected-access
+  for path in glob.glob(str(tmp_path / "regime2" / "runs" / "*" / "seed*" / "config.json")):
+    config = json.loads(open(path, encoding="utf-8").read())
+    config["env"]["name"] = "frozenlake"
+    open(path, "w", encoding="utf-8").write(json.dumps(config))
+  summary_path = tmp_path / "regime2" / "runs" / "bpo" / "seed2" / "summary.json"
+  summary = json.loads(summary_path.read_text())
+  summary["eval_end"]["success_rate"] = 0.5
+  summary_path.write_text(json.dumps(summary))
   doc = tmp_path / "README.md"
   doc.write_text(f"# R\n\n{readme_results.BEGIN}\nstale\n{readme_results.END}\nbelow\n")
-  args = [f"--testbed={tmp_path / 'testbed'}", f"--regime={tmp_path / 'regime'}",
-          f"--doc={doc}"]
+  args = [f"--testbed={tmp_path / 'testbed'}",
+          f"--regime={tmp_path / 'regime'},{tmp_path / 'regime2'}", f"--doc={doc}"]
   assert readme_results.main(args + ["--check"]) == 1
   assert readme_results.main(args) == 0
   assert readme_results.main(args + ["--check"]) == 0
@@ -34,6 +46,12 @@ def test_the_table_is_computed_from_the_files(tmp_path):
   # BPO's variance half RLOO's; BPO stays above GRPO's final 0.533 from update 1, GRPO from 2.
   assert lines[6] == ("| rooms, weak warm start, 512 tasks | 3 | 0.700 [0.452, 0.948] "
                       "| GRPO 0.533 [0.390, 0.677] | 0.167 [0.023, 0.310] | 0.50 [0.50, "
+                      "0.50] | 1, 2 |")
+  # The second: BPO (0.6, 0.7, 0.5), mean 0.6, sd 0.1; BPO − GRPO 0.1, 0.2, -0.1, mean 0.0667,
+  # sd 0.1528, ± 4.302653 · 0.1528 / √3 = 0.3795; BPO's mean curve ends at 0.6 > 0.533 and
+  # stays from update 1 (0.3667 + 0.75 · 0.2333 = 0.5417).
+  assert lines[7] == ("| frozenlake, weak warm start, 512 tasks | 3 | 0.600 [0.352, 0.848] "
+                      "| GRPO 0.533 [0.390, 0.677] | 0.067 [-0.313, 0.446] | 0.50 [0.50, "
                       "0.50] | 1, 2 |")
 
 
