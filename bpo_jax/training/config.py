@@ -142,10 +142,12 @@ def default_config() -> ml_collections.ConfigDict:
   c.warm_start.steps = 200
   c.warm_start.batch_size = 16
   c.warm_start.learning_rate = 3e-3
-  # > 0: stop at the first check whose greedy success on validation_tasks training tasks (the
-  # last of the seeded order) reaches it, checked every check_every steps, at most `steps`;
-  # 0: run all `steps`.
+  # > 0: stop at the first check whose success on validation_tasks training tasks (the last
+  # of the seeded order) reaches it, checked every check_every steps, at most `steps`; 0: run
+  # all `steps`. Its episodes are sampled at target_temperature (0: greedy; the rollouts'
+  # rollout.temperature measures the policy the iterations will sample from).
   c.warm_start.target_success = 0.0
+  c.warm_start.target_temperature = 0.0
   c.warm_start.check_every = 10
   c.warm_start.validation_tasks = 64
 
@@ -335,6 +337,7 @@ _INTERVALS = (
     ("env.pool.cpus_per_worker", lambda x: x > 0, "> 0", ""),
     ("warm_start.learning_rate", lambda x: x > 0, "> 0", ""),
     ("warm_start.target_success", lambda x: 0 <= x <= 1, "in [0, 1]", "0 = all warm_start.steps"),
+    ("warm_start.target_temperature", lambda x: x >= 0, ">= 0", "0 = greedy"),
     ("train.learning_rate", lambda x: x > 0, "> 0", ""),
     ("train.max_grad_norm", lambda x: x > 0, "> 0", ""),
     ("rollout.top_p", lambda x: 0 < x <= 1, "in (0, 1]", ""),

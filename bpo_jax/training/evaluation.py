@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from typing import Any, Sequence
 
@@ -15,8 +17,9 @@ from bpo_jax.training import translate
 
 
 def evaluate_policy(exp: experiment_lib.Experiment, params, tasks: Sequence[Any],
-                    key: jax.Array, confidence: float) -> dict:
-  """Success rate on `tasks`, one episode each at `eval.temperature` (0: greedy), with its
+                    key: jax.Array, confidence: float, temperature: float | None = None) -> dict:
+  """Success rate on `tasks`, one episode each at `temperature` (default `eval.temperature`;
+  0: greedy), with its
   Wilson interval; also the mean return and episode length, and each task's outcome in the
   order of `tasks` (`task_successes`, a string of "1" and "0": the paired analyses of
   experiments/ compare methods task by task on the same held-out set). `params`: the whole
@@ -26,9 +29,11 @@ def evaluate_policy(exp: experiment_lib.Experiment, params, tasks: Sequence[Any]
   With several processes each plays its share of the tasks (under their global indices) and
   the outcomes are gathered, so every process returns the same record.
   """
+  config = translate.rollout_config(exp.settings, evaluation=True)
+  if temperature is not None:
+    config = dataclasses.replace(config, temperature=float(temperature))
   engine = rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt, exp.pool,
-                                     translate.rollout_config(exp.settings, evaluation=True),
-                                     programs=exp.programs)
+                                     config, programs=exp.programs)
   start = time.perf_counter()
   share = distributed.process_share(len(tasks))
   batch = engine.rollout(params, list(tasks)[share.start:share.stop], key, task_ids=share)

@@ -345,9 +345,10 @@ def _start(exp: experiment_lib.Experiment, params, tx,
 
 
 def _validation(exp: experiment_lib.Experiment, placement: placement_lib.Placement):
-  """The warm start's `validate`: params -> greedy success on `warm_start.validation_tasks`
-  training tasks (`warm_start.validation_positions`) played as the held-out evaluation plays;
-  None without a target (`warm_start.target_success` 0), when no such tasks are set aside."""
+  """The warm start's `validate`: params -> success on `warm_start.validation_tasks` training
+  tasks (`warm_start.validation_positions`) played as the held-out evaluation plays, at
+  `warm_start.target_temperature` (0: greedy); None without a target
+  (`warm_start.target_success` 0), when no such tasks are set aside."""
   ws = exp.settings.warm_start
   if ws.target_success == 0:
     return None
@@ -357,7 +358,7 @@ def _validation(exp: experiment_lib.Experiment, placement: placement_lib.Placeme
   key = jax.random.key(exp.settings.seed + 2)  # apart from the iterations' and evaluations' keys
   return lambda params: evaluation.evaluate_policy(
       exp, iteration_lib.policy_for_sampling(exp, placement, params), tasks, key,
-      exp.settings.eval.confidence)["success_rate"]
+      exp.settings.eval.confidence, temperature=ws.target_temperature)["success_rate"]
 
 
 def _evaluate(exp: experiment_lib.Experiment, placement: placement_lib.Placement, params,

@@ -73,6 +73,7 @@ class WarmStartSettings:
   batch_size: int
   learning_rate: float
   target_success: float
+  target_temperature: float
   check_every: int
   validation_tasks: int
 

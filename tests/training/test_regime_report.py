@@ -250,8 +250,8 @@ def test_the_frozenlake_regime_is_the_first_on_another_world():
   """`frozenlake_regime.py` is `rooms_regime.py` with FrozenLake's world (5 x 5 maps without
   slipping, the cells around the agent named, 10 turns, four whole episodes of env steps, a
   context for its observations) and a warm start of its own (episodes, steps, target checked
-  every 5 steps, learning rate): the same held-out set, schedule and RL learning rate, and tasks past the demonstrated
-  ones."""
+  every 5 steps on episodes sampled at the rollouts' temperature, learning rate): the same
+  held-out set, schedule and RL learning rate, and tasks past the demonstrated ones."""
   from bpo_jax.training import config as config_lib
   from bpo_jax.training import warm_start
   from experiments.configs import frozenlake_regime
@@ -262,8 +262,9 @@ def test_the_frozenlake_regime_is_the_first_on_another_world():
       "env.options.max_steps", "env.options.neighbours", "env.max_turns", "env.max_observation_tokens",
       "model.max_length", "rollout.max_env_steps", "rollout.max_tree_tokens",
       "warm_start.num_trajectories", "warm_start.steps", "warm_start.target_success",
-      "warm_start.learning_rate", "warm_start.check_every", "rollout.task_offset",
-      "env.num_train_tasks"}
+      "warm_start.learning_rate", "warm_start.check_every", "warm_start.target_temperature",
+      "rollout.task_offset", "env.num_train_tasks"}
+  assert three["warm_start.target_temperature"] == three["rollout.temperature"] == 1.0
   assert three["rollout.max_env_steps"] == 4 * 10 + 9 and three["env.options.max_steps"] == 10
   assert three["env.options.neighbours"] and three["train.learning_rate"] == 2e-4
   c = frozenlake_regime.get_config()

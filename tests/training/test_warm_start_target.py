@@ -67,6 +67,7 @@ def _problems(config) -> list[str]:
     ("target_success", -0.1, "warm_start.target_success = -0.1"),
     ("check_every", 0, "warm_start.check_every = 0"),
     ("validation_tasks", 0, "warm_start.validation_tasks = 0"),
+    ("target_temperature", -0.5, "warm_start.target_temperature = -0.5"),
 ])
 def test_bad_warm_start_target_settings_are_refused_in_one_line(key, value, named):
   config = rooms.get_config()
@@ -173,3 +174,39 @@ def test_a_target_without_validate_is_refused_before_any_step(tmp_path):
       warm_start.warm_start(exp, state.params)
   finally:
     exp.close()
+
+
+def test_the_target_is_measured_at_its_temperature(tmp_path, monkeypatch):
+  """`warm_start.target_temperature` 1: the validation episodes of the 8 validation tasks are
+  played by an engine sampling at temperature 1 (greedy, 0, without the setting), and give what
+  an evaluation at `eval.temperature` 1 gives on the same tasks with the same key."""
+  from bpo_jax.training import evaluation
+  engines = []
+  engine_class = evaluation.rollout_lib.RolloutEngine
+
+  def recording_engine(*args, **kwargs):
+    engines.append(args[4].temperature)
+    return engine_class(*args, **kwargs)
+
+  monkeypatch.setattr(evaluation.rollout_lib, "RolloutEngine", recording_engine)
+  calls = []
+  evaluate = evaluation.evaluate_policy
+  monkeypatch.setattr(evaluation, "evaluate_policy", lambda *a, **k: calls.append(a) or evaluate(
+      *a, **k))
+  results = {}
+  for temperature in (1.0, 0.0):
+    exp, state = _tiny_experiment(tmp_path / str(temperature), target_success=0.5,
+                                  target_temperature=temperature, validation_tasks=8)
+    try:
+      results[temperature] = loop._validation(exp, placement_lib.Placement())(state.params)
+      _, _, tasks, key, _ = calls[-1]
+      assert len(tasks) == 8
+      if temperature:
+        eval_settings = dataclasses.replace(exp.settings.eval, temperature=1.0)
+        configured = dataclasses.replace(
+            exp, settings=dataclasses.replace(exp.settings, eval=eval_settings))
+        by_config = evaluate(configured, state.params, tasks, key, 0.95)["success_rate"]
+    finally:
+      exp.close()
+  assert engines == [1.0, 1.0, 0.0]  # the validation, the configured evaluation, greedy
+  assert results[1.0] == by_config
