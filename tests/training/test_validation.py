@@ -41,8 +41,8 @@ def test_float_keys_are_every_float_of_the_schema():
   keys = config_lib.float_keys()
   assert keys == list(_schema_floats(config_lib.to_plain(config_lib.default_config())))
   assert {"train.learning_rate", "rollout.gamma", "rollout.temperature", "eval.confidence",
-          "env.timeout_s", "model.lora_alpha"} <= set(keys)
-  assert len(keys) == len(set(keys)) == 21
+          "env.timeout_s", "model.lora_alpha", "warm_start.target_temperature"} <= set(keys)
+  assert len(keys) == len(set(keys)) == 22
 
 
 def _set(config, path, value):
