@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import time
 from typing import Any, Sequence
 
@@ -19,12 +18,11 @@ from bpo_jax.training import translate
 def evaluate_policy(exp: experiment_lib.Experiment, params, tasks: Sequence[Any],
                     key: jax.Array, confidence: float, temperature: float | None = None) -> dict:
   """Success rate on `tasks`, one episode each at `temperature` (default `eval.temperature`;
-  0: greedy), with its
-  Wilson interval; also the mean return and episode length, and each task's outcome in the
-  order of `tasks` (`task_successes`, a string of "1" and "0": the paired analyses of
-  experiments/ compare methods task by task on the same held-out set). `params`: the whole
-  policy (a LoRA run's adapters merged into the base, `Experiment.sampling_params`), laid out
-  where it is to decode.
+  0: greedy), with its Wilson interval; also the mean return and episode length, and each
+  task's outcome in the order of `tasks` (`task_successes`, a string of "1" and "0": the
+  paired analyses of experiments/ compare methods task by task on the same held-out set).
+  `params`: the whole policy (a LoRA run's adapters merged into the base,
+  `Experiment.sampling_params`), laid out where it is to decode.
 
   With several processes each plays its share of the tasks (under their global indices) and
   the outcomes are gathered, so every process returns the same record.

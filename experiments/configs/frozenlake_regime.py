@@ -10,8 +10,8 @@ the agent's cell marked, one token per cell. A held-out map is never a training 
 observation is whole, its closing list of actions cut), in a context that holds a path of them
 (`CONTEXT`).
 
-The regime is `rooms_regime.py`'s: a warm start from expert episodes stopped where greedy success
-on 64 training tasks reaches its target, then 64 iterations of 8 tasks from the tasks it did not
+The regime is `rooms_regime.py`'s: a warm start from expert episodes stopped where success on 64
+training tasks, sampled at the rollouts' temperature, reaches its target, then 64 iterations of 8 tasks from the tasks it did not
 demonstrate, held-out success on 512 tasks every 16 updates, checkpoints every 32.
 
 Why these, from pilots on other worlds (`--config.env.task_seed=1`;
