@@ -394,8 +394,11 @@ def warm_start_words(c: dict) -> str:
   head = f"a warm start of {ws['num_trajectories']} expert episodes"
   if not ws.get("target_success"):
     return f"{head} over {ws['steps']} steps"
+  temperature = ws.get("target_temperature", 0.0)
+  how = (f"success of episodes sampled at temperature {temperature:g}" if temperature
+         else "greedy success")
   return (f"{head} stopped at the first check (every {ws['check_every']} steps, at most "
-          f"{ws['steps']}) where greedy success on {ws['validation_tasks']} training tasks it "
+          f"{ws['steps']}) where {how} on {ws['validation_tasks']} training tasks it "
           f"did not demonstrate reached {ws['target_success']:g}")
 
 

@@ -172,6 +172,9 @@ def test_the_section_names_its_world():
   assert regime_report.world_words(c) == "FrozenLake on generated 5 x 5 maps, without slipping"
   assert regime_report.world_words(config_lib.to_plain(rooms_regime.get_config())) == (
       "Rooms at difficulty 1")
+  assert regime_report.warm_start_words(c).endswith(
+      "where success of episodes sampled at temperature 1 on 64 training tasks it did not "
+      "demonstrate reached 0.25")
 
 
 def test_too_few_paired_seeds_is_one_line(tmp_path, capsys):
