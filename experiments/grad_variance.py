@@ -33,7 +33,11 @@ of EST.
 
 With `--gram`, each checkpoint's result also holds the Gram matrix of its draws' gradients
 (`training.gradient_variance`), for a bootstrap over draws as well as seeds
-(`regime_report.py`'s claim 2).
+(`regime_report.py`'s claim 2). With `--cross` as well (and `--params`), every method of a
+seed is measured in turn holding its draws' gradients, and the products of EST's draws with each
+other method's, "cross": {method: [M][M]} per checkpoint of EST's file, let the report test
+whether two estimators have one expectation at the same parameters (`analysis.same_expectation`);
+a seed whose EST file lacks them is measured again whole (the draws are the same).
 
 Bad flags or configurations, or a run to measure at that is not finished: one line, exit status
 2; a measurement that fails is reported, the others are still aggregated, exit status 1.
@@ -72,6 +76,9 @@ def _define_flags():
   _FLAGS["gram"] = flags.DEFINE_bool(
       "gram", False, "Also keep the draws' Gram matrix in each file (the bootstrap over draws "
       "of regime_report.py's claim 2; holds draws x the parameters' size in memory).")
+  _FLAGS["cross"] = flags.DEFINE_bool(
+      "cross", False, "With --gram and --params: also keep the products of that estimator's "
+      "draws with every other method's (holds every method's draws of a seed in memory).")
   _FLAGS["params_from"] = flags.DEFINE_string(
       "params_from", "", "With --params: the comparison directory whose finished runs of that "
       "estimator are measured at.")
@@ -115,17 +122,46 @@ def _reusable(path: str, draws: int, steps: list[int], params_of, params_from,
           and (not gram or all("gram" in r for r in saved["checkpoints"])))
 
 
+def _has_cross(runs, seed: int, params_of: str) -> bool:
+  """Whether `params_of`'s file of `seed` holds its draws' products with every other method's."""
+  others = {r.estimator for r, _ in runs if r.seed == seed} - {params_of}
+  path = next(os.path.join(r.workdir, aggregate.GRADIENT_VARIANCE_JSON) for r, _ in runs
+              if r.seed == seed and r.estimator == params_of)
+  if not os.path.exists(path):
+    return False
+  with open(path, encoding="utf-8") as f:
+    saved = json.load(f)
+  return all(others <= set(p.get("cross", {})) for p in saved["checkpoints"])
+
+
+def _write_cross(runs, seed: int, params_of: str, kept: dict) -> None:
+  """Adds to `params_of`'s file of `seed` the products of its draws with each other method's
+  (`kept`: method -> [draws matrix per checkpoint])."""
+  run = next(r for r, _ in runs if r.seed == seed and r.estimator == params_of)
+  path = os.path.join(run.workdir, aggregate.GRADIENT_VARIANCE_JSON)
+  with open(path, encoding="utf-8") as f:
+    saved = json.load(f)
+  for k, point in enumerate(saved["checkpoints"]):
+    point["cross"] = {m: (kept[params_of][k] @ d[k].T).tolist() for m, d in kept.items()
+                      if m != params_of}
+  workdir_lib.write_json(path, saved)
+
+
 def measure(runs, draws: int, count: int, params_of: str | None = None, sources=None,
             params_from: str | None = None, provenance: dict | None = None,
-            gram: bool = False) -> list:
+            gram: bool = False, cross: bool = False) -> list:
   """Each run's gradient variance at `count` of its checkpoints (module docstring), saved
   beside its metrics with `provenance` (`cli.provenance`); with `params_of`, every run's method
   at the checkpoints of `params_of`'s run of the same seed, among `sources` (default `runs`;
-  the runs of `params_from` with --params_from). Returns the runs it failed for."""
+  the runs of `params_from` with --params_from); with `cross`, the products of `params_of`'s
+  draws with the other methods' added to its file, seed by seed. Returns the runs it failed
+  for."""
   from bpo_jax.training import gradient_variance  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import settings  # pylint: disable=g-import-not-at-top
   sources = {(r.estimator, r.seed): (r, c) for r, c in (sources or runs)}
-  failed = []
+  seeds = sorted({r.seed for r, _ in runs})
+  redo = {s for s in seeds if cross and not _has_cross(runs, s, params_of)}
+  failed, kept = [], {}
   for run, c in runs:
     source, _ = sources[(params_of or run.estimator, run.seed)]
     os.makedirs(run.workdir, exist_ok=True)
@@ -133,19 +169,27 @@ def measure(runs, draws: int, count: int, params_of: str | None = None, sources=
     start = time.perf_counter()
     try:
       steps = gradient_variance.spread(gradient_variance.kept_steps(source.workdir), count)
-      if _reusable(path, draws, steps, params_of, params_from, gram):
+      if (run.seed not in redo
+          and _reusable(path, draws, steps, params_of, params_from, gram)):
         print(f"{run.estimator} seed {run.seed}: gradient variance measured, skipped")
         continue
       results = gradient_variance.checkpoint_gradient_variance(
-          settings.from_config(c), source.workdir, steps, draws, gram)
+          settings.from_config(c), source.workdir, steps, draws, gram, run.seed in redo)
     except Exception as error:  # pylint: disable=broad-except
       failed.append(run)
+      redo.discard(run.seed)  # no products for a seed with a method missing
+      kept.pop(run.seed, None)
       print(f"error: {run.estimator} seed {run.seed}: gradient variance failed: "
             f"{type(error).__name__}: {' '.join(str(error).split())}", file=sys.stderr)
       continue
+    if run.seed in redo:
+      kept.setdefault(run.seed, {})[run.estimator] = [r.pop("draws_matrix") for r in results]
     workdir_lib.write_json(path, {"draws": draws, "checkpoints": results,
                                   "params_of": params_of, "params_from": params_from,
                                   "provenance": provenance})
+    measured = kept.get(run.seed, {})
+    if len(measured) == sum(r.seed == run.seed for r, _ in runs):
+      _write_cross(runs, run.seed, params_of, kept.pop(run.seed))
     print(f"{run.estimator} seed {run.seed}: gradient variance at checkpoints {steps} "
           f"({draws} draws) in {time.perf_counter() - start:.0f} s")
     for r in results:
@@ -170,6 +214,8 @@ def main(argv):
   params_from = _FLAGS["params_from"].value or None
   if params_from and not params_of:
     cli.fail(f"--params_from={params_from}: needs --params")
+  if _FLAGS["cross"].value and not (params_of and _FLAGS["gram"].value):
+    cli.fail("--cross: needs --params and --gram")
   spec = cli.config_arg(sys.argv)
   out = _FLAGS["out"].value or os.path.join("results", compare.config_name(spec))
   seeds, first_seed = _FLAGS["seeds"].value, _FLAGS["first_seed"].value
@@ -182,7 +228,8 @@ def main(argv):
     sources = None
   os.makedirs(out, exist_ok=True)
   failed = measure(runs, draws, count, params_of, sources, params_from,
-                   cli.provenance("grad_variance.py", sys.argv[1:]), _FLAGS["gram"].value)
+                   cli.provenance("grad_variance.py", sys.argv[1:]), _FLAGS["gram"].value,
+                   _FLAGS["cross"].value)
   compare.write_results(runs, out, spec, params_of, trained=sources)
   if failed:
     sys.exit(1)

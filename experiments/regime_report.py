@@ -230,6 +230,25 @@ def _square(rows) -> bool:
                                         for r in rows)
 
 
+def _same_mean(seeds: list[int], step: int, points: dict, grams: dict) -> dict | None:
+  """`analysis.same_expectation` of BPO against RLOO over the seeds whose BPO file holds the
+  products of their draws (grad_variance.py --cross), with those seeds; None without any."""
+  crossed = [i for i, p in enumerate(points["bpo"]) if "rloo" in p.get("cross", {})]
+  if not crossed:
+    return None
+  cross = []
+  for i in crossed:
+    x = points["bpo"][i]["cross"]["rloo"]
+    if not _square(x) or len(x) != len(grams["bpo"][i]):
+      raise ValueError(f"bpo seed {seeds[i]}, checkpoint {step}: its gradient_variance.json's "
+                       f"cross products with rloo are not a {len(grams['bpo'][i])} x "
+                       f"{len(grams['bpo'][i])} matrix")
+    cross.append(np.asarray(x, np.float64))
+  same = analysis.same_expectation([grams["bpo"][i] for i in crossed],
+                                   [grams["rloo"][i] for i in crossed], cross)
+  return dict(seeds=[seeds[i] for i in crossed], **same)
+
+
 def claim_two(runs: dict, seeds: list[int]) -> dict:
   """{step: {"rloo_raw", "rloo_relative", ["grpo_raw", "grpo_relative",] "seeds", "draws",
   "variance"}} from the seeds whose BPO and RLOO (and GRPO, where every such seed has it) were
@@ -265,6 +284,8 @@ def claim_two(runs: dict, seeds: list[int]) -> dict:
                                  if kind == "raw" or (resolved["bpo"] and resolved[b])
                                  else dict(ratio=None, low=None, high=None))
                  for b in BASELINES if b in methods for kind in ("raw", "relative")}
+    if grams:
+      out[step]["same_mean"] = _same_mean(list(files), step, points, grams)
     out[step].update(seeds=len(files), draws=min(p["draws"] for ps in points.values() for p in ps),
                      resampled="seeds and draws" if grams else "seeds",
                      variance={m: float(moments[m][0].mean()) for m in methods},
@@ -437,6 +458,14 @@ def claim2_lines(x: dict) -> list[str]:
             for k in ("relative", "raw")]
     lines.append(f"| {step} | {c['seeds']} | {c['draws']} | {v} | {ratio(c['rloo_raw'])} | "
                  f"{c['below']} | {ratio(c['rloo_relative'])} | {grpo[0]} | {grpo[1]} |")
+  for step, c in x["claim2"].items():
+    if same := c.get("same_mean"):
+      lines += ["", f"One expected gradient, BPO's and RLOO's at checkpoint {step} (seeds "
+                f"{', '.join(map(str, same['seeds']))}; the products of their draws, "
+                "`grad_variance.py --cross`): ⟨E g_BPO, E g_RLOO⟩ / ‖E g_RLOO‖² = "
+                f"{ratio(same['scale'])} and ‖E g_BPO − E g_RLOO‖² / ‖E g_RLOO‖² = "
+                f"{ratio(same['difference'])}; 1 and 0 when both estimate the same gradient, "
+                "as both are built to, and then their relative ratio estimates the raw one."]
   return lines
 
 

@@ -160,3 +160,51 @@ def variance_ratio(num: tuple, den: tuple, *, relative: bool, seed: int = 0) -> 
   return dict(ratio=float(ratios(np.arange(n))),
               low=float(np.percentile(boot, 100 * (1 - LEVEL) / 2)),
               high=float(np.percentile(boot, 100 * (1 + LEVEL) / 2)))
+
+
+def _distinct_pairs_mean(matrix, counts):
+  """Σ_{i≠j} c_i c_j M_ij / Σ_{i≠j} c_i c_j: the mean of M over pairs of distinct draws, each
+  draw taken `counts` times ([..., M, M] and [..., M], broadcast)."""
+  matrix, counts = np.asarray(matrix, np.float64), np.asarray(counts, np.float64)
+  quad = np.einsum("...i,...ij,...j->...", counts, matrix, counts)
+  same = np.einsum("...i,...ii->...", counts ** 2, matrix)
+  return (quad - same) / (counts.sum(-1) ** 2 - (counts ** 2).sum(-1))
+
+
+def same_expectation(gram_a, gram_b, cross, *, seed: int = 0) -> dict:
+  """Whether two estimators have one expectation, from M draws of each at the same parameters.
+
+  Per seed, with Gᵃ, Gᵇ the draws' Gram matrices and X_ij = ⟨a_i, b_j⟩, draws i ≠ j independent
+  (draw i of both may share a key, so X_ii is left out):
+
+      A = Σ_{i≠j} Gᵃ_ij / (M(M − 1)),   B likewise,   C = Σ_{i≠j} X_ij / (M(M − 1))
+
+  estimate ‖E a‖², ‖E b‖² and ⟨E a, E b⟩ without bias, and A + B − 2C ‖E a − E b‖². Over seeds:
+  `scale` = ΣC / ΣB (1 when E a = E b; a factor s when E a = s · E b) and `difference` =
+  Σ(A + B − 2C) / ΣB (0 then), each with a 95% percentile bootstrap over seeds and over each
+  chosen seed's draws (draw i of a and b resampled together, as they may share a key).
+
+  Example: a = (1, 0), (1, 2); b = (1, 1), (1, 1): A = 1, B = 2, C = (1 + 3)/2 = 2, so
+  scale 1 and difference (1 + 2 − 4)/2 = −0.5.
+  """
+  mats = [np.asarray(x, np.float64) for x in (gram_a, gram_b, cross)]
+  n, draws = mats[0].shape[0], mats[0].shape[-1]
+
+  def pooled(rows, counts):
+    a, b, c = (_distinct_pairs_mean(m[rows], counts).sum() for m in mats)
+    return c / b, (a + b - 2 * c) / b
+
+  point = pooled(np.arange(n), np.ones((n, draws)))
+  rng = np.random.default_rng(seed)
+  boot = []
+  with np.errstate(divide="ignore", invalid="ignore"):
+    for _ in range(BOOTSTRAP):
+      rows = rng.integers(0, n, n)
+      boot.append(pooled(rows, rng.multinomial(draws, np.full(draws, 1 / draws), size=n)))
+  boot = np.asarray(boot)
+  out = {}
+  for k, name in enumerate(("scale", "difference")):
+    finite = boot[:, k][np.isfinite(boot[:, k])]
+    low, high = _percentile(finite, 0)
+    out[name] = dict(ratio=float(point[k]), low=low, high=high)
+  return out

@@ -25,6 +25,9 @@ host: M times the parameters' size) and returns their Gram matrix `gram` [M][M],
 ⟨g_i, g_j⟩, from which the variance of any resample of the draws follows exactly
 (`testbed.analysis.gram_moments`): the bootstrap over draws of a variance ratio
 (`analysis.variance_ratio_over_draws`). Its variance equals Welford's up to float32 rounding.
+Draw m of every estimator at a checkpoint has the same key, so two estimators' draws m and m'
+are independent for m ≠ m': the products ⟨g_m, h_m'⟩ of two estimators' kept draws
+(`keep_draws`) estimate ⟨E g, E h⟩ without bias (`analysis.same_expectation`).
 
 A draw in which a branch failed (a sandbox that raised or could not restore; docs/DESIGN.md §4) is
 not a draw of the estimator: it is left out and counted in `failed_draws`, with the first
@@ -157,9 +160,12 @@ def first_failure(batch: rollout_lib.RolloutBatch) -> str | None:
 
 def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.RolloutEngine,
                       gradient: Callable, params, iteration: int, keys: Sequence[jax.Array],
-                      threshold: float, ref=None, gram: bool = False) -> dict:
+                      threshold: float, ref=None, gram: bool = False,
+                      keep_draws: bool = False) -> dict:
   """The estimator's variance at `params` over one draw per key of `keys` (module docstring),
-  with the draws' Gram matrix under "gram" when `gram`.
+  with the draws' Gram matrix under "gram" when `gram`, and with `keep_draws` the draws' flattened
+  gradients themselves under "draws_matrix" ([used draws, parameters] float64, for products
+  with another estimator's draws; not for a JSON file).
 
   `gradient` is `update.make_gradient_fn`'s (jitted); each draw grows the trees of iteration
   `iteration` (`draw_gradient`). A draw whose gradient is not finite (the update would
@@ -186,7 +192,7 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
     mean = jax.tree.map(jnp.zeros_like, grads) if mean is None else mean
     mean, term = welford_step(mean, grads, jnp.asarray(used, jnp.float32))
     total += float(term)
-    if gram:
+    if gram or keep_draws:
       kept.append(np.concatenate([np.asarray(g, np.float64).ravel()
                                   for g in jax.tree.leaves(grads)]))
   if used < MIN_DRAWS:
@@ -194,8 +200,10 @@ def gradient_variance(exp: experiment_lib.Experiment, engine: rollout_lib.Rollou
     raise ValueError(f"{used} draws with a finite gradient out of {len(keys)}{because}: the "
                      f"variance needs at least {MIN_DRAWS}")
   per_task = exp.settings.rollout.tasks_per_iteration
-  kept = np.stack(kept) if gram else None
+  kept = np.stack(kept) if gram or keep_draws else None
   extra = {"gram": (kept @ kept.T).tolist()} if gram else {}
+  if keep_draws:
+    extra["draws_matrix"] = kept
   return {**extra, "variance": total / (used - 1),
           "fork_shares": [fork_share(task_index, [m[:, k] for m in moments])
                           for k in range(FORK_LEVELS)],
@@ -251,10 +259,11 @@ def fork_threshold(settings, saved: dict) -> float:
 
 
 def checkpoint_gradient_variance(settings, workdir: str, steps: Sequence[int],
-                                 draws: int, gram: bool = False) -> list[dict]:
+                                 draws: int, gram: bool = False,
+                                 keep_draws: bool = False) -> list[dict]:
   """`gradient_variance` at each checkpoint `steps` of the run in `workdir` (module docstring),
-  each result with its `step` (and the draws' Gram matrix with `gram`); the experiment (tasks,
-  tokenizer, sandboxes) is built once."""
+  each result with its `step` (and the draws' Gram matrix with `gram`, their gradients with
+  `keep_draws`); the experiment (tasks, tokenizer, sandboxes) is built once."""
   if draws < MIN_DRAWS:
     raise ValueError(f"draws = {draws}: the variance needs at least {MIN_DRAWS}")
   if jax.process_count() > 1:
@@ -271,7 +280,8 @@ def checkpoint_gradient_variance(settings, workdir: str, steps: Sequence[int],
       restored, ref, loop = loop_lib.restore_checkpoint(exp, state, step)
       result = gradient_variance(exp, engine, gradient, restored.params, step + 1,
                                  draw_keys(settings.seed, step, draws),
-                                 fork_threshold(settings, loop["fork_threshold"]), ref, gram)
+                                 fork_threshold(settings, loop["fork_threshold"]), ref, gram,
+                                 keep_draws)
       out.append({"step": step, **result})
     return out
   finally:

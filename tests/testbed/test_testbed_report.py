@@ -59,6 +59,34 @@ def test_gram_moments_by_hand_and_against_the_resampled_draws():
   assert abs(got[1] - (mean @ mean - var / 5)) <= 16 * np.finfo(np.float64).eps * scale
 
 
+def test_same_expectation_by_hand_and_against_loops_over_draw_pairs():
+  # The docstring's case.
+  a, b = np.array([[1.0, 0.0], [1.0, 2.0]]), np.array([[1.0, 1.0], [1.0, 1.0]])
+  out = analysis.same_expectation([a @ a.T], [b @ b.T], [a @ b.T])
+  assert out["scale"]["ratio"] == pytest.approx(1.0) and out["difference"]["ratio"] == -0.5
+  # Two seeds of random draws against plain loops over the pairs i != j; b's draws are 0.5·a's
+  # plus noise, a's mean gradient twice b's.
+  rng = np.random.RandomState(2)
+  a = 1 + rng.randn(2, 6, 9)
+  b = 0.5 + rng.randn(2, 6, 9)
+  pairs = [(i, j) for i in range(6) for j in range(6) if i != j]
+  loop = lambda x, y: sum(x[s, i] @ y[s, j] for s in range(2) for i, j in pairs) / 30  # noqa
+  big_a, big_b, c = loop(a, a), loop(b, b), loop(a, b)
+  out = analysis.same_expectation([x @ x.T for x in a], [y @ y.T for y in b],
+                                  [x @ y.T for x, y in zip(a, b)])
+  scale = float(np.sum(a ** 2) + np.sum(b ** 2))  # float64 sums: a few ulps of it
+  tol = 64 * np.finfo(np.float64).eps * scale
+  assert abs(out["scale"]["ratio"] * big_b - c) <= tol
+  assert abs(out["difference"]["ratio"] * big_b - (big_a + big_b - 2 * c)) <= 3 * tol
+  assert out["scale"]["low"] < out["scale"]["ratio"] < out["scale"]["high"]
+  # One estimator against itself: one expectation whatever the draws, scale 1 and no difference,
+  # in every resample.
+  same = analysis.same_expectation([x @ x.T for x in a], [x @ x.T for x in a],
+                                   [x @ x.T for x in a])
+  assert same["scale"]["low"] == pytest.approx(1.0) == same["scale"]["high"]
+  assert abs(same["difference"]["high"]) <= tol and abs(same["difference"]["low"]) <= tol
+
+
 def test_the_bootstrap_over_draws_is_the_seed_ratio_with_the_draws_noise():
   # Three seeds with the same draws for each method: seeds alone leave no spread (the interval
   # is the point), the draws' resampling does. The point estimate is the seed-level ratio.

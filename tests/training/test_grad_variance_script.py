@@ -120,6 +120,72 @@ def test_every_method_is_measured_at_one_runs_parameters(trained, tmp_path):
     # Two draws: Σ‖g − ḡ‖² = (G00 + G11 − 2 G01) / 2, in float32 within a few ulps of trace G.
     assert abs((gram[0, 0] + gram[1, 1] - 2 * gram[0, 1]) / 2 - point["variance"]) <= (
         8 * np.finfo(np.float32).eps * np.trace(gram))
+  # With --cross, the seed is measured again whole (the same draws: the same Gram matrices to
+  # the last bit) and BPO's file gains the products of its draws with GRPO's (their values:
+  # test_cross_products_are_those_of_the_draws); a second call reuses them.
+  before = {m: json.load(open(os.path.join(again, "runs", m, "seed0", "gradient_variance.json"),
+                              encoding="utf-8")) for m in ("bpo", "grpo")}
+  result = _run(GRAD_VARIANCE, *args, f"--out={again}", f"--params_from={out}", "--gram",
+                "--cross")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "grpo seed 0: gradient variance at checkpoints [0, 1, 2] (2 draws)" in result.stdout
+  crossed = {m: json.load(open(os.path.join(again, "runs", m, "seed0", "gradient_variance.json"),
+                               encoding="utf-8")) for m in ("bpo", "grpo")}
+  for b, g, b0, g0 in zip(crossed["bpo"]["checkpoints"], crossed["grpo"]["checkpoints"],
+                          before["bpo"]["checkpoints"], before["grpo"]["checkpoints"]):
+    assert b["gram"] == b0["gram"] and g["gram"] == g0["gram"]
+    assert np.asarray(b["cross"]["grpo"]).shape == (2, 2) and "cross" not in g
+  result = _run(GRAD_VARIANCE, *args, f"--out={again}", f"--params_from={out}", "--gram",
+                "--cross")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "bpo seed 0: gradient variance measured, skipped" in result.stdout
+
+
+def test_cross_products_are_those_of_the_draws(tmp_path, monkeypatch):
+  """--cross's bookkeeping with the measurement replaced by known draws: BPO's file holds, per
+  checkpoint, its draws times each other method's (exactly: the same float64 product); a second
+  call reuses everything, and a seed whose BPO file lost them is measured again whole."""
+  from bpo_jax.training import gradient_variance  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import settings  # pylint: disable=g-import-not-at-top
+  from experiments import compare  # pylint: disable=g-import-not-at-top
+  rng = np.random.RandomState(0)
+  methods, seeds, steps = ("bpo", "grpo", "rloo"), (0, 1), [0, 5]
+  draws = {(m, s, t): rng.randn(3, 4) for m in methods for s in seeds for t in steps}
+  calls = []
+
+  def measured(c, workdir, at, n, gram, keep_draws=False):
+    del workdir
+    calls.append((c["method"], c["seed"], keep_draws))
+    out = []
+    for t in at:
+      d = draws[(c["method"], c["seed"], t)]
+      out.append({"step": t, "variance": 1.0, "draws": n, "gram": (d @ d.T).tolist(),
+                  "failed_draws": 0,
+                  **({"draws_matrix": d} if keep_draws else {})})
+    return out
+
+  monkeypatch.setattr(gradient_variance, "checkpoint_gradient_variance", measured)
+  monkeypatch.setattr(gradient_variance, "kept_steps", lambda workdir: steps)
+  monkeypatch.setattr(settings, "from_config", lambda c: c)
+  runs = [(compare.Run(m, s, str(tmp_path / m / f"seed{s}")), {"method": m, "seed": s})
+          for s in seeds for m in methods]
+  measure = lambda: grad_variance.measure(runs, 3, 2, "bpo", gram=True, cross=True)  # noqa
+  assert measure() == [] and len(calls) == 6
+  path = lambda s: tmp_path / "bpo" / f"seed{s}" / "gradient_variance.json"  # noqa: E731
+  for s in seeds:
+    saved = json.loads(path(s).read_text())
+    for point in saved["checkpoints"]:
+      assert sorted(point["cross"]) == ["grpo", "rloo"] and "draws_matrix" not in point
+      for m in ("grpo", "rloo"):
+        want = draws[("bpo", s, point["step"])] @ draws[(m, s, point["step"])].T
+        np.testing.assert_array_equal(np.asarray(point["cross"][m]), want)
+  calls.clear()
+  assert measure() == [] and calls == []
+  saved = json.loads(path(1).read_text())
+  del saved["checkpoints"][1]["cross"]
+  path(1).write_text(json.dumps(saved))
+  assert measure() == [] and calls == [(m, 1, True) for m in methods]
+  assert "cross" in json.loads(path(1).read_text())["checkpoints"][1]
 
 
 @pytest.mark.parametrize("flag, message", [
@@ -127,6 +193,7 @@ def test_every_method_is_measured_at_one_runs_parameters(trained, tmp_path):
     ("--checkpoints=0", "error: --checkpoints=0: must be >= 1"),
     ("--params=rloo", "error: --params=rloo: must be one of --estimators (bpo,grpo)"),
     ("--params_from=results", "error: --params_from=results: needs --params"),
+    ("--cross", "error: --cross: needs --params and --gram"),
     ("--seeds=0", "error: --seeds=0: must be >= 1"),
     ("--config.rollout.k=two", "error: rollout.k = 'two': must be of type int"),
 ])

@@ -195,13 +195,18 @@ def test_variance_equals_numpy_over_the_loops_gradients(tiny):
   gradient = _gradient_fn(config, exp)
   keys = [jax.random.fold_in(root, 1) for root in roots]  # the keys run_iteration samples with
   result = gv.gradient_variance(exp, engine, gradient, params, 1, keys,
-                                config.rollout.entropy_threshold, ref, gram=True)
+                                config.rollout.entropy_threshold, ref, gram=True,
+                                keep_draws=True)
   assert expected > 0 and result["draws"] == DRAWS and result["skipped_draws"] == 0
   # The draws' Gram matrix: the loop's gradients' products, each gradient within one float32
   # rounding per element of its own (2 ulps of ‖g_i‖‖g_j‖ per entry).
   norms = np.linalg.norm(g, axis=1)
   assert np.all(np.abs(np.asarray(result["gram"]) - g @ g.T)
                 <= 2 * EPS32 * np.outer(norms, norms))
+  # The kept draws (keep_draws, for products with another estimator's): the gradients, each
+  # entry within a float32 rounding of its draw's norm.
+  assert result["draws_matrix"].shape == g.shape
+  assert np.all(np.abs(result["draws_matrix"] - g) <= 2 * EPS32 * norms[:, None])
   # float32 rounding of the running mean and of each draw's term (one ulp each) at the scale of
   # Σ ||g_m||² (the measured error here is 0.2 ulp of it).
   scale = float(np.sum(g ** 2))

@@ -12,6 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
+from bpo_jax.testbed import analysis  # noqa: E402
 from experiments import regime_report  # noqa: E402
 from experiments.configs import rooms_regime  # noqa: E402
 
@@ -352,6 +353,39 @@ def test_claim2_with_the_draws_gram_matrices_resamples_draws_too(tmp_path):
   plain = regime_report.summarise(regime_report.load(str(tmp_path / "plain")))
   assert plain["claim2"][0]["resampled"] == "seeds"
   assert "95% percentile bootstrap over seeds;" in regime_report.section(plain)
+
+
+def test_one_expected_gradient_from_the_draws_products_of_the_seeds_that_have_them(tmp_path):
+  """BPO files holding the products of their draws with RLOO's (grad_variance.py --cross) on
+  two seeds of three: the check runs over those two, with `same_expectation`'s figures, and the
+  section names them; BPO's draws here are RLOO's scaled by 0.5, so the scale reads 0.5."""
+  _fixture(str(tmp_path))
+  rng = np.random.RandomState(3)
+  draws = {}
+  for s in SEEDS:
+    g = 1.0 + rng.randn(16, 5)
+    draws[s] = {"rloo": g, "grpo": 2 * g, "bpo": 0.5 * g}
+    for m, d in draws[s].items():
+      point = dict(step=0, variance=float(np.sum((d - d.mean(0)) ** 2) / 15),
+                   mean_sq_norm=float(d.mean(0) @ d.mean(0)), draws=16, gram=(d @ d.T).tolist(),
+                   env_steps_per_task=20.0, tokens_per_task=100.0)
+      if m == "bpo" and s != SEEDS[0]:
+        point["cross"] = {"rloo": (d @ draws[s]["rloo"].T).tolist()}
+      _write(str(tmp_path / "runs" / m / f"seed{s}" / "gradient_variance.json"),
+             dict(draws=16, params_of="bpo", checkpoints=[point]))
+  x = regime_report.summarise(regime_report.load(str(tmp_path)))
+  same = x["claim2"][0]["same_mean"]
+  assert same["seeds"] == list(SEEDS[1:])
+  want = analysis.same_expectation(
+      *[[(draws[s][a] @ draws[s][b].T) for s in SEEDS[1:]]
+        for a, b in (("bpo", "bpo"), ("rloo", "rloo"), ("bpo", "rloo"))])
+  assert same["scale"] == want["scale"] and same["difference"] == want["difference"]
+  assert same["scale"]["ratio"] == pytest.approx(0.5, rel=1e-12)
+  assert same["scale"]["low"] == pytest.approx(0.5, rel=1e-12)  # every resample: exactly half
+  line = regime_report.claim2_lines(x)[-1]
+  assert line.startswith(f"One expected gradient, BPO's and RLOO's at checkpoint 0 (seeds "
+                         f"{SEEDS[1]}, {SEEDS[2]};")
+  assert "‖E g_RLOO‖² = 0.50 [0.50, 0.50] and" in line
 
 
 @pytest.mark.parametrize("gram, why", [([[1.0, 0.0], [0.0]], "ragged"),
