@@ -122,23 +122,28 @@ def _reusable(path: str, draws: int, steps: list[int], params_of, params_from,
           and (not gram or all("gram" in r for r in saved["checkpoints"])))
 
 
+def _params_path(runs, seed: int, params_of: str) -> str:
+  """The gradient_variance.json of `params_of`'s run of `seed` among `runs`."""
+  run = next(r for r, _ in runs if r.seed == seed and r.estimator == params_of)
+  return os.path.join(run.workdir, aggregate.GRADIENT_VARIANCE_JSON)
+
+
 def _has_cross(runs, seed: int, params_of: str) -> bool:
-  """Whether `params_of`'s file of `seed` holds its draws' products with every other method's."""
+  """Whether `params_of`'s file of `seed` holds its draws' products with every other method's
+  (a missing or unreadable file does not: the seed is measured again)."""
   others = {r.estimator for r, _ in runs if r.seed == seed} - {params_of}
-  path = next(os.path.join(r.workdir, aggregate.GRADIENT_VARIANCE_JSON) for r, _ in runs
-              if r.seed == seed and r.estimator == params_of)
-  if not os.path.exists(path):
+  try:
+    with open(_params_path(runs, seed, params_of), encoding="utf-8") as f:
+      saved = json.load(f)
+    return all(others <= set(p.get("cross", {})) for p in saved["checkpoints"])
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
     return False
-  with open(path, encoding="utf-8") as f:
-    saved = json.load(f)
-  return all(others <= set(p.get("cross", {})) for p in saved["checkpoints"])
 
 
 def _write_cross(runs, seed: int, params_of: str, kept: dict) -> None:
   """Adds to `params_of`'s file of `seed` the products of its draws with each other method's
   (`kept`: method -> [draws matrix per checkpoint])."""
-  run = next(r for r, _ in runs if r.seed == seed and r.estimator == params_of)
-  path = os.path.join(run.workdir, aggregate.GRADIENT_VARIANCE_JSON)
+  path = _params_path(runs, seed, params_of)
   with open(path, encoding="utf-8") as f:
     saved = json.load(f)
   for k, point in enumerate(saved["checkpoints"]):

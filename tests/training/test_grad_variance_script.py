@@ -186,6 +186,12 @@ def test_cross_products_are_those_of_the_draws(tmp_path, monkeypatch):
   path(1).write_text(json.dumps(saved))
   assert measure() == [] and calls == [(m, 1, True) for m in methods]
   assert "cross" in json.loads(path(1).read_text())["checkpoints"][1]
+  # A BPO file cut short (a process killed while writing it): that seed is measured again whole
+  # and the file is whole once more.
+  calls.clear()
+  path(0).write_text(path(0).read_text()[:100])
+  assert measure() == [] and calls == [(m, 0, True) for m in methods]
+  assert sorted(json.loads(path(0).read_text())["checkpoints"][0]["cross"]) == ["grpo", "rloo"]
 
 
 @pytest.mark.parametrize("flag, message", [

@@ -355,10 +355,9 @@ def test_claim2_with_the_draws_gram_matrices_resamples_draws_too(tmp_path):
   assert "95% percentile bootstrap over seeds;" in regime_report.section(plain)
 
 
-def test_one_expected_gradient_from_the_draws_products_of_the_seeds_that_have_them(tmp_path):
-  """BPO files holding the products of their draws with RLOO's (grad_variance.py --cross) on
-  two seeds of three: the check runs over those two, with `same_expectation`'s figures, and the
-  section names them; BPO's draws here are RLOO's scaled by 0.5, so the scale reads 0.5."""
+def _crossed_fixture(tmp_path) -> dict:
+  """The fixture with 16 draws per method and seed, BPO's 0.5 times RLOO's and GRPO's twice,
+  and BPO's products with RLOO's on every seed but the first; returns the draws."""
   _fixture(str(tmp_path))
   rng = np.random.RandomState(3)
   draws = {}
@@ -373,6 +372,29 @@ def test_one_expected_gradient_from_the_draws_products_of_the_seeds_that_have_th
         point["cross"] = {"rloo": (d @ draws[s]["rloo"].T).tolist()}
       _write(str(tmp_path / "runs" / m / f"seed{s}" / "gradient_variance.json"),
              dict(draws=16, params_of="bpo", checkpoints=[point]))
+  return draws
+
+
+def test_products_of_another_shape_are_one_line(tmp_path, capsys):
+  _crossed_fixture(tmp_path)
+  path = tmp_path / "runs" / "bpo" / f"seed{SEEDS[2]}" / "gradient_variance.json"
+  saved = json.loads(path.read_text())
+  saved["checkpoints"][0]["cross"]["rloo"] = np.eye(2).tolist()
+  _write(str(path), saved)
+  doc = tmp_path / "RESULTS.md"
+  doc.write_text(f"{regime_report.BEGIN}\nkept\n{regime_report.END}\n")
+  assert regime_report.main([f"--results={tmp_path}", f"--doc={doc}"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1
+  assert f"bpo seed {SEEDS[2]}, checkpoint 0:" in err and "not a 16 x 16 matrix" in err
+  assert "kept" in doc.read_text()
+
+
+def test_one_expected_gradient_from_the_draws_products_of_the_seeds_that_have_them(tmp_path):
+  """BPO files holding the products of their draws with RLOO's (grad_variance.py --cross) on
+  two seeds of three: the check runs over those two, with `same_expectation`'s figures, and the
+  section names them; BPO's draws here are RLOO's scaled by 0.5, so the scale reads 0.5."""
+  draws = _crossed_fixture(tmp_path)
   x = regime_report.summarise(regime_report.load(str(tmp_path)))
   same = x["claim2"][0]["same_mean"]
   assert same["seeds"] == list(SEEDS[1:])
