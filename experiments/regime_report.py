@@ -21,6 +21,10 @@ held-out tasks, so a seed's figures are paired. Every figure of the section is c
   per-task outcomes are known (the records' `task_successes`, or task_outcomes.py's replay of
   the checkpoints): the tasks only one method solves, summed over seeds, and a 95% interval of
   the mean difference from a bootstrap that resamples seeds and tasks independently (`by_task`);
+* held-out success of episodes sampled at the rollouts' temperature (the policy the estimators
+  train; the logged evaluations are greedy), where task_outcomes.py `--temperature` replayed
+  the warm start's and every run's last checkpoint: the same means, paired differences and
+  by-task bootstrap (`sampled`);
 * claim 3: on the mean curves over seeds, the policy updates after which each method stays at or
   above the best baseline's mean final success (`bpo_jax.testbed.analysis.claim3`, a percentile
   bootstrap over seeds), at the evaluated iterations only;
@@ -73,6 +77,8 @@ NAMES = dict(bpo="BPO", grpo="GRPO", rloo="RLOO")
 PROVENANCE = "provenance.json"
 POWER, ALPHA = 0.80, 0.05
 REPLAYED = "task_outcomes.json"  # experiments/task_outcomes.py's replay of the checkpoints
+# ... and its replay at the rollouts' temperature (`--temperature=T`), T as %g writes it.
+SAMPLED = "task_outcomes_temperature{:g}.json"
 BOOTSTRAP_DRAWS = 2000
 PLANNED_SEEDS = 10  # paired seeds the comparison asks for (at least 10)
 
@@ -115,6 +121,35 @@ def by_task(a: np.ndarray, b: np.ndarray, draws: int = BOOTSTRAP_DRAWS, seed: in
               low=float(low), high=float(high), seeds=d.shape[0], tasks=d.shape[1])
 
 
+def _bits(text: str) -> np.ndarray:
+  return np.frombuffer(text.encode(), np.uint8) - ord("0")
+
+
+def sampled(runs: dict, seeds: list[int], end: int) -> dict | None:
+  """Held-out success of one episode per task sampled at the rollouts' temperature, at the
+  warm start (BPO's checkpoint 0) and after `end` updates (each run's), from task_outcomes.py
+  `--temperature`'s files: means over seeds, the best baseline's gain and BPO − each baseline
+  paired by seed (`paired`) and by task and seed (`by_task`); None unless every run of every
+  seed has both."""
+  files = {(m, s): runs[m][s]["sampled"] for m in METHODS for s in seeds}
+  wanted = [("start", "bpo", 0)] + [(m, m, end) for m in METHODS]
+  if any(f is None or str(it) not in f["outcomes"] for _, m, it in wanted
+         for f in [files[(m, s)] for s in seeds]):
+    return None
+  stacked = {name: np.stack([_bits(files[(m, s)]["outcomes"][str(it)]) for s in seeds])
+             for name, m, it in wanted}
+  rate = {name: v.mean(axis=1) for name, v in stacked.items()}
+  best = max(BASELINES, key=lambda m: rate[m].mean())
+  return dict(
+      temperature=files[("bpo", seeds[0])]["temperature"], best=best,
+      start=unit_interval(analysis.t_interval(rate["start"])),
+      final={m: unit_interval(analysis.t_interval(rate[m])) for m in METHODS},
+      per_seed={name: v.tolist() for name, v in rate.items()},
+      gain=paired(rate[best], rate["start"]), gain_tasks=by_task(stacked[best], stacked["start"]),
+      difference={b: paired(rate["bpo"], rate[b]) for b in BASELINES},
+      commits=sorted({f["commit"][:7] for f in files.values()}))
+
+
 def task_outcomes(run: dict, iteration: int) -> np.ndarray | None:
   """Each held-out task's outcome (0 or 1) of `run`'s evaluation at `iteration` (at 0, the warm
   start's): its record's `task_successes`, else the replay of its checkpoint (`REPLAYED`);
@@ -122,7 +157,7 @@ def task_outcomes(run: dict, iteration: int) -> np.ndarray | None:
   records = [r for r in run["records"] if r.get("phase") == "eval" and r["iteration"] == iteration]
   text = records[-1].get("task_successes") if records else None
   text = text or run.get("replayed", {}).get(str(iteration))
-  return None if text is None else np.frombuffer(text.encode(), np.uint8) - ord("0")
+  return None if text is None else _bits(text)
 
 
 def unit_interval(x: dict) -> dict:
@@ -159,6 +194,8 @@ def load(results: str, claim2: str | None = None) -> dict:
       path = os.path.join(workdir, REPLAYED)
       replay = _read_json(path) if os.path.exists(path) else {}
       run["replayed"], run["replay_commit"] = replay.get("outcomes", {}), replay.get("commit")
+      path = os.path.join(workdir, SAMPLED.format(run["config"]["rollout"]["temperature"]))
+      run["sampled"] = _read_json(path) if os.path.exists(path) else None
       if claim2 is not None:
         path = os.path.join(claim2, "runs", method, os.path.basename(workdir),
                             aggregate.GRADIENT_VARIANCE_JSON)
@@ -331,7 +368,7 @@ def summarise(runs: dict, name: str = "rooms_regime") -> dict:
       curve={m: [unit_interval(analysis.t_interval(c[:, i])) for i in range(c.shape[1])]
              for m, c in curve.items()},
       updates=updates, claim3=c3, claim2=claim_two(runs, seeds),
-      by_task=tasks, tasks_known=len(known),
+      by_task=tasks, tasks_known=len(known), sampled=sampled(runs, seeds, end),
       replay_commits=sorted({runs[m][s]["replay_commit"][:7] for m in METHODS for s in seeds
                              if runs[m][s]["replay_commit"]}),
       eval_tasks=runs["bpo"][seeds[0]]["summary"]["eval_end"]["num_tasks"],
@@ -383,6 +420,35 @@ def by_task_lines(x: dict) -> list[str]:
   rows.append((f"{NAMES[x['best']]} − warm start", x["by_task"]["gain"]))
   for name, d in rows:
     lines.append(f"| {name} | {d['a_only']} | {d['b_only']} | {ci(d)} |")
+  return lines
+
+
+def sampled_lines(x: dict) -> list[str]:
+  """`sampled`'s block, or nothing where the replays are not there."""
+  y = x["sampled"]
+  if y is None:
+    return []
+  n, t = len(x["seeds"]), y["temperature"]
+  lines = [f"Held-out success of episodes sampled at temperature {t:g}, the rollouts', the "
+           "policy the estimators train (one episode per task, the warm start's checkpoint 0 "
+           f"and each run's last, replayed by `experiments/task_outcomes.py --temperature={t:g}`"
+           f", code {', '.join(y['commits'])}):", "",
+           "| warm start | " + " | ".join(NAMES[m] for m in METHODS) + " |",
+           "|---|" + "---|" * len(METHODS),
+           f"| {ci(y['start'])} | " + " | ".join(ci(y["final"][m]) for m in METHODS) + " |", "",
+           f"| sampled, paired over {n} seeds | mean [95% t-interval] | sd | MDD |",
+           "|---|---|---|---|"]
+  rows = [(f"BPO − {NAMES[b]}", y["difference"][b]) for b in BASELINES]
+  rows.append((f"{NAMES[y['best']]} − warm start", y["gain"]))
+  for name, d in rows:
+    lines.append(f"| {name} | {ci(d)} | {d['sd']:.3f} | {d['mdd']:.3f} |")
+  g = y["gain_tasks"]
+  lines += ["", f"By task and seed, {NAMES[y['best']]} − warm start: {g['a_only']} (seed, "
+            f"task) pairs only {NAMES[y['best']]} solves, {g['b_only']} only the warm start, "
+            f"{ci(g)}. Per seed (warm start; " + ", ".join(NAMES[m] for m in METHODS) + "): "
+            + "; ".join(f"{s}: {y['per_seed']['start'][i]:.3f}; "
+                        + ", ".join(f"{y['per_seed'][m][i]:.3f}" for m in METHODS)
+                        for i, s in enumerate(x["seeds"])) + "."]
   return lines
 
 
@@ -509,7 +575,7 @@ def section(x: dict) -> str:
       "seed.", "",
       f"Warm start: {ci(x['start'])}.", "", "Claim 1, final held-out success at matched "
       "compute:", "", *claim1_lines(x), "", *by_task_lines(x), "", "Per seed:", "",
-      *per_seed_lines(x), "",
+      *per_seed_lines(x), "", *sampled_lines(x), *([""] if x["sampled"] else []),
       "Claim 3, mean held-out success per evaluation:",
       "", *claim3_lines(x), "", "Claim 2, the gradient estimator's variance at fixed "
       "parameters, every method at BPO's checkpoint of the same seed (draws: independent "

@@ -242,7 +242,8 @@ def _check_the_shared_warm_start(tmp_path, run):
 
 
 @pytest.mark.slow
-def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_path, capsys):
+def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_path, capsys,
+                                                                          monkeypatch):
   out = str(tmp_path / "out")
   # One held-out task: four runs of two iterations, two at a time; each seed's warm start is
   # trained by BPO's run, GRPO's starts from its checkpoint 0.
@@ -301,13 +302,14 @@ def test_compare_writes_the_table_json_and_plots_and_skips_finished_runs(tmp_pat
   assert other.value.code == 2
   assert capsys.readouterr().err.strip().endswith("holds a finished run with other settings "
                                                   "(train.learning_rate); use another --out")
-  _check_task_outcomes(out, capsys)
+  _check_task_outcomes(out, capsys, monkeypatch)
 
 
-def _check_task_outcomes(out: str, capsys):
+def _check_task_outcomes(out: str, capsys, monkeypatch):
   """task_outcomes.py replays each run's evaluations at its kept checkpoints into the logged
-  per-task outcomes; a replay that is not the record is reported and written nowhere. (On
-  BPO's two runs, copied: a replay costs an experiment's build per run.)"""
+  per-task outcomes; a replay that is not the record is reported and written nowhere; with
+  --temperature, the loop's evaluation at that temperature, in a file of its own. (On BPO's
+  two runs, copied: a replay costs an experiment's build per run.)"""
   shutil.copytree(os.path.join(out, "runs", "bpo"), os.path.join(out + "_bpo", "runs", "bpo"))
   out += "_bpo"
   assert task_outcomes.main([f"--results={out}"]) == 0
@@ -319,6 +321,32 @@ def _check_task_outcomes(out: str, capsys):
     assert sorted(saved["outcomes"]) == ["0", "2"]  # the checkpoints with an evaluation
     assert saved["outcomes"] == {k: logged[int(k)]["task_successes"] for k in saved["outcomes"]}
     assert saved["commit"] and saved["command"].startswith("python experiments/task_outcomes.py")
+  # --temperature=0, the runs' own evaluation temperature: held to the record, in its own file.
+  assert task_outcomes.main([f"--results={out}", "--temperature=0"]) == 0
+  for seed in (0, 1):
+    workdir = os.path.join(out, "runs", "bpo", f"seed{seed}")
+    with open(os.path.join(workdir, "task_outcomes_temperature0.json"), encoding="utf-8") as f:
+      at_zero = json.load(f)
+    assert at_zero["temperature"] == 0 and at_zero["outcomes"] == {
+        k: task_outcomes.logged_evaluations(workdir)[int(k)]["task_successes"]
+        for k in ("0", "2")}
+  # Another temperature: each checkpoint evaluated by the loop's evaluation under the run's
+  # settings but that temperature, at the checkpoint's own key (its iteration).
+  from bpo_jax.training import evaluation  # pylint: disable=g-import-not-at-top
+  calls, real = [], evaluation.eval_record
+  def spy(exp, params, iteration):
+    calls.append((exp.settings.eval.temperature, exp.settings.rollout.temperature, iteration))
+    return real(exp, params, iteration)
+  monkeypatch.setattr(evaluation, "eval_record", spy)
+  assert task_outcomes.main([f"--results={out}", "--temperature=0.5"]) == 0
+  assert calls == [(0.5, 1.0, 0), (0.5, 1.0, 2)] * 2
+  for seed in (0, 1):
+    with open(os.path.join(out, "runs", "bpo", f"seed{seed}", "task_outcomes_temperature0.5.json"),
+              encoding="utf-8") as f:
+      at_half = json.load(f)
+    assert at_half["temperature"] == 0.5 and sorted(at_half["outcomes"]) == ["0", "2"]
+    assert "--temperature=0.5" in at_half["command"]
+  monkeypatch.undo()
   # A logged count the replay does not give: one line, exit status 1, no file for that run.
   workdir = os.path.join(out, "runs", "bpo", "seed1")
   os.remove(os.path.join(workdir, task_outcomes.OUTCOMES))

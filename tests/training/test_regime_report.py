@@ -58,7 +58,7 @@ def _run(workdir, start, final, variance):
   config = dict(env=dict(name="rooms", options=dict(difficulty=1)),
                 warm_start=dict(num_trajectories=32, steps=120),
                 train=dict(iterations=2, epochs=1, learning_rate=2e-4),
-                rollout=dict(tasks_per_iteration=4, max_env_steps=24))
+                rollout=dict(tasks_per_iteration=4, max_env_steps=24, temperature=1.0))
   evals = [(0, start), (1, start + 0.75 * (final - start)), (2, final)]
   records = ([dict(phase="eval", iteration=i, success_rate=s) for i, s in evals]
              + [dict(phase="train", iteration=i, env_steps=80, tokens_processed=400,
@@ -588,11 +588,57 @@ def test_the_differences_paired_by_task_and_seed(tmp_path):
     assert 0 <= d["low"] <= d["mean"] <= d["high"] <= 1
 
 
+# Held-out tasks solved of 10 by episodes sampled at temperature 1, per seed 0-2: the warm start
+# (BPO's checkpoint 0) and each method after its 2 updates.
+SAMPLED = dict(start=(2, 2, 3), bpo=(5, 6, 6), grpo=(4, 4, 5), rloo=(3, 6, 6))
+
+
+def _with_sampled_outcomes(root):
+  """task_outcomes.py --temperature=1's file for every run of the fixture, `SAMPLED`'s count of
+  tasks solved first."""
+  text = lambda k: "1" * k + "0" * (10 - k)
+  for m in FINAL:
+    for i, s in enumerate(SEEDS):
+      _write(os.path.join(root, "runs", m, f"seed{s}", "task_outcomes_temperature1.json"),
+             dict(temperature=1.0, commit="fedcba9876", command="fixture",
+                  outcomes={"0": text(SAMPLED["start"][i]), "2": text(SAMPLED[m][i])}))
+
+
+def test_held_out_success_sampled_at_the_rollouts_temperature(tmp_path):
+  _fixture(str(tmp_path))
+  x = regime_report.summarise(regime_report.load(str(tmp_path)))
+  assert x["sampled"] is None and regime_report.sampled_lines(x) == []
+  assert "sampled at temperature" not in regime_report.section(x)
+  _with_sampled_outcomes(str(tmp_path))
+  x = regime_report.summarise(regime_report.load(str(tmp_path)))
+  assert x["sampled"]["best"] == "rloo"  # mean 0.5 against GRPO's 0.433
+  text = "\n".join(regime_report.sampled_lines(x))
+  assert text in regime_report.section(x) and "code fedcba9" in text
+  # Means with t-intervals over the 3 seeds (t_{0.975, 2} = 4.302653), cut to [0, 1]:
+  # 0.2, 0.2, 0.3 → 0.233 ± 4.302653 · 0.0577 / √3.
+  assert ("| 0.233 [0.090, 0.377] | 0.567 [0.423, 0.710] | 0.433 [0.290, 0.577] | "
+          "0.500 [0.070, 0.930] |") in text
+  # Per seed: BPO − GRPO 0.1, 0.2, 0.1; BPO − RLOO 0.2, 0, 0; RLOO − warm start 0.1, 0.4, 0.3.
+  assert "| BPO − GRPO | 0.133 [-0.010, 0.277] | 0.058 | 0.179 |" in text
+  assert "| BPO − RLOO | 0.067 [-0.220, 0.354] | 0.115 | 0.358 |" in text
+  assert "| RLOO − warm start | 0.267 [-0.113, 0.646] | 0.153 | 0.473 |" in text
+  # By task: RLOO solves 1 + 4 + 3 tasks the warm start did not, and loses none.
+  assert "RLOO − warm start: 8 (seed, task) pairs only RLOO solves, 0 only the warm start" in text
+  assert "0: 0.200; 0.500, 0.400, 0.300;" in text
+  # A run without the file (or without the end checkpoint in it) leaves the block out.
+  os.remove(os.path.join(tmp_path, "runs", "grpo", "seed2", "task_outcomes_temperature1.json"))
+  assert regime_report.summarise(regime_report.load(str(tmp_path)))["sampled"] is None
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "error: the following arguments are required: --results"),
     (["--results=RESULTS", "--seeds=3"], "error: unrecognized arguments: --seeds=3"),
     (["--results=RESULTS"],
      "error: --results=RESULTS: no finished run (runs/EST/seedS/summary.json)"),
+    (["--results=RESULTS", "--temperature=-1"], "error: --temperature=-1.0: must be a number >= 0"),
+    (["--results=RESULTS", "--temperature=nan"], "error: --temperature=nan: must be a number >= 0"),
+    (["--results=RESULTS", "--temperature=warm"],
+     "error: argument --temperature: invalid float value: 'warm'"),
 ])
 def test_task_outcomes_refuses_bad_flags_in_one_line(tmp_path, capsys, args, message):
   from experiments import task_outcomes
