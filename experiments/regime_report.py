@@ -133,8 +133,8 @@ def sampled(runs: dict, seeds: list[int], end: int) -> dict | None:
   seed has both."""
   files = {(m, s): runs[m][s]["sampled"] for m in METHODS for s in seeds}
   wanted = [("start", "bpo", 0)] + [(m, m, end) for m in METHODS]
-  if any(f is None or str(it) not in f["outcomes"] for _, m, it in wanted
-         for f in [files[(m, s)] for s in seeds]):
+  if any(files[(m, s)] is None or str(it) not in files[(m, s)]["outcomes"]
+         for _, m, it in wanted for s in seeds):
     return None
   stacked = {name: np.stack([_bits(files[(m, s)]["outcomes"][str(it)]) for s in seeds])
              for name, m, it in wanted}

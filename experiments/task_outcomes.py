@@ -10,16 +10,16 @@ evaluated it (the same tasks, key and decoding), and writes
 (`cli.provenance`: the commit, whether the code differed from it, the command, the time).
 
 The replay is held to the run's own records: its number of successes must be the logged one,
-and where the record has `task_successes`, the same string.
+and where the record has `task_successes`, the same string. A run whose replay differs or
+fails (a missing or unreadable checkpoint, say) is reported in one line and gets no file; the
+others are still replayed, and the exit status is 1. Runs that have the file are skipped, so
+the script resumes. A bad flag, or no finished run under `--results`: one line, exit status 2.
 
 With `--temperature=T` each checkpoint is evaluated as the loop would have with
 `eval.temperature = T` (the same tasks and key; T = 1, the rollouts' temperature, gives the
 held-out success of the policy the estimators train, where the logged evaluation is greedy),
 written to `runs/EST/seedS/task_outcomes_temperature<T>.json` with "temperature": T. Where T is
-not the run's own evaluation temperature there is no record to hold it to. A run whose replay differs or
-fails (a missing or unreadable checkpoint, say) is reported in one line and gets no file; the
-others are still replayed, and the exit status is 1. Runs that have the file are skipped, so
-the script resumes. A bad flag, or no finished run under `--results`: one line, exit status 2.
+not the run's own evaluation temperature there is no record to hold the replay to.
 """
 
 from __future__ import annotations
@@ -143,8 +143,13 @@ def main(argv) -> int:
             file=sys.stderr)
       continue
     at = {} if args.temperature is None else {"temperature": args.temperature}
-    workdir_lib.write_json(os.path.join(workdir, target), {
-        **at, "outcomes": {str(s): replayed[s]["task_successes"] for s in steps}, **made})
+    try:  # written whole or not at all (a temporary file renamed into place)
+      workdir_lib.write_json(os.path.join(workdir, target), {
+          **at, "outcomes": {str(s): replayed[s]["task_successes"] for s in steps}, **made})
+    except OSError as error:  # a full disk, say: this run gets no file, the others go on
+      failed += 1
+      print(f"error: {name}: {target} not written: {error}", file=sys.stderr)
+      continue
     print(f"{name}: checkpoints {steps} replayed, "
           f"{[replayed[s]['successes'] for s in steps]} successes"
           + (" as logged" if held else f" at temperature {args.temperature:g}"))

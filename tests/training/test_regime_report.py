@@ -381,13 +381,8 @@ def test_products_of_another_shape_are_one_line(tmp_path, capsys):
   saved = json.loads(path.read_text())
   saved["checkpoints"][0]["cross"]["rloo"] = np.eye(2).tolist()
   _write(str(path), saved)
-  doc = tmp_path / "RESULTS.md"
-  doc.write_text(f"{regime_report.BEGIN}\nkept\n{regime_report.END}\n")
-  assert regime_report.main([f"--results={tmp_path}", f"--doc={doc}"]) == 2
-  err = capsys.readouterr().err.strip()
-  assert len(err.splitlines()) == 1
-  assert f"bpo seed {SEEDS[2]}, checkpoint 0:" in err and "not a 16 x 16 matrix" in err
-  assert "kept" in doc.read_text()
+  _refused_in_one_line(tmp_path, capsys, f"bpo seed {SEEDS[2]}, checkpoint 0:",
+                       "not a 16 x 16 matrix")
 
 
 def test_one_expected_gradient_from_the_draws_products_of_the_seeds_that_have_them(tmp_path):
@@ -424,13 +419,18 @@ def test_a_gram_matrix_of_another_shape_is_one_line(tmp_path, capsys, gram, why)
       good = np.eye(16).tolist()
       saved["checkpoints"][0]["gram"] = gram if (m, s) == ("rloo", 1) else good
       _write(str(path), saved)
-  doc = tmp_path / "RESULTS.md"
+  _refused_in_one_line(tmp_path, capsys, "rloo seed 1, checkpoint 0:", "is not a 16 x 16 matrix")
+
+
+def _refused_in_one_line(results, capsys, *fragments):
+  """regime_report.py on `results` ends in one line holding each of `fragments`, exit status 2,
+  and leaves the doc's section as it was."""
+  doc = results / "RESULTS.md"
   doc.write_text(f"{regime_report.BEGIN}\nkept\n{regime_report.END}\n")
-  assert regime_report.main([f"--results={tmp_path}", f"--doc={doc}"]) == 2
+  assert regime_report.main([f"--results={results}", f"--doc={doc}"]) == 2
   err = capsys.readouterr().err.strip()
-  assert len(err.splitlines()) == 1
-  assert "rloo seed 1, checkpoint 0:" in err and "is not a 16 x 16 matrix" in err
-  assert "kept" in doc.read_text()
+  assert len(err.splitlines()) == 1 and all(f in err for f in fragments), err
+  assert doc.read_text() == f"{regime_report.BEGIN}\nkept\n{regime_report.END}\n"
 
 
 def test_claim2_from_another_measurement_of_the_same_checkpoints(tmp_path, capsys):
@@ -664,13 +664,41 @@ def test_a_replay_that_fails_is_one_line_and_no_file(tmp_path, capsys):
   assert not list(tmp_path.glob("runs/*/*/task_outcomes.json"))
 
 
-def test_a_replay_file_cut_short_is_named_in_one_line(tmp_path, capsys):
+def test_a_replay_that_cannot_be_written_is_one_line_and_no_file(tmp_path, capsys, monkeypatch):
+  """A full disk when a replay's file is written: one line per run, exit status 1, no file (the
+  write is whole or nothing), and a later call writes them."""
+  from experiments import task_outcomes
+  from bpo_jax.training import workdir as workdir_lib
+  _fixture(str(tmp_path))
+  for m in FINAL:
+    for s in SEEDS:
+      _write(str(tmp_path / "runs" / m / f"seed{s}.json"), {"eval": {"temperature": 0.0}})
+  from bpo_jax.training import gradient_variance
+  monkeypatch.setattr(gradient_variance, "kept_steps", lambda workdir: [0, 2])
+  monkeypatch.setattr(task_outcomes, "replay", lambda workdir, steps, temperature=None: {
+      s: {"successes": 1, "task_successes": "10"} for s in steps})
+  real = workdir_lib.write_json
+  def full(path, obj):
+    with open(path + ".tmp", "w", encoding="utf-8"):
+      pass
+    os.remove(path + ".tmp")
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(workdir_lib, "write_json", full)
+  assert task_outcomes.main([f"--results={tmp_path}", "--temperature=1"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 9 and err[0] == ("error: runs/bpo/seed0: task_outcomes_temperature1.json "
+                                      "not written: [Errno 28] No space left on device")
+  assert not list(tmp_path.glob("runs/*/*/task_outcomes_temperature1.json"))
+  monkeypatch.setattr(workdir_lib, "write_json", real)
+  assert task_outcomes.main([f"--results={tmp_path}", "--temperature=1"]) == 0
+  assert len(list(tmp_path.glob("runs/*/*/task_outcomes_temperature1.json"))) == 9
+
+
+@pytest.mark.parametrize("name", [regime_report.REPLAYED, regime_report.SAMPLED.format(1.0)])
+def test_a_replay_file_cut_short_is_named_in_one_line(tmp_path, capsys, name):
+  """A replay (task_outcomes.py, at the run's own or the rollouts' temperature) cut short, as by
+  a killed process: one line naming the file, exit 2, the doc untouched."""
   _fixture(str(tmp_path / "results"))
-  path = tmp_path / "results" / "runs" / "grpo" / "seed1" / regime_report.REPLAYED
+  path = tmp_path / "results" / "runs" / "grpo" / "seed1" / name
   path.write_text('{"outcomes": {"2": "10')
-  doc = tmp_path / "RESULTS.md"
-  doc.write_text(f"{regime_report.BEGIN}\n{regime_report.END}\n")
-  assert regime_report.main([f"--results={tmp_path / 'results'}", f"--doc={doc}"]) == 2
-  err = capsys.readouterr().err
-  assert f"{path} does not read:" in err and err.count("\n") == 1
-  assert doc.read_text() == f"{regime_report.BEGIN}\n{regime_report.END}\n"
+  _refused_in_one_line(tmp_path / "results", capsys, f"{path} does not read:")
