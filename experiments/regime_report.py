@@ -59,6 +59,7 @@ from bpo_jax.testbed import analysis  # noqa: E402
 from experiments import doc_section  # noqa: E402
 from experiments.doc_section import ci, ratio  # noqa: E402
 from experiments import aggregate  # noqa: E402
+from experiments import task_outcomes as replays  # noqa: E402
 
 
 
@@ -76,9 +77,7 @@ BASELINES = ("grpo", "rloo")
 NAMES = dict(bpo="BPO", grpo="GRPO", rloo="RLOO")
 PROVENANCE = "provenance.json"
 POWER, ALPHA = 0.80, 0.05
-REPLAYED = "task_outcomes.json"  # experiments/task_outcomes.py's replay of the checkpoints
-# ... and its replay at the rollouts' temperature (`--temperature=T`), T as %g writes it.
-SAMPLED = "task_outcomes_temperature{:g}.json"
+REPLAYED = replays.OUTCOMES  # experiments/task_outcomes.py's replay of the checkpoints
 BOOTSTRAP_DRAWS = 2000
 PLANNED_SEEDS = 10  # paired seeds the comparison asks for (at least 10)
 
@@ -194,7 +193,7 @@ def load(results: str, claim2: str | None = None) -> dict:
       path = os.path.join(workdir, REPLAYED)
       replay = _read_json(path) if os.path.exists(path) else {}
       run["replayed"], run["replay_commit"] = replay.get("outcomes", {}), replay.get("commit")
-      path = os.path.join(workdir, SAMPLED.format(run["config"]["rollout"]["temperature"]))
+      path = os.path.join(workdir, replays.outcomes_file(run["config"]["rollout"]["temperature"]))
       run["sampled"] = _read_json(path) if os.path.exists(path) else None
       if claim2 is not None:
         path = os.path.join(claim2, "runs", method, os.path.basename(workdir),

@@ -694,7 +694,7 @@ def test_a_replay_that_cannot_be_written_is_one_line_and_no_file(tmp_path, capsy
   assert len(list(tmp_path.glob("runs/*/*/task_outcomes_temperature1.json"))) == 9
 
 
-@pytest.mark.parametrize("name", [regime_report.REPLAYED, regime_report.SAMPLED.format(1.0)])
+@pytest.mark.parametrize("name", [regime_report.REPLAYED, regime_report.replays.outcomes_file(1.0)])
 def test_a_replay_file_cut_short_is_named_in_one_line(tmp_path, capsys, name):
   """A replay (task_outcomes.py, at the run's own or the rollouts' temperature) cut short, as by
   a killed process: one line naming the file, exit 2, the doc untouched."""
