@@ -128,13 +128,18 @@ def sampled(runs: dict, seeds: list[int], end: int) -> dict | None:
   """Held-out success of one episode per task sampled at the rollouts' temperature, at the
   warm start (BPO's checkpoint 0) and after `end` updates (each run's), from task_outcomes.py
   `--temperature`'s files: means over seeds, the best baseline's gain and BPO − each baseline
-  paired by seed (`paired`) and by task and seed (`by_task`); None unless every run of every
-  seed has both."""
+  paired by seed (`paired`) and by task and seed (`by_task`), over the seeds whose every run
+  has both (`seeds`; the others in `missing`); None unless two seeds have them."""
   files = {(m, s): runs[m][s]["sampled"] for m in METHODS for s in seeds}
   wanted = [("start", "bpo", 0)] + [(m, m, end) for m in METHODS]
-  if any(files[(m, s)] is None or str(it) not in files[(m, s)]["outcomes"]
-         for _, m, it in wanted for s in seeds):
+  covered = [s for s in seeds
+             if all(files[(m, s)] is not None and str(it) in files[(m, s)]["outcomes"]
+                    for _, m, it in wanted)]
+  if len(covered) < 2:
     return None
+  missing = [s for s in seeds if s not in covered]
+  seeds = covered
+  files = {(m, s): files[(m, s)] for m in METHODS for s in seeds}
   stacked = {name: np.stack([_bits(files[(m, s)]["outcomes"][str(it)]) for s in seeds])
              for name, m, it in wanted}
   rate = {name: v.mean(axis=1) for name, v in stacked.items()}
@@ -146,7 +151,7 @@ def sampled(runs: dict, seeds: list[int], end: int) -> dict | None:
       per_seed={name: v.tolist() for name, v in rate.items()},
       gain=paired(rate[best], rate["start"]), gain_tasks=by_task(stacked[best], stacked["start"]),
       difference={b: paired(rate["bpo"], rate[b]) for b in BASELINES},
-      commits=sorted({f["commit"][:7] for f in files.values()}))
+      commits=sorted({f["commit"][:7] for f in files.values()}), seeds=seeds, missing=missing)
 
 
 def task_outcomes(run: dict, iteration: int) -> np.ndarray | None:
@@ -427,11 +432,15 @@ def sampled_lines(x: dict) -> list[str]:
   y = x["sampled"]
   if y is None:
     return []
-  n, t = len(x["seeds"]), y["temperature"]
+  n, t = len(y["seeds"]), y["temperature"]
+  over = ""
+  if y["missing"]:
+    over = (f"; seeds {', '.join(map(str, y['seeds']))}, not {', '.join(map(str, y['missing']))}"
+            ", whose runs have no replay")
   lines = [f"Held-out success of episodes sampled at temperature {t:g}, the rollouts', the "
            "policy the estimators train (one episode per task, the warm start's checkpoint 0 "
            f"and each run's last, replayed by `experiments/task_outcomes.py --temperature={t:g}`"
-           f", code {', '.join(y['commits'])}):", "",
+           f", code {', '.join(y['commits'])}{over}):", "",
            "| warm start | " + " | ".join(NAMES[m] for m in METHODS) + " |",
            "|---|" + "---|" * len(METHODS),
            f"| {ci(y['start'])} | " + " | ".join(ci(y["final"][m]) for m in METHODS) + " |", "",
@@ -447,7 +456,7 @@ def sampled_lines(x: dict) -> list[str]:
             f"{ci(g)}. Per seed (warm start; " + ", ".join(NAMES[m] for m in METHODS) + "): "
             + "; ".join(f"{s}: {y['per_seed']['start'][i]:.3f}; "
                         + ", ".join(f"{y['per_seed'][m][i]:.3f}" for m in METHODS)
-                        for i, s in enumerate(x["seeds"])) + "."]
+                        for i, s in enumerate(y["seeds"])) + "."]
   return lines
 
 

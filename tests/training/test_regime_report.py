@@ -625,8 +625,20 @@ def test_held_out_success_sampled_at_the_rollouts_temperature(tmp_path):
   # By task: RLOO solves 1 + 4 + 3 tasks the warm start did not, and loses none.
   assert "RLOO − warm start: 8 (seed, task) pairs only RLOO solves, 0 only the warm start" in text
   assert "0: 0.200; 0.500, 0.400, 0.300;" in text
-  # A run without the file (or without the end checkpoint in it) leaves the block out.
+  assert "whose runs have no replay" not in text
+  # A run without the file (or without the end checkpoint in it) leaves its seed out, named.
   os.remove(os.path.join(tmp_path, "runs", "grpo", "seed2", "task_outcomes_temperature1.json"))
+  x = regime_report.summarise(regime_report.load(str(tmp_path)))
+  assert x["sampled"]["seeds"] == [0, 1] and x["sampled"]["missing"] == [2]
+  text = "\n".join(regime_report.sampled_lines(x))
+  assert "; seeds 0, 1, not 2, whose runs have no replay):" in text
+  # Over seeds 0 and 1: RLOO 0.45 against GRPO's 0.4; its gain 0.1 and 0.4 per seed, mean 0.25,
+  # sd 0.3 / √2 = 0.212, t_{0.975, 1} = 12.706205: 0.25 ± 12.706205 · 0.15.
+  assert "| RLOO − warm start | 0.250 [-1.656, 2.156] | 0.212 |" in text
+  assert "Per seed (warm start; BPO, GRPO, RLOO): 0: 0.200; 0.500, 0.400, 0.300; 1: " in text
+  assert "; 2: " not in text
+  # With one seed left there is no interval: the block goes.
+  os.remove(os.path.join(tmp_path, "runs", "rloo", "seed1", "task_outcomes_temperature1.json"))
   assert regime_report.summarise(regime_report.load(str(tmp_path)))["sampled"] is None
 
 
