@@ -61,14 +61,15 @@ def differing_forks(rollout: rollout_lib.TaskRollout, gamma: float = 1.0) -> lis
   return out
 
 
-def training_advantages(settings, batch: rollout_lib.RolloutBatch) -> np.ndarray:
-  """float[T, N]: the advantages training gives `batch` (as `iteration.estimate_and_pack`)."""
+def training_credit(settings, batch: rollout_lib.RolloutBatch) -> tuple[np.ndarray, np.ndarray]:
+  """(advantages, weights), each float[T, N]: what training gives `batch`'s nodes (as
+  `iteration.estimate_and_pack`); the update ascends Σ w A ∇log π of each node's action."""
   r = settings.rollout
-  advantages, _ = estimator_registry.advantages_and_weights(
+  advantages, weights = estimator_registry.advantages_and_weights(
       jax.tree.map(jnp.asarray, batch.stacked_trees()), estimator=r.estimator,
       gamma=float(r.gamma), trees_per_task=r.trees_per_task, trunk=r.trunk_baseline,
       options=estimator_registry.config_options(settings.rollout))
-  return np.asarray(advantages)
+  return np.asarray(advantages), np.asarray(weights)
 
 
 def draw_tree(settings, workdir: str, step: int | None = None, draws: int = 4) -> DrawnTree:
@@ -91,7 +92,7 @@ def draw_tree(settings, workdir: str, step: int | None = None, draws: int = 4) -
     for draw in range(draws):
       batch = engine.rollout(params, tasks, jax.random.fold_in(key, draw) if draw else key,
                              threshold=threshold)
-      advantages = training_advantages(settings, batch)
+      advantages, _ = training_credit(settings, batch)
       for index, tree in enumerate(batch.rollouts):
         drawn = DrawnTree(tree, advantages[index], threshold, iteration, draw, index,
                           differing_forks(tree, float(settings.rollout.gamma)))
