@@ -66,7 +66,12 @@ def regime_row(x: dict) -> str:
   # Claim 3 counts evaluations; each is `every` updates.
   c3 = dict(c3, methods={m: dict(v, updates=None if v["updates"] is None else v["updates"] * every)
                          for m, v in c3["methods"].items()})
-  claim2 = ratio(x["claim2"][max(x["claim2"])]["rloo_raw"]) if x["claim2"] else "–"
+  claim2 = "–"
+  if x["claim2"]:
+    measured = x["claim2"][max(x["claim2"])]
+    claim2 = ratio(measured["rloo_raw"])
+    if measured["seeds"] != len(x["seeds"]):  # claim 2 measured on some of the row's seeds
+      claim2 += f" ({measured['seeds']} seeds)"
   return (f"| {x['config']['env']['name']}, weak warm start, {x['eval_tasks']} tasks "
           f"| {len(x['seeds'])} "
           f"| {ci(x['final']['bpo'])} | {regime_report.NAMES[best]} {ci(x['final'][best])} "

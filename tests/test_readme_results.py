@@ -28,6 +28,9 @@ def test_the_table_is_computed_from_the_files(tmp_path):
   summary = json.loads(summary_path.read_text())
   summary["eval_end"]["success_rate"] = 0.5
   summary_path.write_text(json.dumps(summary))
+  # Its claim 2 measured on seeds 0 and 1 only: the variance cell says so.
+  for m in ("bpo", "grpo", "rloo"):
+    os.remove(tmp_path / "regime2" / "runs" / m / "seed2" / "gradient_variance.json")
   doc = tmp_path / "README.md"
   doc.write_text(f"# R\n\n{readme_results.BEGIN}\nstale\n{readme_results.END}\nbelow\n")
   args = [f"--testbed={tmp_path / 'testbed'}",
@@ -49,10 +52,11 @@ def test_the_table_is_computed_from_the_files(tmp_path):
                       "0.50] | 1, 2 |")
   # The second: BPO (0.6, 0.7, 0.5), mean 0.6, sd 0.1; BPO − GRPO 0.1, 0.2, -0.1, mean 0.0667,
   # sd 0.1528, ± 4.302653 · 0.1528 / √3 = 0.3795; BPO's mean curve ends at 0.6 > 0.533 and
-  # stays from update 1 (0.3667 + 0.75 · 0.2333 = 0.5417).
+  # stays from update 1 (0.3667 + 0.75 · 0.2333 = 0.5417); BPO's variance half RLOO's on seeds
+  # 0 and 1.
   assert lines[7] == ("| frozenlake, weak warm start, 512 tasks | 3 | 0.600 [0.352, 0.848] "
                       "| GRPO 0.533 [0.390, 0.677] | 0.067 [-0.313, 0.446] | 0.50 [0.50, "
-                      "0.50] | 1, 2 |")
+                      "0.50] (2 seeds) | 1, 2 |")
 
 
 def test_missing_files_are_one_line_exit_2(tmp_path, capsys):
