@@ -23,13 +23,15 @@ N + 1 ("as_logged"): a batch that differs is not the one training took.
 
 The file (written whole, with `cli.provenance`) is {"run_estimator": ..., "checkpoints":
 [{"checkpoint": N, "estimator": E, "nodes", "success", "as_logged", "classes": {class: {...}}},
-...]}. A bad flag, a workdir without its record, or a checkpoint it does not keep: one line,
-exit status 2, before any compute.
+...]}. A bad flag, a workdir without its record, a checkpoint it does not keep or an --out in
+no directory: one line, exit status 2, before any compute; a file that cannot be written (a
+full disk): one line, exit status 1, and no file.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from typing import Callable, Sequence
@@ -132,14 +134,13 @@ def measure(config, run: str, steps: list[int], estimators: list[str]) -> list[d
   from bpo_jax.training import experiment as experiment_lib  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import iteration as iteration_lib  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import loop  # pylint: disable=g-import-not-at-top
-  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import metrics  # pylint: disable=g-import-not-at-top
+  from bpo_jax.training import translate  # pylint: disable=g-import-not-at-top
   own = config.rollout.estimator
   variants = {e: _settings(config, e) for e in estimators}
   logged = {r["iteration"]: r for r in metrics.read_jsonl(os.path.join(run, "metrics.jsonl"))
             if r.get("phase") == "train"}
-  exp, state = experiment_lib.build_experiment(variants[own] if own in variants
-                                               else _settings(config, own), run)
+  exp, state = experiment_lib.build_experiment(_settings(config, own), run)
   parse = registry.get_action_syntax(exp.settings.env.name).parse_action
   try:
     engines = {e: rollout_lib.RolloutEngine(exp.sampling_graphdef, exp.model_config, exp.fmt,
@@ -152,33 +153,28 @@ def measure(config, run: str, steps: list[int], estimators: list[str]) -> list[d
       threshold = float(saved["fork_threshold"]["threshold"])
       params = exp.sampling_params(restored.params)
       for name, settings in variants.items():
-        run_exp = exp if name == own else _with_settings(exp, settings)
-        drawn, rows, _ = iteration_lib.grow_rounds(run_exp, engines[name], params, step + 1,
-                                                   jax.random.fold_in(root, step + 1), threshold)
+        drawn, rows, _ = iteration_lib.grow_rounds(
+            dataclasses.replace(exp, settings=settings), engines[name], params, step + 1,
+            jax.random.fold_in(root, step + 1), threshold)
         stats = iteration_lib.rollout_stats(drawn)
-        advantages, weights = display.training_credit(settings, drawn.select(rows))
-        batch = drawn.select(rows).rollouts
+        batch = drawn.select(rows)
+        advantages, weights = display.training_credit(settings, batch)
         classes = [[classify(r.action_texts[n], parse) if r.tokens.valid[n] else None
-                    for n in range(r.num_nodes)] for r in batch]
-        record = logged.get(step + 1)
+                    for n in range(r.num_nodes)] for r in batch.rollouts]
+        record = logged.get(step + 1) if name == own else None
         out.append({
             "checkpoint": step, "estimator": name, "nodes": stats["nodes"],
             "success": stats["success"],
-            "as_logged": (None if name != own or record is None else
-                          record["nodes"] == stats["nodes"] and record["success"] == stats["success"]),
-            "classes": credit_by_class(classes, [r.tokens.parent for r in batch], advantages,
-                                       weights)})
+            "as_logged": None if record is None else (record["nodes"] == stats["nodes"]
+                                                      and record["success"] == stats["success"]),
+            "classes": credit_by_class(classes, [r.tokens.parent for r in batch.rollouts],
+                                       advantages, weights)})
         print(f"checkpoint {step}, {name}: " + ", ".join(
             f"{c} {v['steps']} steps, Σ w·A {v['credit']:+.3f}"
             for c, v in out[-1]["classes"].items()), flush=True)
     return out
   finally:
     exp.close()
-
-
-def _with_settings(exp, settings):
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  return dataclasses.replace(exp, settings=settings)
 
 
 def main(argv) -> int:
@@ -192,6 +188,8 @@ def main(argv) -> int:
   record = os.path.join(args.run, "config.json")
   if not os.path.isfile(record):
     cli.fail(f"--run={args.run}: no run's record there (config.json)")
+  if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+    cli.fail(f"--out={args.out}: no such directory")
   from bpo_jax.training import gradient_variance  # pylint: disable=g-import-not-at-top
   from bpo_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from experiments import json_config  # pylint: disable=g-import-not-at-top
@@ -201,8 +199,12 @@ def main(argv) -> int:
   steps = _checkpoints(args.checkpoints, kept, args.run)
   made = cli.provenance("action_credit.py", argv)
   result = measure(config, args.run, steps, estimators)
-  workdir_lib.write_json(args.out, {"run_estimator": config.rollout.estimator,
-                                    "checkpoints": result, **made})
+  try:  # written whole or not at all (a temporary file renamed into place)
+    workdir_lib.write_json(args.out, {"run_estimator": config.rollout.estimator,
+                                      "checkpoints": result, **made})
+  except OSError as error:  # a full disk, say
+    print(f"error: {args.out} not written: {error}", file=sys.stderr)
+    return 1
   return 0
 
 

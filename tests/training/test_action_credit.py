@@ -10,6 +10,7 @@ import pytest
 
 from bpo_jax.sandboxes import registry
 from bpo_jax.training import loop
+from bpo_jax.training import workdir as workdir_lib
 from experiments import action_credit
 from tests.training.test_display import small_config
 
@@ -46,7 +47,8 @@ def _run(tmp_path, small_checkpoint):
 
 
 @pytest.mark.slow
-def test_the_batches_are_trainings_and_sibling_credit_sums_to_zero(run, tmp_path):
+def test_the_batches_are_trainings_and_sibling_credit_sums_to_zero(run, tmp_path, capsys,
+                                                                    monkeypatch):
   out = str(tmp_path / "credit.json")
   assert action_credit.main([f"--run={run}", f"--out={out}", "--estimators=bpo,rloo"]) == 0
   with open(out) as f:
@@ -67,6 +69,16 @@ def test_the_batches_are_trainings_and_sibling_credit_sums_to_zero(run, tmp_path
     # Q_i) / (K − 1) = 0 at each fork (BPO) and over each group's episodes (RLOO).
     assert abs(sum(c["credit_with_sibling"] for c in classes)) <= 1e-5
     assert sum(c["with_sibling"] for c in classes) >= 2
+  # A full disk: one line, exit status 1, no file (and no partial one).
+  def full(path, obj):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(workdir_lib, "write_json", full)
+  capsys.readouterr()
+  again = str(tmp_path / "again.json")
+  assert action_credit.main([f"--run={run}", f"--out={again}", "--checkpoints=0"]) == 1
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: {again} not written: ") and err.count("\n") == 1
+  assert "No space left on device" in err and not os.path.exists(again)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -79,6 +91,7 @@ def test_the_batches_are_trainings_and_sibling_credit_sums_to_zero(run, tmp_path
     (["--run=REC", "--out=o.json", "--estimators=ppo"],
      "error: --estimators=ppo: unknown estimator 'ppo'"),
     (["--run=REC", "--out=o.json"], "error: --run=REC: keeps no checkpoint"),
+    (["--run=REC", "--out=nowhere/o.json"], "error: --out=nowhere/o.json: no such directory"),
 ])
 def test_bad_flags_in_one_line(flags, message, tmp_path, capsys, monkeypatch):
   monkeypatch.chdir(tmp_path)
